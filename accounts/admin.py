@@ -1,0 +1,25 @@
+from django.contrib import admin
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+
+from accounts.models import Membership, Organisation, User
+
+
+@admin.register(User)
+class UserAdmin(BaseUserAdmin):
+    list_display = ("username", "email", "tier", "region", "is_staff")
+    list_filter = ("tier", "region", "is_staff", "is_active")
+    fieldsets = (*BaseUserAdmin.fieldsets, ("Service", {"fields": ("tier", "region")}))
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ("user",)
+
+
+@admin.register(Organisation)
+class OrganisationAdmin(admin.ModelAdmin):
+    list_display = ("name", "slug", "tier", "region", "created_at")
+    search_fields = ("name", "slug")
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = (MembershipInline,)

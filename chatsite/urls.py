@@ -1,0 +1,24 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from accounts import views as account_views
+from conversations import views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("chat/turns", views.turn_create, name="turn-create-new"),
+    path("c/<uuid:conversation_id>/", views.conversation_detail, name="conversation"),
+    path("c/<uuid:conversation_id>/turns", views.turn_create, name="turn-create"),
+    path(
+        "c/<uuid:conversation_id>/turns/<uuid:turn_id>/events",
+        views.turn_events,
+        name="turn-events",
+    ),
+    path("c/<uuid:conversation_id>/turns/<uuid:turn_id>/stop", views.turn_stop, name="turn-stop"),
+    path("c/<uuid:conversation_id>/rename", views.conversation_rename, name="conversation-rename"),
+    path("c/<uuid:conversation_id>/delete", views.conversation_delete, name="conversation-delete"),
+    path("accounts/signup/", account_views.signup, name="signup"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/", admin.site.urls),
+    path("healthz", views.healthz, name="healthz"),
+]

@@ -1,0 +1,85 @@
+"""Conversations and their append-only turn log."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Conversation(models.Model):
+    """One chat thread owned by a user, stored in the owner's home region."""
+
+    conversation_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    org = models.ForeignKey(
+        "accounts.Organisation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="conversations",
+    )
+    title = models.CharField(max_length=200, blank=True)
+    model = models.CharField(max_length=200)
+    region = models.CharField(max_length=32)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_turn_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "-last_turn_at"], name="conv_owner_recent")]
+
+    def __str__(self) -> str:
+        return self.title or str(self.conversation_id)
+
+
+class Turn(models.Model):
+    """One message in a conversation. Append-only: content is never updated or deleted
+    (a conversation's deletion aside).
+
+    Shaped for monthly partitioning on ``created_at`` (DESIGN.md): the model's pk stays
+    ``turn_id`` (a UUID, unique on its own), nothing else holds a database-level foreign key to
+    this table, and turn-to-turn references (``reply_to``) use ``db_constraint=False``, so a later
+    migration can make the database key ``(turn_id, created_at)`` without touching callers.
+    """
+
+    class Role(models.TextChoices):
+        USER = "user", "User"
+        ASSISTANT = "assistant", "Assistant"
+        SYSTEM = "system", "System"
+        TOOL = "tool", "Tool"
+
+    class Status(models.TextChoices):
+        COMPLETE = "complete", "Complete"
+        CANCELLED = "cancelled", "Cancelled"
+        FAILED = "failed", "Failed"
+
+    turn_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField()
+    # Tokens of ``content``: completion tokens for an assistant turn, prompt-side tokens for
+    # the others. ``prompt_tokens`` is the whole prompt an assistant turn was generated from.
+    token_count = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
+    moderation_verdict = models.JSONField(default=dict, blank=True)
+    reply_to = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ("created_at", "turn_id")
+        indexes = [models.Index(fields=["conversation", "created_at"], name="turn_conv_time")]
+
+    def __str__(self) -> str:
+        return f"{self.role} turn {self.turn_id}"

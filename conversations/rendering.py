@@ -1,0 +1,35 @@
+"""Assistant text -> safe HTML: Markdown (markdown-it-py, CommonMark) then a sanitiser (nh3).
+
+Model output is untrusted input (PF-X1): raw HTML in it is escaped by the Markdown renderer
+(``html`` off), and the result is sanitised again with an allow-list, so no script, no event
+handler attribute and no ``javascript:`` URL survives even if a renderer bug let one through.
+"""
+
+from __future__ import annotations
+
+import nh3
+from markdown_it import MarkdownIt
+
+_markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(
+    ["table", "strikethrough"]
+)
+
+ALLOWED_TAGS = {
+    "p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "a", "img",
+    "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6",
+    "table", "thead", "tbody", "tr", "th", "td",
+}  # fmt: skip
+ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "img": {"src", "alt", "title"}, "ol": {"start"}}
+ALLOWED_URL_SCHEMES = {"http", "https", "mailto"}
+
+
+def markdown_to_safe_html(text: str) -> str:
+    """Render Markdown ``text`` to sanitised HTML (a string safe to insert as innerHTML)."""
+    html = _markdown.render(text or "")
+    return nh3.clean(
+        html,
+        tags=ALLOWED_TAGS,
+        attributes=ALLOWED_ATTRIBUTES,
+        url_schemes=ALLOWED_URL_SCHEMES,
+        link_rel="noopener noreferrer nofollow",
+    )

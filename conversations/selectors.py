@@ -1,0 +1,98 @@
+"""Every read of conversations and turns, permission-checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.db.models import QuerySet
+from django.http import Http404
+
+from accounts.models import User
+from conversations.models import Conversation, Turn
+
+
+def conversation_list(*, user: User) -> QuerySet[Conversation]:
+    """The user's conversations, most recently active first."""
+    return Conversation.objects.filter(owner=user).order_by("-last_turn_at", "-created_at")
+
+
+def conversation_get_for_user(*, conversation_id: UUID, user: User) -> Conversation:
+    """Return the user's conversation. Raises Http404 if missing *or* not theirs (so an id
+    never reveals that someone else's conversation exists)."""
+    try:
+        return Conversation.objects.get(conversation_id=conversation_id, owner_id=user.pk)
+    except Conversation.DoesNotExist:
+        raise Http404("No such conversation.") from None
+
+
+aconversation_get_for_user = sync_to_async(conversation_get_for_user)
+
+
+def turn_list(*, conversation: Conversation) -> list[Turn]:
+    """All turns of a conversation in the order they were written."""
+    return list(conversation.turns.order_by("created_at", "turn_id"))
+
+
+def user_turn_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
+    """A user turn of this conversation. Raises Http404 if there is none with that id."""
+    try:
+        return conversation.turns.get(turn_id=turn_id, role=Turn.Role.USER)
+    except Turn.DoesNotExist:
+        raise Http404("No such message in this conversation.") from None
+
+
+def reply_get(*, turn: Turn) -> Turn | None:
+    """The stored assistant answer to a user turn, or None if it has none yet."""
+    return (
+        Turn.objects.filter(conversation_id=turn.conversation_id, reply_to_id=turn.turn_id)
+        .order_by("created_at")
+        .first()
+    )
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A user turn and the assistant's answer to it (None while it is being generated)."""
+
+    question: Turn
+    answer: Turn | None
+
+
+def exchange_list(*, conversation: Conversation) -> list[Exchange]:
+    """The conversation as question/answer pairs, oldest first, for rendering."""
+    turns = turn_list(conversation=conversation)
+    answers = {t.reply_to_id: t for t in turns if t.role == Turn.Role.ASSISTANT}
+    return [
+        Exchange(question=t, answer=answers.get(t.turn_id))
+        for t in turns
+        if t.role == Turn.Role.USER
+    ]
+
+
+def prompt_history(*, conversation_id: UUID, upto: Turn) -> list[dict[str, str]]:
+    """Chat messages ([{role, content}], oldest first) for answering ``upto``: every earlier
+    user turn with its stored answer (cancelled answers keep their partial text; failed ones and
+    unanswered questions are left out), then ``upto`` itself."""
+    turns = list(
+        Turn.objects.filter(conversation_id=conversation_id, created_at__lte=upto.created_at)
+        .order_by("created_at", "turn_id")
+        .only("turn_id", "role", "content", "status", "reply_to_id", "created_at")
+    )
+    answers = {
+        t.reply_to_id: t
+        for t in turns
+        if t.role == Turn.Role.ASSISTANT and t.status != Turn.Status.FAILED and t.content
+    }
+    messages: list[dict[str, str]] = []
+    for t in turns:
+        if t.role != Turn.Role.USER or t.turn_id == upto.turn_id:
+            continue
+        answer = answers.get(t.turn_id)
+        if answer is None:
+            continue
+        messages.append({"role": "user", "content": t.content})
+        messages.append({"role": "assistant", "content": answer.content})
+    messages.append({"role": "user", "content": upto.content})
+    return messages

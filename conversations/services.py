@@ -1,0 +1,135 @@
+"""Every write to conversations and turns. Keyword-only, typed, one transaction each."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import User
+from conversations.models import Conversation, Turn
+
+
+def message_clean(content: str) -> str:
+    """Validate a user's message and return it with surrounding whitespace removed.
+
+    Raises ValidationError (code ``empty`` or ``too_long``) for an empty or whitespace-only
+    message, or one over ``settings.CHAT_MAX_MESSAGE_CHARS`` characters.
+    """
+    text = (content or "").strip()
+    if not text:
+        raise ValidationError("Type a message before sending.", code="empty")
+    limit = settings.CHAT_MAX_MESSAGE_CHARS
+    if len(text) > limit:
+        raise ValidationError(
+            f"Your message is {len(text):,} characters long; the limit is {limit:,}. "
+            "Shorten it or split it into several messages.",
+            code="too_long",
+        )
+    return text
+
+
+def title_from_message(text: str) -> str:
+    """A sidebar title from a first message: its first line, cut at a word boundary to at most
+    ``settings.CHAT_TITLE_CHARS`` characters (with an ellipsis when cut)."""
+    first_line = " ".join(text.split("\n", 1)[0].split())
+    limit = settings.CHAT_TITLE_CHARS
+    if len(first_line) <= limit:
+        return first_line
+    cut = first_line[: limit - 1].rsplit(" ", 1)[0] or first_line[: limit - 1]
+    return cut + "\u2026"
+
+
+@transaction.atomic
+def conversation_create(*, owner: User, model: str | None = None, title: str = "") -> Conversation:
+    """Create an empty conversation for ``owner`` in the owner's region."""
+    return Conversation.objects.create(
+        owner=owner,
+        title=title,
+        model=model or settings.CHAT_MODEL_NAME,
+        region=owner.region,
+    )
+
+
+@transaction.atomic
+def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
+    """Set a conversation's title. Raises ValidationError if it is blank or over 200 chars."""
+    title = " ".join((title or "").split())
+    if not title:
+        raise ValidationError("A title cannot be empty.", code="empty")
+    if len(title) > 200:
+        raise ValidationError("A title can be at most 200 characters.", code="too_long")
+    conversation.title = title
+    conversation.save(update_fields=["title"])
+    return conversation
+
+
+@transaction.atomic
+def conversation_delete(*, conversation: Conversation) -> None:
+    """Remove a conversation and all of its turns for good."""
+    conversation.delete()
+
+
+@transaction.atomic
+def turn_append_user(*, conversation: Conversation, content: str) -> Turn:
+    """Append a user turn (committed before any generation starts) and return it.
+
+    The conversation row is locked for the append so two appends to one conversation are
+    serialised. The first message also names an untitled conversation.
+    Raises ValidationError for an invalid message (see :func:`message_clean`); nothing is stored.
+    """
+    text = message_clean(content)
+    locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+    now = timezone.now()
+    turn = Turn.objects.create(
+        conversation=locked, role=Turn.Role.USER, content=text, created_at=now
+    )
+    locked.last_turn_at = now
+    fields = ["last_turn_at"]
+    if not locked.title:
+        locked.title = title_from_message(text)
+        fields.append("title")
+    locked.save(update_fields=fields)
+    conversation.title, conversation.last_turn_at = locked.title, locked.last_turn_at
+    return turn
+
+
+@transaction.atomic
+def turn_append_assistant(
+    *,
+    conversation_id: UUID,
+    turn_id: UUID,
+    reply_to_id: UUID,
+    content: str,
+    status: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> Turn:
+    """Store the assistant's answer to ``reply_to_id``; idempotent on ``turn_id``.
+
+    Called once per generation when its stream ends (complete, cancelled with the partial text,
+    or failed). A second call with the same ``turn_id`` returns the stored turn unchanged, so a
+    retried write never stores an answer twice.
+    """
+    existing = Turn.objects.filter(pk=turn_id).first()
+    if existing is not None:
+        return existing
+    locked = Conversation.objects.select_for_update().get(pk=conversation_id)
+    now = timezone.now()
+    turn = Turn.objects.create(
+        turn_id=turn_id,
+        conversation=locked,
+        role=Turn.Role.ASSISTANT,
+        content=content,
+        status=status,
+        token_count=completion_tokens,
+        prompt_tokens=prompt_tokens,
+        reply_to_id=reply_to_id,
+        created_at=now,
+    )
+    locked.last_turn_at = now
+    locked.save(update_fields=["last_turn_at"])
+    return turn

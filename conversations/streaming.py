@@ -1,0 +1,271 @@
+"""Generation runs as its own task per turn; HTTP responses only read its events.
+
+DESIGN.md's disconnect rule needs the generating task to outlive any one HTTP response, so each
+answer is a :class:`TurnStream`: a task that drives the engine and appends numbered events
+(``token`` / ``done`` / ``error``) to a list, and any number of readers that replay the list
+from a given event id and then follow it live. This is what lets a later issue resume a stream
+with ``Last-Event-ID`` without rewriting the views.
+
+Readers are counted. When the last one leaves before the answer is finished, the generation is
+aborted after ``settings.CHAT_STREAM_DISCONNECT_GRACE_S`` seconds (0: at once) unless a reader
+comes back; a generation nobody attaches to within ``CHAT_STREAM_ATTACH_TIMEOUT_S`` is aborted
+too. An explicit stop aborts at once.
+
+All of this lives in the server process's event loop; the registry is process-local.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from conversations import selectors, services
+from conversations.models import Turn
+from conversations.rendering import markdown_to_safe_html
+from inference.engine import EngineUnavailable, GenerationOptions, get_engine
+from inference.prompts import PromptTooLong, prompt_fit
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One SSE event of a turn stream; ``event_id`` counts from 1 within the stream."""
+
+    event_id: int
+    event: str
+    data: dict[str, Any]
+
+
+@dataclass
+class TurnStream:
+    """The in-flight answer to one user turn."""
+
+    conversation_id: UUID
+    question_id: UUID
+    answer_id: UUID = field(default_factory=uuid.uuid4)
+    events: list[StreamEvent] = field(default_factory=list)
+    finished: bool = False
+    status: str | None = None
+    task: asyncio.Task | None = None
+    readers: int = 0
+    stop_requested: bool = False
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _abandon_handle: asyncio.TimerHandle | None = None
+
+    def publish(self, event: str, data: dict[str, Any]) -> None:
+        """Append an event and wake every reader."""
+        self.events.append(StreamEvent(len(self.events) + 1, event, data))
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        """Mark the stream finished: readers drain what is left and end."""
+        self.finished = True
+        self._changed.set()
+        if self._abandon_handle is not None:
+            self._abandon_handle.cancel()
+
+    async def follow(self, after: int = 0) -> AsyncIterator[StreamEvent]:
+        """Yield events with id > ``after``, then live ones, until the stream is finished.
+
+        Counts as a reader while iterating; when the last reader goes before the answer is
+        finished, the disconnect rule (module docstring) decides when to abort.
+        """
+        self._attach()
+        try:
+            index = max(after, 0)
+            while True:
+                changed = self._changed
+                while index < len(self.events):
+                    yield self.events[index]
+                    index += 1
+                if self.finished:
+                    return
+                await changed.wait()
+        finally:
+            self._detach()
+
+    def _attach(self) -> None:
+        self.readers += 1
+        if self._abandon_handle is not None:
+            self._abandon_handle.cancel()
+            self._abandon_handle = None
+
+    def _detach(self) -> None:
+        self.readers -= 1
+        if self.readers == 0 and not self.finished:
+            self._schedule_abandon(settings.CHAT_STREAM_DISCONNECT_GRACE_S)
+
+    def _schedule_abandon(self, delay_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        if self._abandon_handle is not None:
+            self._abandon_handle.cancel()
+        if delay_s <= 0:
+            self._abandon_handle = None
+            self._abandon()
+        else:
+            self._abandon_handle = loop.call_later(delay_s, self._abandon)
+
+    def _abandon(self) -> None:
+        if self.readers == 0 and not self.finished:
+            logger.info("no reader for turn %s: aborting generation", self.answer_id)
+            self.stop()
+
+    def stop(self) -> None:
+        """Abort the generation now (explicit stop, or abandoned). A no-op once finished."""
+        self.stop_requested = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def wait(self) -> None:
+        """Wait until the answer is stored and the stream closed."""
+        if self.task is not None:
+            await asyncio.shield(self.task)
+
+
+class ConversationBusy(Exception):
+    """The conversation is still generating an answer; a new message must wait or stop it."""
+
+
+_streams: dict[UUID, TurnStream] = {}  # question (user turn) id -> stream
+_busy: dict[UUID, TurnStream] = {}  # conversation id -> its in-flight stream
+
+
+def stream_for_question(question_id: UUID) -> TurnStream | None:
+    """The in-flight (or just finished, still held) stream answering ``question_id``."""
+    return _streams.get(question_id)
+
+
+def stream_for_conversation(conversation_id: UUID) -> TurnStream | None:
+    """The conversation's unfinished stream, if one is generating."""
+    stream = _busy.get(conversation_id)
+    return stream if stream is not None and not stream.finished else None
+
+
+def ensure_idle(conversation_id: UUID) -> None:
+    """Raise ConversationBusy if the conversation is generating an answer right now."""
+    if stream_for_conversation(conversation_id) is not None:
+        raise ConversationBusy(
+            "An answer is still being written in this conversation. Wait for it or press Stop."
+        )
+
+
+def generation_start(*, conversation_id: UUID, question: Turn) -> TurnStream:
+    """Start answering ``question`` (a stored user turn) as a background task; return its stream.
+
+    Must be called from the server's event loop. Raises ConversationBusy if the conversation is
+    already generating. The task holds the stream in the registry until its answer is stored.
+    """
+    ensure_idle(conversation_id)
+    stream = TurnStream(conversation_id=conversation_id, question_id=question.turn_id)
+    _streams[question.turn_id] = stream
+    _busy[conversation_id] = stream
+    stream.task = asyncio.get_running_loop().create_task(
+        _generate(stream, question), name=f"turn-{stream.answer_id}"
+    )
+    stream._schedule_abandon(settings.CHAT_STREAM_ATTACH_TIMEOUT_S)
+    return stream
+
+
+def _options(max_tokens: int) -> GenerationOptions:
+    return GenerationOptions(
+        max_tokens=max_tokens,
+        temperature=settings.CHAT_TEMPERATURE,
+        stop=tuple(settings.CHAT_STOP),
+    )
+
+
+async def _generate(stream: TurnStream, question: Turn) -> None:
+    """Drive the engine for one answer, publish its events, store the turn exactly once."""
+    engine = get_engine()
+    parts: list[str] = []
+    prompt_tokens = completion_tokens = 0
+    status = Turn.Status.FAILED
+    error: str | None = None
+    try:
+        await engine.ensure_started()
+        messages = await sync_to_async(selectors.prompt_history)(
+            conversation_id=stream.conversation_id, upto=question
+        )
+        fitted = prompt_fit(
+            system_prompt=settings.CHAT_SYSTEM_PROMPT,
+            messages=messages,
+            encode_chat=engine.encode_chat,
+            max_model_len=settings.CHAT_MAX_MODEL_LEN,
+            max_tokens=settings.CHAT_MAX_TOKENS,
+        )
+        prompt_tokens = len(fitted.token_ids)
+        async for delta in engine.generate(
+            fitted.token_ids, _options(fitted.max_tokens), str(stream.answer_id)
+        ):
+            completion_tokens = delta.completion_tokens
+            prompt_tokens = delta.prompt_tokens
+            if delta.text:
+                parts.append(delta.text)
+                stream.publish("token", {"text": delta.text})
+        status = Turn.Status.COMPLETE
+    except asyncio.CancelledError:
+        status = Turn.Status.CANCELLED
+    except PromptTooLong as exc:
+        error = str(exc)
+    except EngineUnavailable as exc:
+        error = f"The model is unavailable right now ({exc}). Try again in a minute."
+    except Exception:  # noqa: BLE001 - any failure must still end the stream readably
+        logger.exception("generation failed for turn %s", stream.answer_id)
+        error = "Something went wrong while writing the answer. Try again."
+    await _finish(stream, question, "".join(parts), status, error, prompt_tokens, completion_tokens)
+
+
+async def _finish(
+    stream: TurnStream,
+    question: Turn,
+    text: str,
+    status: str,
+    error: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> None:
+    """Store the answer (shielded: a second cancel cannot lose it), then publish the end."""
+    store = sync_to_async(services.turn_append_assistant)(
+        conversation_id=stream.conversation_id,
+        turn_id=stream.answer_id,
+        reply_to_id=question.turn_id,
+        content=text,
+        status=status,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+    )
+    try:
+        await asyncio.shield(store)
+    except Exception:  # noqa: BLE001
+        logger.exception("could not store answer %s", stream.answer_id)
+        error = error or "The answer could not be saved. Try again."
+        status = Turn.Status.FAILED
+    stream.status = status
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    if error is not None:
+        stream.publish("error", {"turn_id": str(stream.answer_id), "message": error})
+    else:
+        stream.publish(
+            "done",
+            {
+                "turn_id": str(stream.answer_id),
+                "status": status,
+                "usage": usage,
+                "html": markdown_to_safe_html(text),
+            },
+        )
+    stream.close()
+    if _busy.get(stream.conversation_id) is stream:
+        del _busy[stream.conversation_id]
+    # Keep the finished stream briefly so a reader that connects late still gets the end.
+    asyncio.get_running_loop().call_later(60, _streams.pop, stream.question_id, None)

@@ -1,0 +1,289 @@
+"""Chat pages (server-rendered, htmx) and the per-turn event stream.
+
+Thin: parse, call a service or selector, render. Only the views that touch the generation
+registry (it lives in the event loop) or stream are ``async def``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from conversations import selectors, services, streaming
+from conversations.models import Conversation, Turn
+from conversations.rendering import markdown_to_safe_html
+from conversations.sse import SSE_HEADERS, sse_comment, sse_event
+from inference.engine import get_engine
+
+
+def _is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _page_context(request: HttpRequest, conversation: Conversation | None) -> dict:
+    exchanges = selectors.exchange_list(conversation=conversation) if conversation else []
+    return {
+        "conversation": conversation,
+        "conversations": selectors.conversation_list(user=request.user),
+        "exchanges": [_exchange_context(conversation, x) for x in exchanges],
+        "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+    }
+
+
+def _exchange_context(conversation: Conversation, exchange: selectors.Exchange) -> dict:
+    answer = exchange.answer
+    return {
+        "conversation": conversation,
+        "question": exchange.question,
+        "answer": answer,
+        "answer_html": markdown_to_safe_html(answer.content) if answer else "",
+        # Unanswered: the page (re)attaches to the live stream, or starts it after a restart.
+        "streaming": answer is None,
+    }
+
+
+@require_GET
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    """A new, empty chat; the conversation is created by its first message."""
+    return render(request, "chat/page.html", _page_context(request, None))
+
+
+@require_GET
+@login_required
+def conversation_detail(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """The whole conversation (404 if it is not the user's)."""
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    return render(request, "chat/page.html", _page_context(request, conversation))
+
+
+def _error_response(request: HttpRequest, message: str, status: int) -> HttpResponse:
+    """A message the person can act on, shown above the message box (htmx) or as a page."""
+    html = render_to_string("chat/_error.html", {"message": message}, request=request)
+    response = HttpResponse(html, status=status)
+    if _is_htmx(request):
+        response["HX-Retarget"] = "#composer-error"
+        response["HX-Reswap"] = "innerHTML"
+    return response
+
+
+@require_POST
+@login_required
+async def turn_create(request: HttpRequest, conversation_id: UUID | None = None) -> HttpResponse:
+    """Store the user's message and start answering it.
+
+    Responds with the question/answer fragment whose answer bubble opens the event stream
+    (htmx), or redirects to the conversation (plain form post). 400 for an empty or over-long
+    message, 404 for a conversation that is not the user's, 409 while an answer is still being
+    written; nothing is stored in any of those cases.
+    """
+    user = await request.auser()
+    content = request.POST.get("content", "")
+    try:
+        services.message_clean(content)
+    except ValidationError as exc:
+        return _error_response(request, exc.messages[0], 400)
+    if conversation_id is None:
+        conversation = await sync_to_async(services.conversation_create)(owner=user)
+        created = True
+    else:
+        conversation = await selectors.aconversation_get_for_user(
+            conversation_id=conversation_id, user=user
+        )
+        created = False
+    try:
+        streaming.ensure_idle(conversation.conversation_id)
+    except streaming.ConversationBusy as exc:
+        return _error_response(request, str(exc), 409)
+    question = await sync_to_async(services.turn_append_user)(
+        conversation=conversation, content=content
+    )
+    streaming.generation_start(conversation_id=conversation.conversation_id, question=question)
+    url = reverse("conversation", args=[conversation.conversation_id])
+    if not _is_htmx(request):
+        return HttpResponseRedirect(url, status=303)
+    context = {
+        **_exchange_context(conversation, selectors.Exchange(question=question, answer=None)),
+        "created": created,
+    }
+    if created:
+        context["conversations"] = await sync_to_async(list)(
+            selectors.conversation_list(user=user)
+        )
+    response = HttpResponse(
+        await sync_to_async(render_to_string)("chat/_turn_created.html", context, request=request)
+    )
+    if created:
+        response["HX-Push-Url"] = url
+    return response
+
+
+@login_required
+async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID):
+    """``GET``: the answer to user turn ``turn_id`` as Server-Sent Events.
+
+    Events: ``token`` ``{"text"}`` for each new piece of text, then ``done``
+    ``{"turn_id", "status", "usage": {"prompt_tokens", "completion_tokens"}, "html"}`` (the
+    sanitised HTML of the whole answer), or ``error`` ``{"message"}``. Each event has an ``id:``.
+    If the answer is already stored, only ``done`` is sent. 404 if the conversation is not the
+    user's or the turn is not a user turn of it.
+    """
+    if request.method != "GET":
+        return HttpResponse(status=405, headers={"Allow": "GET"})
+    user = await request.auser()
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=user
+    )
+    question = await sync_to_async(selectors.user_turn_get)(
+        conversation=conversation, turn_id=turn_id
+    )
+    stream = streaming.stream_for_question(question.turn_id)
+    if stream is None:
+        answer = await sync_to_async(selectors.reply_get)(turn=question)
+        if answer is not None:
+            body = _stored_answer_events(answer)
+        else:
+            # Unanswered and not generating (e.g. the server restarted mid-answer): answer now.
+            try:
+                stream = streaming.generation_start(
+                    conversation_id=conversation.conversation_id, question=question
+                )
+            except streaming.ConversationBusy as exc:
+                body = _single_error(str(exc))
+    if stream is not None:
+        body = _follow(stream, _last_event_id(request))
+    response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
+    for name, value in SSE_HEADERS.items():
+        response[name] = value
+    return response
+
+
+def _last_event_id(request: HttpRequest) -> int:
+    try:
+        return max(int(request.headers.get("Last-Event-ID", "0")), 0)
+    except ValueError:
+        return 0
+
+
+async def _follow(stream: streaming.TurnStream, after: int):
+    """Relay a turn stream; a keep-alive comment goes out when no event came for a while."""
+    events = stream.follow(after=after).__aiter__()
+    yield sse_comment("stream")  # the response starts at once, before the first token
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(
+                    events.__anext__(), timeout=settings.CHAT_SSE_KEEPALIVE_S
+                )
+            except TimeoutError:
+                yield sse_comment("keep-alive")
+                continue
+            except StopAsyncIteration:
+                return
+            yield sse_event(event.event, event.data, event.event_id)
+    finally:
+        await events.aclose()
+
+
+async def _stored_answer_events(answer: Turn):
+    yield sse_event(
+        "done",
+        {
+            "turn_id": str(answer.turn_id),
+            "status": answer.status,
+            "usage": {
+                "prompt_tokens": answer.prompt_tokens or 0,
+                "completion_tokens": answer.token_count,
+            },
+            "html": markdown_to_safe_html(answer.content),
+        },
+        1,
+    )
+
+
+async def _single_error(message: str):
+    yield sse_event("error", {"message": message}, 1)
+
+
+@require_POST
+@login_required
+async def turn_stop(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
+    """Stop answering user turn ``turn_id``: aborts the engine request at once and stores the
+    partial answer as cancelled. 204 (also when there is nothing left to stop); 404 if the
+    conversation is not the user's."""
+    user = await request.auser()
+    await selectors.aconversation_get_for_user(conversation_id=conversation_id, user=user)
+    stream = streaming.stream_for_question(turn_id)
+    if stream is not None and stream.conversation_id == conversation_id:
+        stream.stop()
+        await stream.wait()
+    return HttpResponse(status=204)
+
+
+@require_POST
+@login_required
+def conversation_rename(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Rename a conversation; responds with the refreshed sidebar (htmx) or redirects."""
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    try:
+        services.conversation_rename(conversation=conversation, title=request.POST.get("title", ""))
+    except ValidationError as exc:
+        return HttpResponse(exc.messages[0], status=400, content_type="text/plain")
+    if _is_htmx(request):
+        return render(
+            request,
+            "chat/_sidebar.html",
+            {
+                "conversations": selectors.conversation_list(user=request.user),
+                "conversation": conversation,
+            },
+        )
+    return redirect("conversation", conversation_id=conversation.conversation_id)
+
+
+@require_POST
+@login_required
+def conversation_delete(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Delete a conversation and its turns; back to a new chat."""
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    services.conversation_delete(conversation=conversation)
+    if _is_htmx(request):
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = reverse("home")
+        return response
+    return redirect("home")
+
+
+async def healthz(request: HttpRequest) -> HttpResponse:
+    """Readiness: 200 once the engine is warmed up, 503 while it starts (the first call starts
+    it). JSON ``{"ready", "unfinished_requests"}``, for load balancers and operators."""
+    engine = get_engine()
+    if not engine.ready:
+        task = asyncio.get_running_loop().create_task(engine.ensure_started())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return JsonResponse(
+        {"ready": engine.ready, "unfinished_requests": engine.num_unfinished_requests()},
+        status=200 if engine.ready else 503,
+    )

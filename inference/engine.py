@@ -1,0 +1,308 @@
+"""The process's inference engine client: one vLLM ``AsyncLLM``, started lazily in the running loop.
+
+vLLM starts its EngineCore with multiprocessing *spawn*, so the engine must be created after the
+server process is up, from inside its event loop, never at import time (DESIGN.md, "What is known
+to work"). :func:`get_engine` returns the process-wide client; the first caller of
+:meth:`Engine.ensure_started` starts it, concurrent callers wait for the same start.
+
+Every engine implementation (this one, and the scripted double in ``tests/``) offers the same
+surface, :class:`EngineProtocol`:
+
+- ``await ensure_started()`` - start (idempotent); ``ready`` - True once warmed up.
+- ``encode_chat(messages) -> list[int]`` - chat template applied, prompt token ids.
+- ``generate(prompt_token_ids, options, request_id)`` - async iterator of :class:`Delta`.
+- ``await abort(request_id)`` - stop a request now and free its KV cache blocks.
+- ``num_unfinished_requests()`` - requests the engine still holds (0 when idle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Sampling settings for one request.
+
+    ``max_tokens`` caps completion tokens; ``temperature`` 0 means greedy; ``stop`` strings end
+    the answer and are never part of it (vLLM holds back any text that could be a stop string's
+    prefix until it knows, PF-S1).
+    """
+
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 0.95
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One step of a generation.
+
+    ``text`` is the new text since the previous delta (may be empty on the final delta);
+    ``prompt_tokens`` and ``completion_tokens`` are running totals for the whole request;
+    ``finish_reason`` is None until the last delta, then ``"stop"`` or ``"length"``.
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None = None
+
+
+class EngineProtocol(Protocol):
+    """What the gateway needs from an inference engine (see the module docstring)."""
+
+    ready: bool
+
+    async def ensure_started(self) -> None: ...
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+
+    def generate(
+        self, prompt_token_ids: list[int], options: GenerationOptions, request_id: str
+    ) -> AsyncIterator[Delta]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def num_unfinished_requests(self) -> int: ...
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine failed to start or died; requests cannot be served."""
+
+
+@dataclass
+class VllmEngine:
+    """An in-process vLLM ``AsyncLLM`` for one model folder.
+
+    Settings used (``chatsite/settings/base.py``): ``CHAT_MODEL_PATH`` (HF model folder),
+    ``CHAT_MAX_MODEL_LEN`` (tokens of context), ``CHAT_KV_CACHE_BYTES`` (explicit KV cache size:
+    on the CPU backend the default, a fraction of a NUMA node's RAM, fails to start here),
+    ``CHAT_MAX_NUM_SEQS`` (continuous-batching width).
+    """
+
+    model_path: str
+    max_model_len: int
+    kv_cache_bytes: int
+    max_num_seqs: int
+    ready: bool = False
+    _llm: object | None = None
+    _tokenizer: object | None = None
+    _start_task: asyncio.Task | None = None
+    _start_error: BaseException | None = None
+    _active: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_settings(cls) -> VllmEngine:
+        """Build (not start) the engine from Django settings."""
+        return cls(
+            model_path=str(settings.CHAT_MODEL_PATH),
+            max_model_len=settings.CHAT_MAX_MODEL_LEN,
+            kv_cache_bytes=settings.CHAT_KV_CACHE_BYTES,
+            max_num_seqs=settings.CHAT_MAX_NUM_SEQS,
+        )
+
+    async def ensure_started(self) -> None:
+        """Start the engine once and warm it up; later calls return at once.
+
+        The first generation after start is about 10x slower than the rest (measured, DESIGN.md),
+        so a short warm-up generation runs before ``ready`` becomes True.
+        Raises EngineUnavailable if the engine cannot start.
+        """
+        if self.ready:
+            return
+        if self._start_error is not None:
+            raise EngineUnavailable(str(self._start_error)) from self._start_error
+        if self._start_task is None:
+            self._start_task = asyncio.get_running_loop().create_task(self._start_once())
+        # Shielded: a request cancelled while it waits (a Stop during the first turn) must not
+        # cancel the shared start.
+        await asyncio.shield(self._start_task)
+
+    async def _start_once(self) -> None:
+        try:
+            await self._start()
+        except Exception as exc:
+            self._start_error = exc
+            logger.exception("inference engine failed to start")
+            raise EngineUnavailable(f"the model could not be loaded: {exc}") from exc
+
+    async def _start(self) -> None:
+        from vllm import AsyncEngineArgs  # noqa: PLC0415 - heavy; only in a serving process
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            dtype="bfloat16",
+            enforce_eager=True,  # skips graph compilation: start in ~30 s on 2 cores
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            kv_cache_memory_bytes=self.kv_cache_bytes,
+            disable_log_stats=True,
+        )
+        logger.info("starting vLLM engine for %s", self.model_path)
+        self._llm = AsyncLLM.from_engine_args(args)
+        self._tokenizer = self._llm.get_tokenizer()
+        _install_shutdown_on_signals(self)
+        warmup_ids = self.encode_chat([{"role": "user", "content": "Hello"}])
+        async for _ in self.generate(
+            warmup_ids, GenerationOptions(max_tokens=8, temperature=0.0), "warmup"
+        ):
+            pass
+        self.ready = True
+        logger.info("vLLM engine ready")
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Apply the model's chat template to ``messages`` ([{role, content}]) -> token ids.
+
+        The generation prompt (the assistant header) is appended, so the model answers next.
+        """
+        tokenizer = self._require_tokenizer()
+        ids = tokenizer.apply_chat_template(
+            list(messages), tokenize=True, add_generation_prompt=True
+        )
+        if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def count_tokens(self, text: str) -> int:
+        """Number of tokens ``text`` encodes to (no special tokens)."""
+        return len(self._require_tokenizer().encode(text, add_special_tokens=False))
+
+    def _require_tokenizer(self):
+        if self._tokenizer is None:
+            # Loading the tokenizer alone is cheap and needs no engine (prompt assembly may run
+            # before the engine is up, e.g. to reject an over-long prompt early).
+            from transformers import AutoTokenizer  # noqa: PLC0415
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    async def generate(
+        self, prompt_token_ids: list[int], options: GenerationOptions, request_id: str
+    ) -> AsyncIterator[Delta]:
+        """Stream :class:`Delta` values for one request.
+
+        Empty text deltas are skipped except the last (which carries the finish reason and the
+        final usage). If the consumer stops iterating (task cancelled, generator closed), the
+        request is aborted in the engine at once so its KV cache blocks are freed.
+        Raises EngineUnavailable if the engine is not started or has died.
+        """
+        from vllm import SamplingParams  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+
+        if self._llm is None:
+            raise EngineUnavailable("the engine is not started")
+        params = SamplingParams(
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+            top_p=options.top_p if options.temperature > 0 else 1.0,
+            stop=list(options.stop) or None,
+            seed=options.seed,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt_tokens = len(prompt_token_ids)
+        completion_tokens = 0
+        finished = False
+        self._active.add(request_id)
+        try:
+            async for output in self._llm.generate(
+                {"prompt_token_ids": prompt_token_ids}, params, request_id
+            ):
+                completion = output.outputs[0]
+                completion_tokens += len(completion.token_ids)
+                finished = output.finished
+                if completion.text or finished:
+                    yield Delta(
+                        text=completion.text,
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=completion_tokens,
+                        finish_reason=completion.finish_reason if finished else None,
+                    )
+        except Exception as exc:
+            if self._llm.errored:
+                self.ready = False
+                raise EngineUnavailable(f"the inference engine died: {exc}") from exc
+            raise
+        finally:
+            self._active.discard(request_id)
+            if not finished:
+                # Covers CancelledError and GeneratorExit: free the KV blocks now. vLLM also
+                # aborts on cancellation, but only when the cancel lands inside its own await.
+                await asyncio.shield(self.abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort ``request_id`` in the engine now; a no-op if it is unknown or finished."""
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    def num_unfinished_requests(self) -> int:
+        """Requests the engine still holds (queued or running); 0 before start."""
+        if self._llm is None:
+            return 0
+        return self._llm.get_num_unfinished_requests()
+
+    def shutdown(self) -> None:
+        """Stop the EngineCore process. Safe to call twice."""
+        llm, self._llm = self._llm, None
+        self.ready = False
+        if llm is not None:
+            llm.shutdown()
+
+
+def _install_shutdown_on_signals(engine: VllmEngine) -> None:
+    """Shut the engine down on SIGINT/SIGTERM, then run the previous handler.
+
+    Measured here (DESIGN.md): daphne did not exit on SIGTERM while the engine ran, so Ctrl-C on
+    ``make run`` hung. Only possible from the main thread; elsewhere it is skipped.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+
+        def handler(received, frame, previous=previous):
+            engine.shutdown()
+            if callable(previous):
+                previous(received, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(received, signal.SIG_DFL)
+                os.kill(os.getpid(), received)
+
+        signal.signal(signum, handler)
+
+
+_engine: EngineProtocol | None = None
+
+
+def get_engine() -> EngineProtocol:
+    """Return this process's engine client (created on first call, started separately).
+
+    The class comes from ``settings.CHAT_ENGINE_CLASS`` (a dotted path with a ``from_settings``
+    classmethod), so tests can swap in a scripted double.
+    """
+    global _engine
+    if _engine is None:
+        cls = import_string(settings.CHAT_ENGINE_CLASS)
+        _engine = cls.from_settings()
+    return _engine
+
+
+def reset_engine() -> None:
+    """Forget the process's engine client (tests use this after changing CHAT_ENGINE_CLASS)."""
+    global _engine
+    _engine = None

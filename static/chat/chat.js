@@ -1,0 +1,92 @@
+// Chat page behaviour. No inline scripts anywhere (a later CSP forbids them).
+// Streamed text is appended as plain text (textContent, never HTML); on `done` the server's
+// sanitised HTML of the whole answer replaces it (PF-X1).
+(function () {
+  "use strict";
+
+  function parse(event) {
+    try { return JSON.parse(event.data); } catch (e) { return null; }
+  }
+
+  function finish(article, source, payload) {
+    source.close();
+    article.classList.remove("streaming");
+    article.removeAttribute("sse-connect");
+    var stop = article.querySelector("button.stop");
+    if (stop) stop.remove();
+    var note = article.querySelector("[data-stream-note]");
+    if (payload && payload.turn_id) article.id = "turn-" + payload.turn_id;
+    if (payload && typeof payload.html === "string") {
+      var bubble = article.querySelector("[data-stream-text]");
+      bubble.classList.remove("plain");
+      bubble.classList.add("markdown");
+      bubble.innerHTML = payload.html; // sanitised on the server
+      article.classList.add(payload.status || "complete");
+      if (note) {
+        if (payload.status === "cancelled") note.textContent = "Stopped.";
+        else note.remove();
+      }
+    }
+  }
+
+  function fail(article, source, message) {
+    source.close();
+    article.classList.remove("streaming");
+    article.classList.add("failed");
+    article.removeAttribute("sse-connect");
+    var stop = article.querySelector("button.stop");
+    if (stop) stop.remove();
+    var note = article.querySelector("[data-stream-note]");
+    if (note) {
+      note.textContent = message || "The answer failed. Send your message again.";
+      note.classList.add("error");
+    }
+  }
+
+  document.addEventListener("htmx:sseOpen", function (evt) {
+    var article = evt.target;
+    var source = evt.detail.source;
+    if (!source || source.__chatBound) return;
+    source.__chatBound = true;
+    var text = article.querySelector("[data-stream-text]");
+    source.addEventListener("token", function (e) {
+      var payload = parse(e);
+      if (payload && payload.text) {
+        text.appendChild(document.createTextNode(payload.text));
+        var note = article.querySelector("[data-stream-note]");
+        if (note && note.textContent === "Writing…") note.textContent = "";
+      }
+    });
+    source.addEventListener("done", function (e) { finish(article, source, parse(e)); });
+    // A server-sent `event: error` carries data; a network error does not (the browser and the
+    // sse extension reconnect on those).
+    source.addEventListener("error", function (e) {
+      if (e.data) {
+        var payload = parse(e);
+        fail(article, source, payload && payload.message);
+      }
+    });
+  });
+
+  // Enter sends, Shift+Enter inserts a newline (not while an IME is composing).
+  document.addEventListener("keydown", function (e) {
+    var box = e.target;
+    if (e.key !== "Enter" || e.shiftKey || e.isComposing) return;
+    if (!box.matches || !box.matches("#composer textarea")) return;
+    e.preventDefault();
+    box.form.requestSubmit();
+  });
+
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var form = e.detail.elt;
+    if (!form || form.id !== "composer") return;
+    if (e.detail.successful) {
+      var box = form.querySelector("textarea");
+      if (box) box.value = "";
+      var err = document.getElementById("composer-error");
+      if (err) err.textContent = "";
+      var messages = document.getElementById("messages");
+      if (messages) messages.scrollTop = messages.scrollHeight;
+    }
+  });
+})();
