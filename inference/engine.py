@@ -46,6 +46,9 @@ class GenerationOptions:
     top_p: float = 0.95
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # A JSON schema the answer must match (vLLM structured output; the first request with a
+    # new schema compiles its grammar, ~5 s on the CPU).
+    json_schema: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ class VllmEngine:
         Raises EngineUnavailable if the engine is not started or has died.
         """
         from vllm import SamplingParams  # noqa: PLC0415
-        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams  # noqa: PLC0415
 
         if self._llm is None:
             raise EngineUnavailable("the engine is not started")
@@ -214,6 +217,9 @@ class VllmEngine:
             stop=list(options.stop) or None,
             seed=options.seed,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=(
+                StructuredOutputsParams(json=options.json_schema) if options.json_schema else None
+            ),
         )
         prompt_tokens = len(prompt_token_ids)
         completion_tokens = 0

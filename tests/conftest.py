@@ -1,0 +1,163 @@
+"""Shared fixtures.
+
+- ``engine_double``: the scripted engine (``tests/fakes.py``) as the process's engine.
+- ``chat_server``: daphne (the production ASGI server) in a thread of this process, serving the
+  real app with the real vLLM engine. Started once per test session, on first use, and shared by
+  every real-engine and browser test; tests reach the same engine object through it.
+- ``make_user`` / ``login``: accounts and signed-in HTTP clients.
+"""
+
+from __future__ import annotations
+
+# daphne installs Twisted's asyncio reactor at import; it must come before anything imports
+# twisted, so it is imported first.
+import daphne.server  # noqa: F401, I001  isort:skip
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from django.conf import settings
+
+import inference.engine as engine_module
+from conversations import streaming
+from tests.fakes import ScriptedEngine
+
+PASSWORD = "correct-horse-battery-staple-42"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing():
+    # PBKDF2 with Django's iteration count costs ~0.3 s a user; tests need no real hashing.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def engine_double() -> Iterator[ScriptedEngine]:
+    """Install a fresh ScriptedEngine as the process's engine; restore the previous one after."""
+    previous = engine_module._engine
+    double = ScriptedEngine()
+    engine_module._engine = double
+    try:
+        yield double
+    finally:
+        engine_module._engine = previous
+
+
+@pytest.fixture(autouse=True)
+def _clean_stream_registry():
+    yield
+    streaming._streams.clear()
+    streaming._busy.clear()
+
+
+@pytest.fixture
+def make_user(django_user_model):
+    """Create a user: ``make_user("alice", tier="paid")``; the password is ``PASSWORD``."""
+    counter = iter(range(1_000_000))
+
+    def make(username: str | None = None, **fields):
+        name = username or f"user{next(counter)}"
+        return django_user_model.objects.create_user(username=name, password=PASSWORD, **fields)
+
+    return make
+
+
+@dataclass
+class ChatServer:
+    """daphne on 127.0.0.1:``port`` in a background thread, with the real engine."""
+
+    url: str
+    loop: asyncio.AbstractEventLoop
+    engine: engine_module.VllmEngine
+
+    def call(self, coro, timeout: float = 30):
+        """Run ``coro`` in the server's event loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def unfinished(self) -> int:
+        """The real engine's unfinished request count (read in the server's loop)."""
+        return self.call(_unfinished(self.engine))
+
+    def drain(self, timeout: float = 30) -> None:
+        """Wait until no generation task is running in the server."""
+
+        async def wait_all():
+            tasks = [s.task for s in list(streaming._streams.values()) if s.task]
+            if tasks:
+                await asyncio.wait(tasks, timeout=timeout)
+
+        self.call(wait_all(), timeout + 5)
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+    def login(self, username: str, password: str = PASSWORD) -> httpx.Client:
+        """A client signed in through the real login form (session cookie + CSRF)."""
+        client = self.client()
+        client.get("/accounts/login/")
+        response = client.post(
+            "/accounts/login/",
+            data={
+                "username": username,
+                "password": password,
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+            },
+        )
+        assert response.status_code == 302, response.text
+        client.headers["X-CSRFToken"] = client.cookies["csrftoken"]
+        return client
+
+
+async def _unfinished(engine) -> int:
+    return engine.num_unfinished_requests()
+
+
+@pytest.fixture(scope="session")
+def chat_server(django_db_setup, django_db_blocker) -> Iterator[ChatServer]:
+    """Start daphne with the real engine once per session (the engine warms up before use)."""
+    from chatsite.asgi import application  # noqa: PLC0415
+
+    real = engine_module.VllmEngine.from_settings()
+    engine_module._engine = real
+    server = daphne.server.Server(
+        application,
+        endpoints=["tcp:port=0:interface=127.0.0.1"],
+        signal_handlers=False,
+        verbosity=0,
+    )
+    thread = threading.Thread(target=server.run, name="daphne", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.listening_addresses:
+        assert time.monotonic() < deadline, "daphne did not start listening"
+        time.sleep(0.05)
+    _, port = server.listening_addresses[0]
+    chat = ChatServer(url=f"http://127.0.0.1:{port}", loop=daphne.server.twisted_loop, engine=real)
+    chat.call(real.ensure_started(), timeout=600)
+    try:
+        yield chat
+    finally:
+        with contextlib.suppress(Exception):
+            chat.drain(10)
+        real.shutdown()
+        engine_module._engine = None
+        server.stop()
+
+
+@pytest.fixture
+def live(chat_server, transactional_db) -> Iterator[ChatServer]:
+    """The shared server for one test, with committed test data and the real engine installed;
+    waits for every generation to end before the test's data is flushed."""
+    previous = engine_module._engine
+    engine_module._engine = chat_server.engine
+    try:
+        yield chat_server
+    finally:
+        chat_server.drain()
+        engine_module._engine = previous

@@ -1,0 +1,83 @@
+"""A scripted stand-in for the vLLM engine (tests only; never imported by the product).
+
+It has the same surface as ``inference.engine.VllmEngine`` (see ``EngineProtocol``): each
+``generate`` call plays the next script, a list of steps: a string is a text delta, a number
+is a pause in seconds before the next step, an exception instance is raised. It records
+aborts and counts unfinished requests the way the real engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from inference.engine import Delta, GenerationOptions
+
+Step = str | float | int | BaseException
+
+
+@dataclass
+class ScriptedEngine:
+    scripts: list[list[Step]] = field(default_factory=list)
+    default_script: list[Step] = field(default_factory=lambda: ["Hello", ", ", "world", "."])
+    ready: bool = True
+    started: int = 0
+    aborted: dict[str, float] = field(default_factory=dict)  # request id -> monotonic time
+    requests: list[tuple[list[int], GenerationOptions, str]] = field(default_factory=list)
+    unfinished: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_settings(cls) -> ScriptedEngine:
+        return cls()
+
+    async def ensure_started(self) -> None:
+        self.started += 1
+        self.ready = True
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        # One "token" per whitespace-separated word plus 3 per message for the template.
+        ids: list[int] = []
+        for m in messages:
+            ids.extend([1, 2, 3])
+            ids.extend(range(len(m["content"].split())))
+        return ids
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    async def generate(
+        self, prompt_token_ids: list[int], options: GenerationOptions, request_id: str
+    ) -> AsyncIterator[Delta]:
+        script = self.scripts.pop(0) if self.scripts else list(self.default_script)
+        self.requests.append((list(prompt_token_ids), options, request_id))
+        self.unfinished.add(request_id)
+        completion = 0
+        finished = False
+        try:
+            for step in script:
+                if isinstance(step, BaseException):
+                    raise step
+                if isinstance(step, (int, float)):
+                    await asyncio.sleep(step)
+                    continue
+                completion += 1
+                if completion >= options.max_tokens:
+                    yield Delta(step, len(prompt_token_ids), completion, "length")
+                    finished = True
+                    return
+                yield Delta(step, len(prompt_token_ids), completion)
+            finished = True
+            yield Delta("", len(prompt_token_ids), completion, "stop")
+        finally:
+            if not finished:
+                await self.abort(request_id)
+            self.unfinished.discard(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.setdefault(request_id, time.monotonic())
+        self.unfinished.discard(request_id)
+
+    def num_unfinished_requests(self) -> int:
+        return len(self.unfinished)
