@@ -99,6 +99,7 @@ def embedded_redis(work_dir: Path) -> Iterator[str]:
             proc.wait(5)
         if proc.poll() is None:
             proc.kill()
+        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -107,12 +108,15 @@ def stack_env() -> Iterator[dict[str, str]]:
     whichever is unset."""
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
+    # Concurrent test sessions on one PostgreSQL must not share (and drop) one test database.
+    env.setdefault("CHAT_TEST_DB_NAME", f"test_chat_{os.getpid()}")
     with contextlib.ExitStack() as stack:
         if not env.get("DATABASE_URL"):
             env["DATABASE_URL"] = stack.enter_context(embedded_postgres(VAR / "pgdata"))
             print("embedded PostgreSQL:", env["DATABASE_URL"], flush=True)
         if not env.get("REDIS_URL"):
-            env["REDIS_URL"] = stack.enter_context(embedded_redis(VAR / "redis"))
+            # One server per stack (its own socket), so `make run` and `make test` can coexist.
+            env["REDIS_URL"] = stack.enter_context(embedded_redis(VAR / "redis" / str(os.getpid())))
             print("embedded Redis:", env["REDIS_URL"], flush=True)
         yield env
 
