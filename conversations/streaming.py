@@ -74,11 +74,14 @@ class TurnStream:
         if self._abandon_handle is not None:
             self._abandon_handle.cancel()
 
-    async def follow(self, after: int = 0) -> AsyncIterator[StreamEvent]:
+    async def follow(
+        self, after: int = 0, idle_s: float | None = None
+    ) -> AsyncIterator[StreamEvent | None]:
         """Yield events with id > ``after``, then live ones, until the stream is finished.
 
-        Counts as a reader while iterating; when the last reader goes before the answer is
-        finished, the disconnect rule (module docstring) decides when to abort.
+        If ``idle_s`` seconds pass without a new event, yields None (the caller sends a
+        keep-alive). Counts as a reader while iterating; when the last reader goes before the
+        answer is finished, the disconnect rule (module docstring) decides when to abort.
         """
         self._attach()
         try:
@@ -90,7 +93,10 @@ class TurnStream:
                     index += 1
                 if self.finished:
                     return
-                await changed.wait()
+                try:
+                    await asyncio.wait_for(changed.wait(), idle_s)
+                except TimeoutError:
+                    yield None
         finally:
             self._detach()
 

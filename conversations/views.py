@@ -7,6 +7,7 @@ registry (it lives in the event loop) or stream are ``async def``.
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -185,22 +186,14 @@ def _last_event_id(request: HttpRequest) -> int:
 
 async def _follow(stream: streaming.TurnStream, after: int):
     """Relay a turn stream; a keep-alive comment goes out when no event came for a while."""
-    events = stream.follow(after=after).__aiter__()
     yield sse_comment("stream")  # the response starts at once, before the first token
-    try:
-        while True:
-            try:
-                event = await asyncio.wait_for(
-                    events.__anext__(), timeout=settings.CHAT_SSE_KEEPALIVE_S
-                )
-            except TimeoutError:
+    # aclosing: when the client goes, the reader detaches now, not whenever GC finalises it.
+    async with aclosing(stream.follow(after=after, idle_s=settings.CHAT_SSE_KEEPALIVE_S)) as events:
+        async for event in events:
+            if event is None:
                 yield sse_comment("keep-alive")
-                continue
-            except StopAsyncIteration:
-                return
-            yield sse_event(event.event, event.data, event.event_id)
-    finally:
-        await events.aclose()
+            else:
+                yield sse_event(event.event, event.data, event.event_id)
 
 
 async def _stored_answer_events(answer: Turn):

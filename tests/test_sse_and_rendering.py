@@ -1,0 +1,71 @@
+"""SSE framing and the Markdown sanitiser."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conversations.rendering import markdown_to_safe_html
+from conversations.sse import sse_comment, sse_event
+from tests.html_checks import dangerous_markup
+
+
+def test_sse_event_has_id_event_and_one_json_data_line():
+    raw = sse_event("token", {"text": "line one\nline two"}, 7)
+    text = raw.decode("utf-8")
+    assert text.endswith("\n\n")
+    lines = text.rstrip("\n").split("\n")
+    assert lines[0] == "id: 7"
+    assert lines[1] == "event: token"
+    assert len(lines) == 3 and lines[2].startswith("data: ")
+    assert json.loads(lines[2][6:]) == {"text": "line one\nline two"}
+
+
+def test_sse_payload_is_real_utf8_not_escapes():
+    """PF-S2: emoji and CJK travel as UTF-8 bytes; the payload is valid UTF-8 JSON."""
+    raw = sse_event("token", {"text": "你好 🙂 café"})
+    assert "你好 🙂 café".encode() in raw
+    data = raw.decode("utf-8").split("data: ", 1)[1].strip()
+    assert json.loads(data)["text"] == "你好 🙂 café"
+    assert "\ufffd" not in raw.decode("utf-8")
+
+
+def test_sse_comment_is_ignored_by_parsers():
+    assert sse_comment("keep-alive") == b": keep-alive\n\n"
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "<script>alert(1)</script>",
+        '<img src=x onerror="alert(1)">',
+        "[click](javascript:alert(1))",
+        '<svg onload="alert(1)"><circle/></svg>',
+        '<a href="javascript:alert(1)">x</a>',
+        "![x](javascript:alert(1))",
+        '<iframe src="https://evil.example"></iframe>',
+    ],
+)
+def test_model_output_renders_inert(hostile):
+    """PF-X1: no script element, event handler or javascript: URL survives rendering."""
+    html = markdown_to_safe_html(f"Here you go: {hostile}")
+    assert dangerous_markup(html) == []
+    assert "Here you go" in html
+
+
+def test_dangerous_markup_detector_finds_each_kind():
+    """The checker above must be able to fail."""
+    found = dangerous_markup(
+        '<script>x</script><img src=x onerror="y"><a href=" JavaScript:z">a</a><svg onload=1>'
+    )
+    assert len(found) == 5
+
+
+def test_markdown_is_rendered():
+    html = markdown_to_safe_html("**bold** and `code`\n\n- a\n- b\n\n[site](https://example.com)")
+    assert "<strong>bold</strong>" in html
+    assert "<code>code</code>" in html
+    assert "<li>a</li>" in html
+    assert 'href="https://example.com"' in html
+    assert "noopener" in html
