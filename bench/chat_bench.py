@@ -540,12 +540,14 @@ def report(args, bare: dict[int, list[BatchResult]], full: dict[int, list[BatchR
         )
     if errors:
         checks.append({"target": "no failed requests", "value": errors, "pass": False})
+    skipped = args.skip_bare or args.skip_full
     for c in checks:
         v = c["value"]
         shown = "-" if v is None else (f"{v:.3f}x" if "tok/s" in c["target"] else f"{v:+.0f} ms")
         if c["target"] == "no failed requests":
             shown = f"{v} failed"
-        print(f"  {'PASS' if c['pass'] else 'MISS'}  {c['target']}  ({shown})")
+        verdict = "PASS" if c["pass"] else ("SKIP" if v is None and skipped else "MISS")
+        print(f"  {verdict}  {c['target']}  ({shown})")
     all_ok = all(c["pass"] for c in checks)
     print(f"\n  overall: {'PASS' if all_ok else 'MISS'}\n")
 

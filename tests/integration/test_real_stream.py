@@ -109,3 +109,108 @@ def test_pf_c1_client_killed_mid_stream_aborts_within_1s_and_stores_partial(live
     assert stored.status == Turn.Status.CANCELLED
     assert stored.content  # the partial text is kept
     assert 0 < stored.token_count < 400
+
+
+def test_pf_s1_multi_token_stop_string_never_leaks(live, make_user, settings):
+    """PF-S1: a configured stop string the model emits as several tokens ends the answer; the
+    joined stream equals the stored text and holds no prefix of the stop string."""
+    settings.CHAT_TEMPERATURE = 0.0
+    settings.CHAT_MAX_TOKENS = 120
+    make_user("dora")
+    client = live.login("dora")
+    prompt = "List five fruits and describe the taste of each in one sentence."
+    _, url = send(client, prompt)
+    full = "".join(d["text"] for n, d, _ in read_events(client, url) if n == "token")
+    words = full.split()
+    assert len(words) > 12, full
+    # A three-word phrase from the middle: several tokens, starting with a letter.
+    stop = " ".join(words[6:9]).strip(" ,.;:!?*-")
+    cut = full.find(stop)
+    assert stop and cut > 0 and live.engine.count_tokens(stop) >= 2
+
+    settings.CHAT_STOP = (stop,)
+    _, url = send(client, prompt)  # a new conversation: the same greedy prompt
+    events = read_events(client, url)
+
+    tokens = [d["text"] for n, d, _ in events if n == "token"]
+    streamed = "".join(tokens)
+    assert all(tokens), "no empty token events"
+    assert streamed == answer_turn(url).content
+    assert stop not in streamed
+    assert not any(streamed.endswith(stop[:k]) for k in range(2, len(stop) + 1))
+    assert streamed == full[:cut]
+
+
+def test_pf_s2_split_multibyte_characters_decode_whole(live):
+    """PF-S2 (engine half): emoji and CJK that the byte-level tokenizer splits across tokens come
+    out of the engine as whole characters: no U+FFFD in any delta, the joined text exact.
+    Structured output forces the model to write exactly this text."""
+    from inference.engine import GenerationOptions
+
+    target = "你好，世界 🙂🎉 café naïve 😀"
+    options = GenerationOptions(
+        max_tokens=80, temperature=0.0, json_schema={"type": "string", "enum": [target]}
+    )
+    prompt = live.engine.encode_chat([{"role": "user", "content": "Greet me in Chinese."}])
+
+    async def collect():
+        return [d async for d in live.engine.generate(prompt, options, "pf-s2-probe")]
+
+    deltas = live.call(collect(), timeout=120)
+    texts = [d.text for d in deltas]
+    assert all("\ufffd" not in t for t in texts)
+    assert "".join(texts) == json.dumps(target, ensure_ascii=False)
+    # The tokenizer really split characters: more tokens than text-bearing deltas.
+    assert deltas[-1].completion_tokens > len([t for t in texts if t])
+
+
+def test_pf_c3_stop_before_first_token_and_next_turn_starts_at_once(live, make_user):
+    """PF-C3: Stop right after sending (before any token) aborts in the engine within 1 s;
+    the next message in the same conversation is answered at once."""
+    make_user("erin")
+    client = live.login("erin")
+    baseline = live.unfinished()
+    conversation_id, url = send(client, "Tell me about the history of Rome in detail.")
+    started = time.monotonic()
+    response = client.post(url.replace("/events", "/stop"))
+    assert response.status_code == 204
+    while live.unfinished() > baseline and time.monotonic() - started < 1.0:
+        time.sleep(0.02)
+    assert live.unfinished() == baseline
+    stored = answer_turn(url)
+    assert stored.status == Turn.Status.CANCELLED
+
+    _, next_url = send(client, "Just say hi.", conversation_id)
+    events = read_events(client, next_url)
+    assert events[-1][0] == "done" and events[-1][1]["status"] == "complete"
+    assert any(n == "token" for n, _, _ in events)
+
+
+def test_pf_c3_stop_mid_stream_frees_the_engine_within_1s(live, make_user, settings):
+    """PF-C3: Stop while tokens are streaming; the engine holds no request within 1 s and the
+    partial answer is stored as cancelled, equal to what was streamed up to the stop."""
+    settings.CHAT_MAX_TOKENS = 400
+    make_user("finn")
+    client = live.login("finn")
+    baseline = live.unfinished()
+    _, url = send(client, "Write a long poem about mountains.")
+    seen = []
+    with client.stream("GET", url) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+            if len(seen) == 5:
+                break
+        started = time.monotonic()
+        assert client.post(url.replace("/events", "/stop")).status_code == 204
+        for line in lines:  # the rest of the stream, up to `done`
+            if line.startswith("data: "):
+                seen.append(json.loads(line[6:]))
+    while live.unfinished() > baseline and time.monotonic() - started < 1.0:
+        time.sleep(0.02)
+    assert live.unfinished() == baseline
+    assert seen[-1]["status"] == "cancelled"
+    stored = answer_turn(url)
+    assert stored.status == Turn.Status.CANCELLED
+    assert stored.content == "".join(d.get("text", "") for d in seen[:-1])

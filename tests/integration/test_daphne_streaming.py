@@ -1,0 +1,80 @@
+"""Streaming behaviour under the production ASGI server (daphne), with the engine double so the
+timing is scripted: PF-S3 (no buffering, no gzip) and PF-C2 (idle generator cancellation)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+pytestmark = pytest.mark.real_engine  # uses the shared daphne server
+
+
+@pytest.fixture
+def live_double(live, engine_double):
+    """The shared daphne server with the scripted engine installed (after the real one)."""
+    return live, engine_double
+
+
+def start_turn(client, content="hi") -> str:
+    response = client.post("/chat/turns", data={"content": content}, headers={"HX-Request": "true"})
+    assert response.status_code == 200, response.text
+    return re.search(r'sse-connect="([^"]+)"', response.text).group(1)
+
+
+def test_pf_s3_first_token_arrives_before_the_stall_ends_with_gzip_requested(live_double, make_user):
+    """PF-S3 (daphne half): the full middleware stack (GZip included), a client that accepts
+    gzip, an engine that emits token 1 then stalls 2 s: token 1 reaches the client long before
+    the stall ends, and the stream is not compressed."""
+    live, double = live_double
+    double.scripts = [["first", 2.0, "second"]]
+    make_user("gina")
+    client = live.login("gina")
+    url = start_turn(client)
+    started = time.monotonic()
+    arrivals = {}
+    with client.stream("GET", url, headers={"Accept-Encoding": "gzip"}) as response:
+        assert "Content-Encoding" not in response.headers
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if '"text":"first"' in line:
+                arrivals["first"] = time.monotonic() - started
+            if '"text":"second"' in line:
+                arrivals["second"] = time.monotonic() - started
+            if line.startswith("event: done"):
+                break
+    assert arrivals["first"] < 1.0
+    assert arrivals["second"] >= 1.8
+
+
+def test_pf_c2_closing_the_socket_while_the_view_waits_cancels_within_1s(live_double, make_user, settings):
+    """PF-C2: the view is idle, waiting for the next token; the client closes its socket; the
+    cancellation path (engine abort) runs within 1 s under daphne."""
+    settings.CHAT_STREAM_DISCONNECT_GRACE_S = 0
+    live, double = live_double
+    double.scripts = [["first", 30.0, "never"]]
+    make_user("hank")
+    client = live.login("hank")
+    url = start_turn(client)
+    parts = urlsplit(live.url)
+    sock = socket.create_connection((parts.hostname, parts.port))
+    cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+    sock.sendall(
+        f"GET {url} HTTP/1.1\r\nHost: {parts.netloc}\r\nCookie: {cookie}\r\n\r\n".encode()
+    )
+    received = b""
+    sock.settimeout(5)
+    while b'"text":"first"' not in received:
+        received += sock.recv(4096)
+    time.sleep(0.2)  # now the view is parked waiting for the next token
+    assert double.aborted == {}
+
+    sock.close()
+    closed_at = time.monotonic()
+    while not double.aborted and time.monotonic() - closed_at < 1.0:
+        time.sleep(0.01)
+    assert double.aborted, "the engine request was not aborted within 1 s"
+    assert next(iter(double.aborted.values())) - closed_at < 1.0
