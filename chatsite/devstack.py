@@ -161,24 +161,32 @@ def run(port: int, host: str) -> int:
             cwd=ROOT,
             start_new_session=True,
         )
-        stopping = False
+        stop_requested_at: float | None = None
 
         def on_signal(signum, frame):
-            nonlocal stopping
-            stopping = True
-            _stop(server)
+            # Only forward the signal here: waiting on the child inside a handler can deadlock
+            # with the wait the main flow is in.
+            nonlocal stop_requested_at
+            if stop_requested_at is None:
+                stop_requested_at = time.monotonic()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.pid, signal.SIGTERM)
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         print("loading the model (about 30 s on the first start)...", flush=True)
         if _wait_ready(f"http://{host}:{port}/healthz", server, timeout_s=600):
             print(f"\n  Chat is ready: http://{host}:{port}/\n  Ctrl-C stops it.\n", flush=True)
-        elif not stopping:
+        elif stop_requested_at is None:
             print("the server did not become ready; see the log above", file=sys.stderr)
             _stop(server)
             return 1
-        code = server.wait()
-        return 0 if stopping else code
+        while server.poll() is None:
+            if stop_requested_at is not None and time.monotonic() - stop_requested_at > 15:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.pid, signal.SIGKILL)
+            time.sleep(0.2)
+        return 0 if stop_requested_at is not None else server.returncode
 
 
 def exec_command(argv: list[str]) -> int:

@@ -7,6 +7,7 @@ Chromium comes from Debian's ``chromium`` package (``make browser``); nothing is
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import threading
@@ -40,16 +41,28 @@ TIMEOUT_MS = 20_000
 # --- fixtures -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Chromium for this module. Playwright's sync API leaves its asyncio loop marked running
+    in this thread, which makes Django refuse ORM calls here (SynchronousOnlyOperation) though
+    nothing in this thread is async; the flag below says so while the browser lives. Module
+    scope: later test modules get a thread without that loop."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run `make browser` (apt-get install chromium)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                yield browser
+            finally:
+                browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture
