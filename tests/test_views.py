@@ -424,3 +424,18 @@ def test_delete_removes_conversation_and_goes_home(make_user):
     assert response["HX-Redirect"] == "/"
     assert not Conversation.objects.exists()
     assert not Turn.objects.exists()
+
+
+def test_an_empty_answer_is_never_a_blank_bubble(make_user):
+    """PF-S1 / "never a blank reply": an answer with no text says so."""
+    user = make_user()
+    conversation = services.conversation_create(owner=user)
+    q = services.turn_append_user(conversation=conversation, content="hi")
+    services.turn_append_assistant(
+        conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=q.turn_id,
+        content="", status=Turn.Status.COMPLETE, prompt_tokens=5, completion_tokens=1,
+    )  # fmt: skip
+    client = Client()
+    client.force_login(user)
+    html = client.get(f"/c/{conversation.pk}/").content.decode()
+    assert "The model gave an empty answer" in html

@@ -24,6 +24,7 @@
       article.classList.add(payload.status || "complete");
       if (note) {
         if (payload.status === "cancelled") note.textContent = "Stopped.";
+        else if (!bubble.textContent.trim()) note.textContent = "The model gave an empty answer. Try rephrasing your message.";
         else note.remove();
       }
     }
