@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 
-from accounts.models import Membership, Organisation, User
+from accounts.models import ApiKey, Membership, Organisation, User
 
 
 @admin.register(User)
@@ -23,3 +23,10 @@ class OrganisationAdmin(admin.ModelAdmin):
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
     inlines = (MembershipInline,)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("name", "user", "prefix", "created_at", "last_used_at", "revoked_at")
+    search_fields = ("name", "prefix", "user__username")
+    readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")

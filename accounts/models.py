@@ -62,3 +62,29 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.organisation} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """A bearer credential for ``/v1``. The secret is shown once at creation; only its SHA-256
+    is stored. Keys are 256-bit random strings, so a fast hash is enough (no password-style
+    stretching needed: there is nothing to brute-force), the same choice GitHub and Stripe make
+    for their tokens. ``prefix`` (public) finds the row; the hash is compared in constant time.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
