@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
+
+from django.http import HttpRequest, StreamingHttpResponse
 
 SSE_HEADERS = {
     "Cache-Control": "no-cache",
@@ -29,3 +32,21 @@ def sse_event(event: str, data: dict[str, Any], event_id: int | str | None = Non
 def sse_comment(text: str = "") -> bytes:
     """A comment line: ignored by clients, keeps proxies from timing out an idle stream."""
     return f": {text}\n\n".encode()
+
+
+def sse_response(body: AsyncIterator[bytes], status: int = 200) -> StreamingHttpResponse:
+    """A streaming ``text/event-stream`` response with the no-cache/no-buffering headers."""
+    response = StreamingHttpResponse(
+        body, content_type="text/event-stream; charset=utf-8", status=status
+    )
+    for name, value in SSE_HEADERS.items():
+        response[name] = value
+    return response
+
+
+def last_event_id(request: HttpRequest) -> int:
+    """The ``Last-Event-ID`` a reconnecting client sent (0 if none or not a number)."""
+    try:
+        return max(int(request.headers.get("Last-Event-ID", "0")), 0)
+    except ValueError:
+        return 0

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -30,6 +31,7 @@ from django.conf import settings
 from conversations import selectors, services
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
+from conversations.sse import sse_comment, sse_event
 from inference.engine import EngineUnavailable, GenerationOptions, get_engine
 from inference.prompts import PromptTooLong, prompt_fit
 
@@ -136,6 +138,20 @@ class TurnStream:
         """Wait until the answer is stored and the stream closed."""
         if self.task is not None:
             await asyncio.shield(self.task)
+
+
+async def follow_sse(stream: TurnStream, after: int = 0) -> AsyncIterator[bytes]:
+    """A turn stream as SSE bytes: a comment at once (the response starts before the first
+    token), every event with its ``id:``, and a keep-alive comment after
+    ``settings.CHAT_SSE_KEEPALIVE_S`` seconds without one."""
+    yield sse_comment("stream")
+    # aclosing: when the client goes, the reader detaches now, not whenever GC finalises it.
+    async with aclosing(stream.follow(after=after, idle_s=settings.CHAT_SSE_KEEPALIVE_S)) as events:
+        async for event in events:
+            if event is None:
+                yield sse_comment("keep-alive")
+            else:
+                yield sse_event(event.event, event.data, event.event_id)
 
 
 class ConversationBusy(Exception):

@@ -7,7 +7,6 @@ registry (it lives in the event loop) or stream are ``async def``.
 from __future__ import annotations
 
 import asyncio
-from contextlib import aclosing
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -19,7 +18,6 @@ from django.http import (
     HttpResponse,
     HttpResponseRedirect,
     JsonResponse,
-    StreamingHttpResponse,
 )
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -29,7 +27,7 @@ from django.views.decorators.http import require_GET, require_POST
 from conversations import selectors, services, streaming
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
-from conversations.sse import SSE_HEADERS, sse_comment, sse_event
+from conversations.sse import last_event_id, sse_event, sse_response
 from inference.engine import get_engine
 
 
@@ -170,30 +168,8 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
             except streaming.ConversationBusy as exc:
                 body = _single_error(str(exc))
     if stream is not None:
-        body = _follow(stream, _last_event_id(request))
-    response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
-    for name, value in SSE_HEADERS.items():
-        response[name] = value
-    return response
-
-
-def _last_event_id(request: HttpRequest) -> int:
-    try:
-        return max(int(request.headers.get("Last-Event-ID", "0")), 0)
-    except ValueError:
-        return 0
-
-
-async def _follow(stream: streaming.TurnStream, after: int):
-    """Relay a turn stream; a keep-alive comment goes out when no event came for a while."""
-    yield sse_comment("stream")  # the response starts at once, before the first token
-    # aclosing: when the client goes, the reader detaches now, not whenever GC finalises it.
-    async with aclosing(stream.follow(after=after, idle_s=settings.CHAT_SSE_KEEPALIVE_S)) as events:
-        async for event in events:
-            if event is None:
-                yield sse_comment("keep-alive")
-            else:
-                yield sse_event(event.event, event.data, event.event_id)
+        body = streaming.follow_sse(stream, after=last_event_id(request))
+    return sse_response(body)
 
 
 async def _stored_answer_events(answer: Turn):

@@ -37,6 +37,20 @@ def _fast_password_hashing():
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _release_test_database(django_db_setup, django_db_blocker):
+    """Close sessions other threads left open (the async ORM's executor thread, the daphne
+    thread) so the test database can be dropped at the end."""
+    yield
+    from django.db import connection  # noqa: PLC0415
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 @pytest.fixture
 def engine_double() -> Iterator[ScriptedEngine]:
     """Install a fresh ScriptedEngine as the process's engine; restore the previous one after."""
