@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -49,10 +50,24 @@ def embedded_postgres(data_dir: Path) -> Iterator[str]:
     if "(1 row)" not in exists:
         server.psql(f"CREATE DATABASE {DATABASE_NAME};")
     server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
+    _drop_orphan_test_databases(server)
     try:
         yield server.get_uri(DATABASE_NAME)
     finally:
         server.cleanup()
+
+
+def _drop_orphan_test_databases(server) -> None:
+    """Drop ``test_chat_<pid>`` databases whose test run (pid) is gone (killed runs leave them)."""
+    listing = server.psql("SELECT datname FROM pg_database WHERE datname LIKE 'test_chat_%';")
+    for name in re.findall(r"test_chat_(\d+)", listing):
+        pid = int(name)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            server.psql(f"DROP DATABASE IF EXISTS test_chat_{pid} WITH (FORCE);")
+        except PermissionError:
+            pass
 
 
 def _socket_dir(preferred: Path) -> Path:
