@@ -25,6 +25,8 @@ class Conversation(models.Model):
     )
     title = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200)
+    # Instructions for the model in this conversation; blank: settings.CHAT_SYSTEM_PROMPT.
+    system_prompt = models.TextField(blank=True)
     region = models.CharField(max_length=32)
     created_at = models.DateTimeField(default=timezone.now)
     last_turn_at = models.DateTimeField(default=timezone.now)

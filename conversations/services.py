@@ -44,12 +44,23 @@ def title_from_message(text: str) -> str:
 
 
 @transaction.atomic
-def conversation_create(*, owner: User, model: str | None = None, title: str = "") -> Conversation:
-    """Create an empty conversation for ``owner`` in the owner's region."""
+def conversation_create(
+    *, owner: User, model: str | None = None, title: str = "", system_prompt: str = ""
+) -> Conversation:
+    """Create an empty conversation for ``owner`` in the owner's region.
+
+    Raises ValidationError if ``model`` is given and is not a served model name.
+    """
+    if model and model != settings.CHAT_MODEL_NAME:
+        raise ValidationError(
+            f"Unknown model {model!r}; this server serves {settings.CHAT_MODEL_NAME!r}.",
+            code="unknown_model",
+        )
     return Conversation.objects.create(
         owner=owner,
         title=title,
         model=model or settings.CHAT_MODEL_NAME,
+        system_prompt=(system_prompt or "").strip(),
         region=owner.region,
     )
 

@@ -159,12 +159,18 @@ class ConversationBusy(Exception):
 
 
 _streams: dict[UUID, TurnStream] = {}  # question (user turn) id -> stream
+_by_answer: dict[UUID, TurnStream] = {}  # answer (assistant turn) id -> stream
 _busy: dict[UUID, TurnStream] = {}  # conversation id -> its in-flight stream
 
 
 def stream_for_question(question_id: UUID) -> TurnStream | None:
     """The in-flight (or just finished, still held) stream answering ``question_id``."""
     return _streams.get(question_id)
+
+
+def stream_for_answer(answer_id: UUID) -> TurnStream | None:
+    """The stream writing assistant turn ``answer_id``, while it is held."""
+    return _by_answer.get(answer_id)
 
 
 def stream_for_conversation(conversation_id: UUID) -> TurnStream | None:
@@ -181,18 +187,41 @@ def ensure_idle(conversation_id: UUID) -> None:
         )
 
 
-def generation_start(*, conversation_id: UUID, question: Turn) -> TurnStream:
+def max_tokens_for(tier: str, requested: int | None = None) -> int:
+    """Completion-token budget for a user of ``tier``: ``requested`` (default
+    ``settings.CHAT_MAX_TOKENS``) capped at the tier's ceiling
+    (``settings.CHAT_MAX_TOKENS_CEILING_BY_TIER``)."""
+    ceiling = settings.CHAT_MAX_TOKENS_CEILING_BY_TIER.get(tier, settings.CHAT_MAX_TOKENS)
+    return min(requested or settings.CHAT_MAX_TOKENS, ceiling)
+
+
+def generation_start(
+    *,
+    conversation_id: UUID,
+    question: Turn,
+    system_prompt: str = "",
+    max_tokens: int | None = None,
+) -> TurnStream:
     """Start answering ``question`` (a stored user turn) as a background task; return its stream.
 
-    Must be called from the server's event loop. Raises ConversationBusy if the conversation is
-    already generating. The task holds the stream in the registry until its answer is stored.
+    ``system_prompt`` (blank: ``settings.CHAT_SYSTEM_PROMPT``) leads the prompt; ``max_tokens``
+    (None: ``settings.CHAT_MAX_TOKENS``) caps the answer. Must be called from the server's event
+    loop. Raises ConversationBusy if the conversation is already generating. The task holds the
+    stream in the registry until its answer is stored.
     """
     ensure_idle(conversation_id)
     stream = TurnStream(conversation_id=conversation_id, question_id=question.turn_id)
     _streams[question.turn_id] = stream
+    _by_answer[stream.answer_id] = stream
     _busy[conversation_id] = stream
     stream.task = asyncio.get_running_loop().create_task(
-        _generate(stream, question), name=f"turn-{stream.answer_id}"
+        _generate(
+            stream,
+            question,
+            system_prompt or settings.CHAT_SYSTEM_PROMPT,
+            max_tokens or settings.CHAT_MAX_TOKENS,
+        ),
+        name=f"turn-{stream.answer_id}",
     )
     stream._schedule_abandon(settings.CHAT_STREAM_ATTACH_TIMEOUT_S)
     return stream
@@ -206,7 +235,9 @@ def _options(max_tokens: int) -> GenerationOptions:
     )
 
 
-async def _generate(stream: TurnStream, question: Turn) -> None:
+async def _generate(
+    stream: TurnStream, question: Turn, system_prompt: str, max_tokens: int
+) -> None:
     """Drive the engine for one answer, publish its events, store the turn exactly once."""
     engine = get_engine()
     parts: list[str] = []
@@ -219,11 +250,11 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
             conversation_id=stream.conversation_id, upto=question
         )
         fitted = prompt_fit(
-            system_prompt=settings.CHAT_SYSTEM_PROMPT,
+            system_prompt=system_prompt,
             messages=messages,
             encode_chat=engine.encode_chat,
             max_model_len=settings.CHAT_MAX_MODEL_LEN,
-            max_tokens=settings.CHAT_MAX_TOKENS,
+            max_tokens=max_tokens,
         )
         prompt_tokens = len(fitted.token_ids)
         async for delta in engine.generate(
@@ -290,4 +321,6 @@ async def _finish(
     if _busy.get(stream.conversation_id) is stream:
         del _busy[stream.conversation_id]
     # Keep the finished stream briefly so a reader that connects late still gets the end.
-    asyncio.get_running_loop().call_later(60, _streams.pop, stream.question_id, None)
+    loop = asyncio.get_running_loop()
+    loop.call_later(settings.CHAT_STREAM_RETAIN_S, _streams.pop, stream.question_id, None)
+    loop.call_later(settings.CHAT_STREAM_RETAIN_S, _by_answer.pop, stream.answer_id, None)

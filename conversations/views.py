@@ -115,7 +115,12 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     question = await sync_to_async(services.turn_append_user)(
         conversation=conversation, content=content
     )
-    streaming.generation_start(conversation_id=conversation.conversation_id, question=question)
+    streaming.generation_start(
+        conversation_id=conversation.conversation_id,
+        question=question,
+        system_prompt=conversation.system_prompt,
+        max_tokens=streaming.max_tokens_for(user.tier),
+    )
     url = reverse("conversation", args=[conversation.conversation_id])
     if not _is_htmx(request):
         return HttpResponseRedirect(url, status=303)
@@ -163,7 +168,10 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
             # Unanswered and not generating (e.g. the server restarted mid-answer): answer now.
             try:
                 stream = streaming.generation_start(
-                    conversation_id=conversation.conversation_id, question=question
+                    conversation_id=conversation.conversation_id,
+                    question=question,
+                    system_prompt=conversation.system_prompt,
+                    max_tokens=streaming.max_tokens_for(user.tier),
                 )
             except streaming.ConversationBusy as exc:
                 body = _single_error(str(exc))

@@ -68,6 +68,7 @@ def _clean_stream_registry():
     yield
     streaming._streams.clear()
     streaming._busy.clear()
+    streaming._by_answer.clear()
 
 
 @pytest.fixture

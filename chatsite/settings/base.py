@@ -148,7 +148,10 @@ CHAT_MODEL_NAME = os.environ.get("CHAT_MODEL_NAME", "SmolLM2-135M-Instruct")
 CHAT_MAX_MODEL_LEN = env_int("CHAT_MAX_MODEL_LEN", 4096)
 CHAT_KV_CACHE_BYTES = env_int("CHAT_KV_CACHE_BYTES", 1 << 30)  # 1 GiB ~ 46k tokens here
 CHAT_MAX_NUM_SEQS = env_int("CHAT_MAX_NUM_SEQS", 64)
-CHAT_MAX_TOKENS = env_int("CHAT_MAX_TOKENS", 512)  # completion tokens per answer
+CHAT_MAX_TOKENS = env_int("CHAT_MAX_TOKENS", 512)  # completion tokens per answer (UI default)
+# Per tier: the most completion tokens one answer may have; a /v1 request may ask for up to this
+# with `max_tokens` (default CHAT_MAX_TOKENS).
+CHAT_MAX_TOKENS_CEILING_BY_TIER = {"free": 1024, "paid": 2048, "enterprise": 2048}
 CHAT_TEMPERATURE = float(os.environ.get("CHAT_TEMPERATURE", "0.7"))
 # Stop strings as a JSON list, e.g. CHAT_STOP='["<|endoftext|>"]'; never part of an answer.
 CHAT_STOP = tuple(json.loads(os.environ.get("CHAT_STOP", "[]")))
@@ -162,6 +165,8 @@ CHAT_TITLE_CHARS = 60
 # A dropped events connection aborts generation after this many seconds (0: at once). The
 # resumable-stream issue raises it to DESIGN.md's 30 s grace period.
 CHAT_STREAM_DISCONNECT_GRACE_S = float(os.environ.get("CHAT_STREAM_DISCONNECT_GRACE_S", "0"))
+# A finished stream stays replayable (Last-Event-ID) this long, seconds.
+CHAT_STREAM_RETAIN_S = float(os.environ.get("CHAT_STREAM_RETAIN_S", "300"))
 # A generation nobody reads within this many seconds of its start is aborted.
 CHAT_STREAM_ATTACH_TIMEOUT_S = float(os.environ.get("CHAT_STREAM_ATTACH_TIMEOUT_S", "30"))
 # SSE comment lines keep idle proxies from closing a slow stream.
