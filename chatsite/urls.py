@@ -22,5 +22,6 @@ urlpatterns = [
     path("settings/api-keys/<int:key_id>/revoke", account_views.api_key_revoke, name="api-key-revoke"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
+    path("v1/", include("api.urls")),
     path("healthz", views.healthz, name="healthz"),
 ]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import User
@@ -96,3 +96,34 @@ def prompt_history(*, conversation_id: UUID, upto: Turn) -> list[dict[str, str]]
         messages.append({"role": "assistant", "content": answer.content})
     messages.append({"role": "user", "content": upto.content})
     return messages
+
+
+def _keyset_before(field: str, pk_field: str, before) -> Q:
+    created_at, pk = before
+    return Q(**{f"{field}__lt": created_at}) | Q(**{field: created_at, f"{pk_field}__lt": pk})
+
+
+def conversation_page(
+    *, user: User, before: tuple | None, limit: int
+) -> tuple[list[Conversation], bool]:
+    """A page of the user's conversations, newest created first, strictly before the keyset
+    ``before`` = (created_at, conversation_id). Returns (page, whether more follow). No OFFSET:
+    the cost does not grow with the page number, and appends never shift a page."""
+    query = Conversation.objects.filter(owner=user)
+    if before is not None:
+        query = query.filter(_keyset_before("created_at", "conversation_id", before))
+    rows = list(query.order_by("-created_at", "-conversation_id")[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def turn_page(*, conversation: Conversation, before: tuple | None, limit: int) -> tuple[list[Turn], bool]:
+    """The newest ``limit`` turns strictly before the keyset ``before`` = (created_at, turn_id),
+    returned oldest first, and whether older ones remain. Stable under concurrent appends
+    (new turns are newer than any cursor)."""
+    query = Turn.objects.filter(conversation=conversation)
+    if before is not None:
+        query = query.filter(_keyset_before("created_at", "turn_id", before))
+    rows = list(query.order_by("-created_at", "-turn_id")[: limit + 1])
+    page = rows[:limit]
+    page.reverse()
+    return page, len(rows) > limit

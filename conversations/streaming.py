@@ -154,6 +154,31 @@ async def follow_sse(stream: TurnStream, after: int = 0) -> AsyncIterator[bytes]
                 yield sse_event(event.event, event.data, event.event_id)
 
 
+def done_payload(*, answer_id: UUID, status: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    """The ``done`` event's data: turn id, status, usage, and the answer's sanitised HTML."""
+    return {
+        "turn_id": str(answer_id),
+        "status": status,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        "html": markdown_to_safe_html(text),
+    }
+
+
+async def stored_answer_sse(answer: Turn) -> AsyncIterator[bytes]:
+    """SSE for an answer already stored and no longer streaming: one ``done`` event (id 1)."""
+    yield sse_event(
+        "done",
+        done_payload(
+            answer_id=answer.turn_id,
+            status=answer.status,
+            text=answer.content,
+            prompt_tokens=answer.prompt_tokens or 0,
+            completion_tokens=answer.token_count,
+        ),
+        1,
+    )
+
+
 class ConversationBusy(Exception):
     """The conversation is still generating an answer; a new message must wait or stop it."""
 
@@ -304,18 +329,18 @@ async def _finish(
         error = error or "The answer could not be saved. Try again."
         status = Turn.Status.FAILED
     stream.status = status
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
     if error is not None:
         stream.publish("error", {"turn_id": str(stream.answer_id), "message": error})
     else:
         stream.publish(
             "done",
-            {
-                "turn_id": str(stream.answer_id),
-                "status": status,
-                "usage": usage,
-                "html": markdown_to_safe_html(text),
-            },
+            done_payload(
+                answer_id=stream.answer_id,
+                status=status,
+                text=text,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            ),
         )
     stream.close()
     if _busy.get(stream.conversation_id) is stream:

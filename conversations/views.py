@@ -163,7 +163,7 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
     if stream is None:
         answer = await sync_to_async(selectors.reply_get)(turn=question)
         if answer is not None:
-            body = _stored_answer_events(answer)
+            body = streaming.stored_answer_sse(answer)
         else:
             # Unanswered and not generating (e.g. the server restarted mid-answer): answer now.
             try:
@@ -178,22 +178,6 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
     if stream is not None:
         body = streaming.follow_sse(stream, after=last_event_id(request))
     return sse_response(body)
-
-
-async def _stored_answer_events(answer: Turn):
-    yield sse_event(
-        "done",
-        {
-            "turn_id": str(answer.turn_id),
-            "status": answer.status,
-            "usage": {
-                "prompt_tokens": answer.prompt_tokens or 0,
-                "completion_tokens": answer.token_count,
-            },
-            "html": markdown_to_safe_html(answer.content),
-        },
-        1,
-    )
 
 
 async def _single_error(message: str):

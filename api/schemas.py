@@ -1,0 +1,63 @@
+"""Request bodies of ``/v1``, validated with pydantic (unknown fields are refused)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+
+class ConversationCreate(Strict):
+    model: str | None = Field(default=None, max_length=200)
+    system_prompt: str | None = Field(default=None, max_length=8000)
+
+
+class TurnCreate(Strict):
+    role: Literal["user"]
+    content: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class JsonSchemaFormat(Strict):
+    name: str = Field(default="response", max_length=64)
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionCreate(BaseModel):
+    """OpenAI's chat completion request (the subset served). Unknown OpenAI fields that change
+    nothing here (``user``, ``n`` = 1, ...) are accepted and ignored, as OpenAI clients send them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: Literal[1] = 1
+    response_format: ResponseFormat | None = None

@@ -1,0 +1,15 @@
+from django.urls import path
+
+from api import views
+
+urlpatterns = [
+    path("conversations", views.conversations, name="v1-conversations"),
+    path("conversations/<uuid:conversation_id>", views.conversation_detail, name="v1-conversation"),
+    path("conversations/<uuid:conversation_id>/turns", views.turns, name="v1-turns"),
+    path(
+        "conversations/<uuid:conversation_id>/turns/<uuid:turn_id>/events",
+        views.turn_events,
+        name="v1-turn-events",
+    ),
+    path("conversations/<uuid:conversation_id>/cancel", views.cancel, name="v1-cancel"),
+]

@@ -1,0 +1,190 @@
+"""The ``/v1`` API: conversations, streamed turns, cancel, history (shapes from DESIGN.md)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.core import signing
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.dateparse import parse_datetime
+
+from api import schemas
+from api.errors import ApiError
+from api.http import api_view, parse_json, query_int
+from conversations import selectors, services, streaming
+from conversations.models import Conversation, Turn
+from conversations.sse import last_event_id, sse_response
+
+PAGE_MAX = 100
+CURSOR_SALT = "v1.cursor"
+
+
+def _cursor_dump(kind: str, created_at, pk) -> str:
+    """An opaque, signed keyset cursor (tampering is detected, not trusted)."""
+    return signing.dumps([kind, created_at.isoformat(), str(pk)], salt=CURSOR_SALT, compress=True)
+
+
+def _cursor_load(kind: str, raw: str | None):
+    if not raw:
+        return None
+    try:
+        found_kind, created_at, pk = signing.loads(raw, salt=CURSOR_SALT)
+    except (signing.BadSignature, ValueError, TypeError):
+        raise ApiError(400, "invalid_request", "'before' is not a cursor this API issued.") from None
+    if found_kind != kind:
+        raise ApiError(400, "invalid_request", "'before' is a cursor for another listing.")
+    return parse_datetime(created_at), UUID(pk)
+
+
+def _turn_json(turn: Turn) -> dict:
+    return {
+        "turn_id": str(turn.turn_id),
+        "role": turn.role,
+        "content": turn.content,
+        "status": turn.status,
+        "token_count": turn.token_count,
+        "reply_to": str(turn.reply_to_id) if turn.reply_to_id else None,
+        "moderation_verdict": turn.moderation_verdict,
+        "created_at": turn.created_at.isoformat(),
+    }
+
+
+def _conversation_json(conversation: Conversation) -> dict:
+    return {
+        "conversation_id": str(conversation.conversation_id),
+        "title": conversation.title,
+        "model": conversation.model,
+        "region": conversation.region,
+        "created_at": conversation.created_at.isoformat(),
+        "last_turn_at": conversation.last_turn_at.isoformat(),
+    }
+
+
+@api_view("GET", "POST")
+async def conversations(request: HttpRequest) -> HttpResponse:
+    """``POST``: create a conversation -> 201 ``{"conversation_id", "region"}``.
+    ``GET``: the caller's conversations, newest first, keyset-paginated
+    (``?before=<cursor>&limit=1..100``) -> ``{"conversations": [...], "next_cursor"}``."""
+    user = request.api_user
+    if request.method == "POST":
+        body = parse_json(request, schemas.ConversationCreate)
+        try:
+            conversation = await sync_to_async(services.conversation_create)(
+                owner=user, model=body.model, system_prompt=body.system_prompt or ""
+            )
+        except ValidationError as exc:
+            raise ApiError(400, "invalid_request", exc.messages[0]) from None
+        return JsonResponse(
+            {"conversation_id": str(conversation.conversation_id), "region": conversation.region},
+            status=201,
+        )
+    limit = query_int(request, "limit", 20, 1, PAGE_MAX)
+    before = _cursor_load("conversations", request.GET.get("before"))
+    page, more = await sync_to_async(selectors.conversation_page)(
+        user=user, before=before, limit=limit
+    )
+    last = page[-1] if page else None
+    return JsonResponse(
+        {
+            "conversations": [_conversation_json(c) for c in page],
+            "next_cursor": (
+                _cursor_dump("conversations", last.created_at, last.conversation_id) if more else None
+            ),
+        }
+    )
+
+
+@api_view("GET", "DELETE")
+async def conversation_detail(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """``GET``: a page of turns, newest page first (``?before=<cursor>&limit=1..100``, keyset,
+    turns oldest-first within the page) -> ``{"conversation_id", ..., "turns", "next_cursor"}``.
+    ``DELETE``: remove the conversation and its turns for good -> 204."""
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=request.api_user
+    )
+    if request.method == "DELETE":
+        stream = streaming.stream_for_conversation(conversation.conversation_id)
+        if stream is not None:
+            stream.stop()
+            await stream.wait()
+        await sync_to_async(services.conversation_delete)(conversation=conversation)
+        return HttpResponse(status=204)
+    limit = query_int(request, "limit", 50, 1, PAGE_MAX)
+    before = _cursor_load("turns", request.GET.get("before"))
+    turns, more = await sync_to_async(selectors.turn_page)(
+        conversation=conversation, before=before, limit=limit
+    )
+    oldest = turns[0] if turns else None
+    return JsonResponse(
+        {
+            **_conversation_json(conversation),
+            "turns": [_turn_json(t) for t in turns],
+            "next_cursor": _cursor_dump("turns", oldest.created_at, oldest.turn_id) if more else None,
+        }
+    )
+
+
+@api_view("POST")
+async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Append a user turn and stream the answer as SSE (``token`` / ``done`` / ``error``, each
+    with an ``id:``). The answer's turn id is in the ``X-Turn-Id`` header, for resuming at
+    ``GET .../turns/{turn_id}/events``. 409 while another answer is being written."""
+    user = request.api_user
+    body = parse_json(request, schemas.TurnCreate)
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=user
+    )
+    try:
+        services.message_clean(body.content)
+        streaming.ensure_idle(conversation.conversation_id)
+    except ValidationError as exc:
+        raise ApiError(400, "invalid_request", exc.messages[0]) from None
+    except streaming.ConversationBusy as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    question = await sync_to_async(services.turn_append_user)(
+        conversation=conversation, content=body.content
+    )
+    stream = streaming.generation_start(
+        conversation_id=conversation.conversation_id,
+        question=question,
+        system_prompt=conversation.system_prompt,
+        max_tokens=streaming.max_tokens_for(user.tier, body.max_tokens),
+    )
+    response = sse_response(streaming.follow_sse(stream))
+    response["X-Turn-Id"] = str(stream.answer_id)
+    response["X-User-Turn-Id"] = str(question.turn_id)
+    return response
+
+
+@api_view("GET")
+async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
+    """Resume the stream of assistant turn ``turn_id``: the events after ``Last-Event-ID``, then
+    live ones. For a turn already stored and no longer held, a single ``done``. 404 otherwise."""
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=request.api_user
+    )
+    stream = streaming.stream_for_answer(turn_id)
+    if stream is not None and stream.conversation_id == conversation.conversation_id:
+        return sse_response(streaming.follow_sse(stream, after=last_event_id(request)))
+    answer = await Turn.objects.filter(
+        conversation_id=conversation.conversation_id, turn_id=turn_id, role=Turn.Role.ASSISTANT
+    ).afirst()
+    if answer is None:
+        raise ApiError(404, "not_found", "No such turn in this conversation.")
+    return sse_response(streaming.stored_answer_sse(answer))
+
+
+@api_view("POST")
+async def cancel(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Abort the conversation's generating answer now (KV cache freed; the partial answer is
+    stored as cancelled). 204, also when nothing is generating (a second cancel is a no-op)."""
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=request.api_user
+    )
+    stream = streaming.stream_for_conversation(conversation.conversation_id)
+    if stream is not None:
+        stream.stop()
+        await stream.wait()
+    return HttpResponse(status=204)

@@ -1,0 +1,311 @@
+"""The /v1 API with the scripted engine double: shapes, auth, pagination, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.test import AsyncClient
+
+from accounts import services as account_services
+from conversations import services, streaming
+from conversations.models import Conversation, Turn
+from tests.test_views import parse_sse, read_stream, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class BearerClient(AsyncClient):
+    """An async test client that sends ``Authorization: Bearer <key>`` on every request
+    (AsyncClient's own ``headers=`` defaults are sent under WSGI names, so not used)."""
+
+    def __init__(self, key: str):
+        super().__init__()
+        self.key = key
+
+    def generic(self, method, path, data="", content_type="application/octet-stream", secure=False, *, headers=None, **extra):
+        headers = {"Authorization": f"Bearer {self.key}", **(headers or {})}
+        return super().generic(method, path, data, content_type, secure, headers=headers, **extra)
+
+
+async def api_client(make_user, username="api-user", **fields) -> tuple[AsyncClient, object]:
+    user = await sync_to_async(make_user)(username, **fields)
+    issued = await sync_to_async(account_services.api_key_create)(user=user, name="tests")
+    return BearerClient(issued.raw), user
+
+
+async def post_json(client, url, body, **headers):
+    return await client.post(url, json.dumps(body), content_type="application/json", headers=headers)
+
+
+async def new_conversation(client, **body) -> str:
+    response = await post_json(client, "/v1/conversations", body)
+    assert response.status_code == 201, response.content
+    return response.json()["conversation_id"]
+
+
+def assert_error(response, status: int, type_: str):
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert body["error"]["type"] == type_
+    assert body["error"]["message"]
+
+
+# --- auth -------------------------------------------------------------------------------------
+
+
+async def test_missing_wrong_and_revoked_keys_get_401_json(make_user):
+    anonymous = AsyncClient()
+    assert_error(await anonymous.get("/v1/conversations"), 401, "authentication")
+    wrong = BearerClient("sk-abc.def")
+    assert_error(await wrong.get("/v1/conversations"), 401, "authentication")
+
+    user = await sync_to_async(make_user)("revoked")
+    issued = await sync_to_async(account_services.api_key_create)(user=user, name="k")
+    client = BearerClient(issued.raw)
+    assert (await client.get("/v1/conversations")).status_code == 200
+    await sync_to_async(account_services.api_key_revoke)(api_key=issued.api_key)
+    response = await client.get("/v1/conversations")
+    assert_error(response, 401, "authentication")
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_session_cookie_does_not_authenticate_the_api(make_user):
+    user = await sync_to_async(make_user)("browser-only")
+    client = AsyncClient()
+    await client.aforce_login(user)
+    assert_error(await client.get("/v1/conversations"), 401, "authentication")
+
+
+# --- conversations ----------------------------------------------------------------------------
+
+
+async def test_create_conversation_returns_201_with_id_and_region(make_user):
+    client, user = await api_client(make_user, region="us-east")
+    response = await post_json(client, "/v1/conversations", {"system_prompt": "Answer in French."})
+    assert response.status_code == 201
+    body = response.json()
+    assert set(body) == {"conversation_id", "region"}
+    assert body["region"] == "us-east"
+    conversation = await Conversation.objects.aget(pk=body["conversation_id"])
+    assert conversation.system_prompt == "Answer in French."
+    assert conversation.owner_id == user.pk
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "type_"),
+    [
+        ("{not json", "application/json", 400, "invalid_request"),
+        ('["a list"]', "application/json", 400, "invalid_request"),
+        ('{"unknown": 1}', "application/json", 400, "invalid_request"),
+        ('{"model": "gpt-17"}', "application/json", 400, "invalid_request"),
+        ('{"system_prompt": 5}', "application/json", 400, "invalid_request"),
+        ("model=x", "application/x-www-form-urlencoded", 415, "unsupported_media_type"),
+    ],
+)
+async def test_bad_conversation_bodies_get_4xx_and_store_nothing(make_user, body, content_type, status, type_):
+    client, _ = await api_client(make_user)
+    response = await client.post("/v1/conversations", body, content_type=content_type)
+    assert_error(response, status, type_)
+    assert not await Conversation.objects.aexists()
+
+
+async def test_oversize_body_gets_413(make_user, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    client, _ = await api_client(make_user)
+    response = await post_json(client, "/v1/conversations", {"system_prompt": "x" * 2000})
+    assert_error(response, 413, "payload_too_large")
+
+
+async def test_list_is_keyset_paginated_and_only_the_callers(make_user):
+    client, user = await api_client(make_user)
+    other = await sync_to_async(make_user)("someone-else")
+    await sync_to_async(services.conversation_create)(owner=other)
+    ids = [await new_conversation(client) for _ in range(5)]
+    seen, cursor = [], None
+    while True:
+        url = "/v1/conversations?limit=2" + (f"&before={cursor}" if cursor else "")
+        body = (await client.get(url)).json()
+        seen += [c["conversation_id"] for c in body["conversations"]]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids))
+
+
+async def test_history_pages_are_stable_under_concurrent_appends(make_user):
+    client, user = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    conversation = await Conversation.objects.aget(pk=conversation_id)
+    for i in range(5):
+        await sync_to_async(services.turn_append_user)(conversation=conversation, content=f"m{i}")
+    first = (await client.get(f"/v1/conversations/{conversation_id}?limit=2")).json()
+    assert [t["content"] for t in first["turns"]] == ["m3", "m4"]
+    # Someone appends while we page backwards: the next page is unaffected.
+    await sync_to_async(services.turn_append_user)(conversation=conversation, content="new")
+    second = (await client.get(f"/v1/conversations/{conversation_id}?limit=2&before={first['next_cursor']}")).json()
+    assert [t["content"] for t in second["turns"]] == ["m1", "m2"]
+    third = (await client.get(f"/v1/conversations/{conversation_id}?limit=2&before={second['next_cursor']}")).json()
+    assert [t["content"] for t in third["turns"]] == ["m0"]
+    assert third["next_cursor"] is None
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=101", "limit=abc", "before=tampered", "before=" + "x" * 40])
+async def test_bad_paging_parameters_get_400(make_user, query):
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    assert_error(await client.get(f"/v1/conversations/{conversation_id}?{query}"), 400, "invalid_request")
+
+
+async def test_a_cursor_from_another_listing_is_refused(make_user):
+    client, _ = await api_client(make_user)
+    for _ in range(2):
+        conversation_id = await new_conversation(client)
+    cursor = (await client.get("/v1/conversations?limit=1")).json()["next_cursor"]
+    assert cursor
+    response = await client.get(f"/v1/conversations/{conversation_id}?before={cursor}")
+    assert_error(response, 400, "invalid_request")
+
+
+async def test_other_users_conversation_is_404_everywhere(make_user):
+    owner, _ = await api_client(make_user, "owner")
+    conversation_id = await new_conversation(owner)
+    intruder, _ = await api_client(make_user, "intruder")
+    base = f"/v1/conversations/{conversation_id}"
+    assert_error(await intruder.get(base), 404, "not_found")
+    assert_error(await intruder.delete(base), 404, "not_found")
+    assert_error(await post_json(intruder, f"{base}/turns", {"role": "user", "content": "hi"}), 404, "not_found")
+    assert_error(await intruder.post(f"{base}/cancel"), 404, "not_found")
+    assert_error(await intruder.get(f"{base}/turns/{uuid.uuid4()}/events"), 404, "not_found")
+    assert not await Turn.objects.aexists()
+
+
+async def test_delete_removes_conversation_and_turns(make_user, engine_double):
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi"})
+    await read_stream(response)
+    assert (await client.delete(f"/v1/conversations/{conversation_id}")).status_code == 204
+    assert not await Conversation.objects.aexists()
+    assert not await Turn.objects.aexists()
+    assert_error(await client.get(f"/v1/conversations/{conversation_id}"), 404, "not_found")
+
+
+async def test_wrong_method_gets_405_json(make_user):
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await client.get(f"/v1/conversations/{conversation_id}/turns")
+    assert_error(response, 405, "method_not_allowed")
+    assert response["Allow"] == "POST"
+
+
+# --- turns --------------------------------------------------------------------------------------
+
+
+async def test_turn_streams_tokens_then_done_in_the_design_shape(make_user, engine_double):
+    engine_double.scripts = [["Hel", "lo", "!"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await post_json(
+        client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi", "max_tokens": 50}
+    )
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/event-stream")
+    events = parse_sse(await read_stream(response))
+    assert [(n, d) for n, d, _ in events[:-1]] == [("token", {"text": "Hel"}), ("token", {"text": "lo"}), ("token", {"text": "!"})]
+    name, done, _ = events[-1]
+    assert name == "done"
+    assert done["turn_id"] == response["X-Turn-Id"]
+    assert done["usage"]["completion_tokens"] == 3
+    assert all(eid is not None for _, _, eid in events)
+    assert engine_double.requests[0][1].max_tokens == 50
+    history = (await client.get(f"/v1/conversations/{conversation_id}")).json()
+    assert [(t["role"], t["content"]) for t in history["turns"]] == [("user", "hi"), ("assistant", "Hello!")]
+
+
+async def test_max_tokens_is_capped_at_the_tier_ceiling(make_user, engine_double, settings):
+    settings.CHAT_MAX_TOKENS_CEILING_BY_TIER = {"free": 64, "paid": 128}
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await post_json(
+        client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi", "max_tokens": 5000}
+    )
+    await read_stream(response)
+    assert engine_double.requests[0][1].max_tokens == 64
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"role": "assistant", "content": "hi"},
+        {"role": "user"},
+        {"role": "user", "content": "   "},
+        {"role": "user", "content": "hi", "max_tokens": 0},
+        {"role": "user", "content": "hi", "extra": True},
+    ],
+)
+async def test_bad_turn_bodies_get_400_and_store_nothing(make_user, engine_double, body):
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", body)
+    assert_error(response, 400, "invalid_request")
+    assert not await Turn.objects.aexists()
+    assert engine_double.requests == []
+
+
+async def test_second_turn_while_streaming_gets_409_json(make_user, engine_double):
+    """PF-P1: one generating turn per conversation; the other POST gets a readable 409."""
+    engine_double.scripts = [["slow", 30.0, "tail"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    first = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "one"})
+    assert first.status_code == 200
+    second = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "two"})
+    assert_error(second, 409, "conflict")
+    assert await Turn.objects.filter(role="user").acount() == 1
+    assert (await client.post(f"/v1/conversations/{conversation_id}/cancel")).status_code == 204
+    third = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "three"})
+    assert third.status_code == 200
+    await read_stream(third)
+
+
+async def test_cancel_aborts_at_once_and_a_second_cancel_is_a_no_op(make_user, engine_double):
+    engine_double.scripts = [["partial", 30.0, "never"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "go"})
+    reader = asyncio.ensure_future(read_stream(response))
+    await wait_for(lambda: engine_double.unfinished)
+    await asyncio.sleep(0.05)
+    assert (await client.post(f"/v1/conversations/{conversation_id}/cancel")).status_code == 204
+    assert engine_double.requests[0][2] in engine_double.aborted
+    events = parse_sse(await asyncio.wait_for(reader, 5))
+    assert events[-1][1]["status"] == "cancelled"
+    assert (await client.post(f"/v1/conversations/{conversation_id}/cancel")).status_code == 204
+    answer = await Turn.objects.aget(role="assistant")
+    assert (answer.status, answer.content) == ("cancelled", "partial")
+
+
+async def test_resume_with_last_event_id_replays_exactly_the_rest(make_user, engine_double, settings):
+    """PF-S4 (one process): events k+1.. arrive once, in order, each with an id."""
+    settings.CHAT_STREAM_DISCONNECT_GRACE_S = 5
+    engine_double.scripts = [["a", "b", 0.2, "c", "d"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "go"})
+    turn_id = response["X-Turn-Id"]
+    reader = asyncio.ensure_future(read_stream(response))
+    stream = streaming.stream_for_answer(uuid.UUID(turn_id))
+    await wait_for(lambda: len(stream.events) >= 2)
+    reader.cancel()  # the connection drops after event 2
+    resumed = await client.get(
+        f"/v1/conversations/{conversation_id}/turns/{turn_id}/events", headers={"Last-Event-ID": "2"}
+    )
+    events = parse_sse(await read_stream(resumed))
+    assert [eid for _, _, eid in events] == [3, 4, 5]
+    assert [d.get("text") for n, d, _ in events if n == "token"] == ["c", "d"]
+    assert events[-1][0] == "done"
+    assert engine_double.aborted == {}
