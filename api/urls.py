@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import views
+from api import completions, views
 
 urlpatterns = [
     path("conversations", views.conversations, name="v1-conversations"),
@@ -12,4 +12,6 @@ urlpatterns = [
         name="v1-turn-events",
     ),
     path("conversations/<uuid:conversation_id>/cancel", views.cancel, name="v1-cancel"),
+    path("chat/completions", completions.chat_completions, name="v1-chat-completions"),
+    path("models", completions.models, name="v1-models"),
 ]

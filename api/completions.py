@@ -1,0 +1,175 @@
+"""``POST /v1/chat/completions`` and ``GET /v1/models``, in OpenAI's wire format.
+
+Stateless (no conversation is stored), so the official ``openai`` client works unchanged. The
+request is not resumable: when its client disconnects the engine request is aborted at once
+(DESIGN.md, the disconnect rule) - ``VllmEngine.generate`` aborts when its consumer is cancelled.
+Shapes follow OpenAI's API reference for chat completions and chat completion chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+
+from api import schemas
+from api.errors import ApiError
+from api.http import api_view, parse_json
+from conversations.sse import SSE_HEADERS
+from conversations.streaming import max_tokens_for
+from inference.engine import EngineUnavailable, GenerationOptions, get_engine
+from inference.prompts import PromptTooLong, prompt_fit
+
+
+def _options(body: schemas.ChatCompletionCreate, budget: int) -> GenerationOptions:
+    schema = None
+    if body.response_format is not None:
+        if body.response_format.type == "json_schema":
+            if body.response_format.json_schema is None:
+                raise ApiError(400, "invalid_request", "response_format.json_schema is required.")
+            schema = body.response_format.json_schema.schema_
+        elif body.response_format.type == "json_object":
+            schema = {"type": "object"}
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if len(stop) > 4:
+        raise ApiError(400, "invalid_request", "At most 4 stop sequences are allowed.")
+    temperature = settings.CHAT_TEMPERATURE if body.temperature is None else body.temperature
+    return GenerationOptions(
+        max_tokens=budget,
+        temperature=temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        stop=stop,
+        seed=body.seed,
+        json_schema=schema,
+    )
+
+
+@api_view("GET")
+async def models(request: HttpRequest) -> HttpResponse:
+    """The served models, as OpenAI's ``GET /v1/models`` lists them."""
+    return JsonResponse(
+        {
+            "object": "list",
+            "data": [
+                {"id": settings.CHAT_MODEL_NAME, "object": "model", "created": 0, "owned_by": "chatsite"}
+            ],
+        }
+    )
+
+
+@api_view("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    """OpenAI-compatible chat completion, streamed (``stream: true``: ``data:`` chunks, then
+    ``data: [DONE]``) or not. 404 for an unknown model, 400 for a prompt that does not fit the
+    context or an invalid body, 503 if the engine is down."""
+    body = parse_json(request, schemas.ChatCompletionCreate)
+    if body.model != settings.CHAT_MODEL_NAME:
+        raise ApiError(
+            404, "model_not_found",
+            f"The model {body.model!r} does not exist; this server serves {settings.CHAT_MODEL_NAME!r}.",
+        )  # fmt: skip
+    engine = get_engine()
+    try:
+        await engine.ensure_started()
+    except EngineUnavailable as exc:
+        raise ApiError(503, "unavailable", f"The model is unavailable: {exc}", {"Retry-After": "30"}) from None
+    messages = [m.model_dump() for m in body.messages]
+    requested = body.max_completion_tokens or body.max_tokens
+    try:
+        fitted = prompt_fit(
+            system_prompt="",
+            messages=messages,
+            encode_chat=engine.encode_chat,
+            max_model_len=settings.CHAT_MAX_MODEL_LEN,
+            max_tokens=max_tokens_for(request.api_user.tier, requested),
+        )
+    except PromptTooLong as exc:
+        raise ApiError(400, "context_length_exceeded", str(exc)) from None
+    if fitted.dropped_messages:
+        raise ApiError(
+            400, "context_length_exceeded",
+            "The messages do not fit the model's context with room for an answer; send fewer.",
+        )  # fmt: skip
+    options = _options(body, fitted.max_tokens)
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        response = StreamingHttpResponse(
+            _chunks(engine, fitted.token_ids, options, completion_id, created, include_usage),
+            content_type="text/event-stream; charset=utf-8",
+        )
+        for name, value in SSE_HEADERS.items():
+            response[name] = value
+        return response
+    text, finish_reason, usage = [], None, (len(fitted.token_ids), 0)
+    async for delta in engine.generate(fitted.token_ids, options, completion_id):
+        text.append(delta.text)
+        usage = (delta.prompt_tokens, delta.completion_tokens)
+        finish_reason = delta.finish_reason or finish_reason
+    return JsonResponse(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": settings.CHAT_MODEL_NAME,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(text)},
+                    "finish_reason": finish_reason or "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": _usage(*usage),
+        }
+    )
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _chunk(completion_id: str, created: int, delta: dict, finish_reason=None, usage=None) -> bytes:
+    payload = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": settings.CHAT_MODEL_NAME,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+        if delta is not None
+        else [],
+    }
+    if usage is not None:
+        payload["usage"] = usage
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _chunks(
+    engine, prompt_ids, options, completion_id: str, created: int, include_usage: bool
+) -> AsyncIterator[bytes]:
+    yield _chunk(completion_id, created, {"role": "assistant", "content": ""})
+    usage = (len(prompt_ids), 0)
+    finish_reason = None
+    try:
+        async for delta in engine.generate(prompt_ids, options, completion_id):
+            usage = (delta.prompt_tokens, delta.completion_tokens)
+            finish_reason = delta.finish_reason or finish_reason
+            if delta.text:
+                yield _chunk(completion_id, created, {"content": delta.text})
+    except EngineUnavailable as exc:
+        error = {"error": {"type": "unavailable", "message": f"The model failed: {exc}"}}
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+        return
+    yield _chunk(completion_id, created, {}, finish_reason or "stop")
+    if include_usage:
+        yield _chunk(completion_id, created, None, usage=_usage(*usage))
+    yield b"data: [DONE]\n\n"

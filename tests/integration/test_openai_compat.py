@@ -1,0 +1,133 @@
+"""/v1/chat/completions with the official openai client against the real engine."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+
+from accounts.services import api_key_create
+
+pytestmark = pytest.mark.real_engine
+
+
+@pytest.fixture
+def oai(live, make_user):
+    issued = api_key_create(user=make_user("oai"), name="openai client")
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key=issued.raw, max_retries=0, timeout=120)
+    return live, client, issued.raw
+
+
+def test_non_streaming_completion_with_usage(oai):
+    live, client, _ = oai
+    result = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Say hello in one short sentence."}],
+        max_tokens=30,
+        temperature=0,
+    )
+    choice = result.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content.strip()
+    assert choice.finish_reason in {"stop", "length"}
+    assert result.usage.completion_tokens > 0
+    assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
+    assert live.unfinished() == 0
+
+
+def test_streaming_completion_matches_non_streaming_and_reports_usage_once(oai):
+    _, client, _ = oai
+    kwargs = dict(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Name two colors."}],
+        max_tokens=40,
+        temperature=0,
+    )
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    usages = [c.usage for c in chunks if c.usage is not None]
+    assert len(usages) == 1
+    assert usages[0].completion_tokens == whole.usage.completion_tokens
+
+
+def test_response_format_json_schema_always_parses(oai):
+    _, client, _ = oai
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    result = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Give a city and its country as JSON."}],
+        max_tokens=60,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}},
+    )
+    data = json.loads(result.choices[0].message.content)
+    assert set(data) == {"city", "country"}
+
+
+def test_stop_sequence_ends_the_answer(oai):
+    _, client, _ = oai
+    kwargs = dict(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Count from one to ten."}],
+        max_tokens=60,
+        temperature=0,
+    )
+    full = client.chat.completions.create(**kwargs).choices[0].message.content
+    words = full.split()
+    assert len(words) >= 4, full
+    stop = words[len(words) // 2]
+    cut = client.chat.completions.create(stop=[stop], **kwargs).choices[0].message.content
+    assert stop not in cut
+    assert cut == full[: full.index(stop)]
+
+
+def test_unknown_model_and_bad_key_are_clear_errors(oai, live):
+    _, client, _ = oai
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+    bad = openai.OpenAI(base_url=f"{live.url}/v1", api_key="sk-nope.nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_models_list(oai):
+    _, client, _ = oai
+    assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct"]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_aborts_at_once(oai, stream):
+    """PF-C1 (non-resumable): kill the client 1 s into a long generation, streaming and not;
+    the engine's unfinished count is back to its baseline within 1 s."""
+    live, _, key = oai
+    baseline = live.unfinished()
+    body = json.dumps({
+        "model": "SmolLM2-135M-Instruct",
+        "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
+        "max_tokens": 500,
+        "stream": stream,
+    })
+    parts = urlsplit(live.url)
+    sock = socket.create_connection((parts.hostname, parts.port))
+    sock.sendall(
+        (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {key}\r\n"
+         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()
+    )
+    time.sleep(1.0)
+    assert live.unfinished() == baseline + 1
+    sock.close()
+    closed = time.monotonic()
+    while live.unfinished() > baseline and time.monotonic() - closed < 1.0:
+        time.sleep(0.02)
+    assert live.unfinished() == baseline
