@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import completions, views
+from api import completions, openapi, views
 
 urlpatterns = [
     path("conversations", views.conversations, name="v1-conversations"),
@@ -14,4 +14,5 @@ urlpatterns = [
     path("conversations/<uuid:conversation_id>/cancel", views.cancel, name="v1-cancel"),
     path("chat/completions", completions.chat_completions, name="v1-chat-completions"),
     path("models", completions.models, name="v1-models"),
+    path("openapi.json", openapi.openapi_document, name="v1-openapi"),
 ]

@@ -86,7 +86,9 @@ TEMPLATES = [
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/chat"),
-        conn_max_age=60,
+        # Django's docs: disable persistent connections under ASGI (each async request may run
+        # its ORM calls on another thread, leaving idle sessions behind).
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 0),
         conn_health_checks=True,
     )
 }

@@ -78,6 +78,15 @@
     box.form.requestSubmit();
   });
 
+  // An empty box fails the textarea's `required` check, so the browser never submits it; say
+  // why above the box, as the server does for a whitespace-only message. (`invalid` does not
+  // bubble: listen in the capture phase.)
+  document.addEventListener("invalid", function (e) {
+    if (!e.target.matches || !e.target.matches("#composer textarea")) return;
+    var err = document.getElementById("composer-error");
+    if (err) err.textContent = "Type a message before sending.";
+  }, true);
+
   document.addEventListener("htmx:afterRequest", function (e) {
     var form = e.detail.elt;
     if (!form || form.id !== "composer") return;

@@ -78,3 +78,13 @@ def test_pf_c2_closing_the_socket_while_the_view_waits_cancels_within_1s(live_do
         time.sleep(0.01)
     assert double.aborted, "the engine request was not aborted within 1 s"
     assert next(iter(double.aborted.values())) - closed_at < 1.0
+
+
+def test_static_assets_are_served_by_the_asgi_app(live):
+    """The page's scripts load under daphne (htmx, its SSE extension, the chat script)."""
+    import httpx
+
+    for path in ("/static/vendor/htmx-2.0.11.min.js", "/static/vendor/htmx-ext-sse-2.2.4.js", "/static/chat/chat.js"):
+        response = httpx.get(live.url + path)
+        assert response.status_code == 200, path
+        assert "javascript" in response.headers["Content-Type"]

@@ -1,0 +1,265 @@
+"""The OpenAPI 3.1 document of ``/v1``, served at ``/v1/openapi.json``.
+
+Request bodies come from the same pydantic models the views validate with, so the document
+cannot drift from what is accepted. ``tests/test_openapi.py`` checks that every ``/v1`` route is
+in it, and runs schemathesis against it.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+from pydantic.json_schema import models_json_schema
+
+from api import schemas
+
+REF = "#/components/schemas/{model}"
+UUID_PARAM = {"type": "string", "format": "uuid"}
+
+
+def _error(description: str) -> dict:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+def _json(ref: str, description: str = "OK") -> dict:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": ref}}}}
+
+
+SSE = {
+    "description": "Server-Sent Events: `token` {text}, then `done` {turn_id, status, usage, html} "
+    "or `error` {message}; every event has an `id:`; `: keep-alive` comments in between.",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+COMMON = {"401": _error("Missing, invalid or revoked API key.")}
+BODY_ERRORS = {
+    "400": _error("Malformed JSON or a body that does not match the schema."),
+    "413": _error("The body is too large."),
+    "415": _error("The body is not application/json."),
+}
+PAGING = [
+    {"name": "before", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "A `next_cursor` from the previous page (opaque, signed)."},
+    {"name": "limit", "in": "query", "required": False,
+     "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+]  # fmt: skip
+CONVERSATION_ID = {"name": "conversation_id", "in": "path", "required": True, "schema": UUID_PARAM}
+
+
+def _body(model: str) -> dict:
+    return {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": REF.format(model=model)}}},
+    }
+
+
+def build_document() -> dict:
+    """The whole OpenAPI document as a dict."""
+    _, defs = models_json_schema(
+        [
+            (schemas.ConversationCreate, "validation"),
+            (schemas.TurnCreate, "validation"),
+            (schemas.ChatCompletionCreate, "validation"),
+        ],
+        ref_template=REF,
+    )
+    components = dict(defs.get("$defs", {}))
+    components["Error"] = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            }
+        },
+    }
+    components["ConversationCreated"] = {
+        "type": "object",
+        "required": ["conversation_id", "region"],
+        "properties": {"conversation_id": UUID_PARAM, "region": {"type": "string"}},
+    }
+    components["Turn"] = {
+        "type": "object",
+        "required": ["turn_id", "role", "content", "status", "created_at"],
+        "properties": {
+            "turn_id": UUID_PARAM,
+            "role": {"enum": ["user", "assistant", "system", "tool"]},
+            "content": {"type": "string"},
+            "status": {"enum": ["complete", "cancelled", "failed"]},
+            "token_count": {"type": "integer"},
+            "reply_to": {"anyOf": [UUID_PARAM, {"type": "null"}]},
+            "moderation_verdict": {"type": "object"},
+            "created_at": {"type": "string", "format": "date-time"},
+        },
+    }
+    conversation_props = {
+        "conversation_id": UUID_PARAM,
+        "title": {"type": "string"},
+        "model": {"type": "string"},
+        "region": {"type": "string"},
+        "created_at": {"type": "string", "format": "date-time"},
+        "last_turn_at": {"type": "string", "format": "date-time"},
+    }
+    components["Conversation"] = {"type": "object", "properties": conversation_props}
+    components["ConversationList"] = {
+        "type": "object",
+        "required": ["conversations", "next_cursor"],
+        "properties": {
+            "conversations": {"type": "array", "items": {"$ref": REF.format(model="Conversation")}},
+            "next_cursor": {"type": ["string", "null"]},
+        },
+    }
+    components["ConversationHistory"] = {
+        "type": "object",
+        "required": ["conversation_id", "turns", "next_cursor"],
+        "properties": {
+            **conversation_props,
+            "turns": {"type": "array", "items": {"$ref": REF.format(model="Turn")}},
+            "next_cursor": {"type": ["string", "null"]},
+        },
+    }
+    components["ChatCompletion"] = {"type": "object", "required": ["id", "object", "choices"]}
+    components["ModelList"] = {"type": "object", "required": ["object", "data"]}
+
+    paths = {
+        "/v1/conversations": {
+            "get": {
+                "operationId": "listConversations",
+                "parameters": PAGING,
+                "responses": {
+                    "200": _json(REF.format(model="ConversationList")),
+                    "400": _error("Bad `before` or `limit`."),
+                    **COMMON,
+                },
+            },
+            "post": {
+                "operationId": "createConversation",
+                "requestBody": _body("ConversationCreate"),
+                "responses": {
+                    "201": _json(REF.format(model="ConversationCreated"), "Created"),
+                    **BODY_ERRORS,
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/conversations/{conversation_id}": {
+            "parameters": [CONVERSATION_ID],
+            "get": {
+                "operationId": "getConversation",
+                "parameters": PAGING,
+                "responses": {
+                    "200": _json(REF.format(model="ConversationHistory")),
+                    "400": _error("Bad `before` or `limit`."),
+                    "404": _error("No such conversation (or not yours)."),
+                    **COMMON,
+                },
+            },
+            "delete": {
+                "operationId": "deleteConversation",
+                "responses": {
+                    "204": {"description": "Deleted with all its turns."},
+                    "404": _error("No such conversation (or not yours)."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/conversations/{conversation_id}/turns": {
+            "parameters": [CONVERSATION_ID],
+            "post": {
+                "operationId": "createTurn",
+                "requestBody": _body("TurnCreate"),
+                "responses": {
+                    "200": SSE,
+                    **BODY_ERRORS,
+                    "404": _error("No such conversation (or not yours)."),
+                    "409": _error("An answer is still being written in this conversation."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/conversations/{conversation_id}/turns/{turn_id}/events": {
+            "parameters": [
+                CONVERSATION_ID,
+                {"name": "turn_id", "in": "path", "required": True, "schema": UUID_PARAM},
+                {"name": "Last-Event-ID", "in": "header", "required": False,
+                 "schema": {"type": "string"}},
+            ],  # fmt: skip
+            "get": {
+                "operationId": "resumeTurnEvents",
+                "responses": {
+                    "200": SSE,
+                    "404": _error("No such assistant turn in this conversation."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/conversations/{conversation_id}/cancel": {
+            "parameters": [CONVERSATION_ID],
+            "post": {
+                "operationId": "cancelTurn",
+                "responses": {
+                    "204": {"description": "Aborted (or nothing was generating)."},
+                    "404": _error("No such conversation (or not yours)."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/chat/completions": {
+            "post": {
+                "operationId": "createChatCompletion",
+                "requestBody": _body("ChatCompletionCreate"),
+                "responses": {
+                    "200": {
+                        "description": "A chat completion, or chunks as SSE when `stream` is true.",
+                        "content": {
+                            "application/json": {"schema": {"$ref": REF.format(model="ChatCompletion")}},
+                            "text/event-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **BODY_ERRORS,
+                    "404": _error("Unknown model."),
+                    "503": _error("The model is unavailable."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "responses": {"200": _json(REF.format(model="ModelList")), **COMMON},
+            }
+        },
+        "/v1/openapi.json": {
+            "get": {
+                "operationId": "getOpenApiDocument",
+                "security": [],
+                "responses": {"200": {"description": "This document.",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}}},
+            }  # fmt: skip
+        },
+    }
+    for item in paths.values():
+        for method, operation in item.items():
+            if method != "parameters":
+                operation["responses"].setdefault("405", _error("Method not allowed."))
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "chatsite API", "version": "1"},
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "paths": paths,
+    }
+
+
+@require_GET
+def openapi_document(request: HttpRequest) -> JsonResponse:
+    """``GET /v1/openapi.json``: the document (public, no key needed)."""
+    return JsonResponse(build_document())
