@@ -33,7 +33,7 @@ def _hash(secret: str) -> str:
 @transaction.atomic
 def api_key_create(*, user: User, name: str) -> IssuedKey:
     """Issue a key for ``user``. Raises ValidationError for a blank or over-long name."""
-    name = " ".join((name or "").split())
+    name = " ".join((name or "").replace("\x00", "").split())
     if not name:
         raise ValidationError("Give the key a name, e.g. the script that will use it.", code="empty")
     if len(name) > 100:

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold U+0000; refuse it up front instead of failing on insert.
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character (U+0000)")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
 
 
 class Strict(BaseModel):
@@ -12,19 +22,19 @@ class Strict(BaseModel):
 
 
 class ConversationCreate(Strict):
-    model: str | None = Field(default=None, max_length=200)
-    system_prompt: str | None = Field(default=None, max_length=8000)
+    model: Text | None = Field(default=None, max_length=200)
+    system_prompt: Text | None = Field(default=None, max_length=8000)
 
 
 class TurnCreate(Strict):
     role: Literal["user"]
-    content: str = Field(min_length=1)
+    content: Text = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
 
 
 class ChatMessage(Strict):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: Text
 
 
 class JsonSchemaFormat(Strict):

@@ -22,6 +22,11 @@ def message_clean(content: str) -> str:
     text = (content or "").strip()
     if not text:
         raise ValidationError("Type a message before sending.", code="empty")
+    if "\x00" in text:
+        raise ValidationError(
+            "Your message contains a NUL character (U+0000); remove it and send again.",
+            code="nul",
+        )
     limit = settings.CHAT_MAX_MESSAGE_CHARS
     if len(text) > limit:
         raise ValidationError(
@@ -68,7 +73,7 @@ def conversation_create(
 @transaction.atomic
 def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
     """Set a conversation's title. Raises ValidationError if it is blank or over 200 chars."""
-    title = " ".join((title or "").split())
+    title = " ".join((title or "").replace("\x00", "").split())
     if not title:
         raise ValidationError("A title cannot be empty.", code="empty")
     if len(title) > 200:

@@ -309,3 +309,11 @@ async def test_resume_with_last_event_id_replays_exactly_the_rest(make_user, eng
     assert [d.get("text") for n, d, _ in events if n == "token"] == ["c", "d"]
     assert events[-1][0] == "done"
     assert engine_double.aborted == {}
+
+
+async def test_nul_characters_are_refused_not_a_500(make_user):
+    """Found by schemathesis: a NUL in a text field made PostgreSQL fail the insert."""
+    client, _ = await api_client(make_user)
+    response = await post_json(client, "/v1/conversations", {"system_prompt": "a\x00b"})
+    assert_error(response, 400, "invalid_request")
+    assert not await Conversation.objects.aexists()

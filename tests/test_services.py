@@ -85,3 +85,11 @@ def test_delete_removes_the_turns(make_user):
     services.turn_append_user(conversation=conversation, content="hi")
     services.conversation_delete(conversation=conversation)
     assert not Turn.objects.exists()
+
+
+def test_message_with_nul_character_is_refused():
+    """PostgreSQL text cannot store U+0000: refused with a message, never a 500 (found by
+    schemathesis)."""
+    with pytest.raises(ValidationError) as err:
+        services.message_clean("hello\x00world")
+    assert err.value.code == "nul"
