@@ -137,21 +137,15 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
         conversation_id=conversation_id, user=user
     )
     try:
-        services.message_clean(body.content)
-        streaming.ensure_idle(conversation.conversation_id)
+        question, stream = await streaming.turn_submit(
+            conversation=conversation,
+            content=body.content,
+            max_tokens=streaming.max_tokens_for(user.tier, body.max_tokens),
+        )
     except ValidationError as exc:
         raise ApiError(400, "invalid_request", exc.messages[0]) from None
     except streaming.ConversationBusy as exc:
         raise ApiError(409, "conflict", str(exc)) from None
-    question = await sync_to_async(services.turn_append_user)(
-        conversation=conversation, content=body.content
-    )
-    stream = streaming.generation_start(
-        conversation_id=conversation.conversation_id,
-        question=question,
-        system_prompt=conversation.system_prompt,
-        max_tokens=streaming.max_tokens_for(user.tier, body.max_tokens),
-    )
     response = sse_response(streaming.follow_sse(stream))
     response["X-Turn-Id"] = str(stream.answer_id)
     response["X-User-Turn-Id"] = str(question.turn_id)

@@ -186,6 +186,7 @@ class ConversationBusy(Exception):
 _streams: dict[UUID, TurnStream] = {}  # question (user turn) id -> stream
 _by_answer: dict[UUID, TurnStream] = {}  # answer (assistant turn) id -> stream
 _busy: dict[UUID, TurnStream] = {}  # conversation id -> its in-flight stream
+_claimed: set[UUID] = set()  # conversations whose next user turn is being written
 
 
 def stream_for_question(question_id: UUID) -> TurnStream | None:
@@ -205,8 +206,9 @@ def stream_for_conversation(conversation_id: UUID) -> TurnStream | None:
 
 
 def ensure_idle(conversation_id: UUID) -> None:
-    """Raise ConversationBusy if the conversation is generating an answer right now."""
-    if stream_for_conversation(conversation_id) is not None:
+    """Raise ConversationBusy if the conversation is generating an answer right now (or a
+    message to it is being stored)."""
+    if stream_for_conversation(conversation_id) is not None or conversation_id in _claimed:
         raise ConversationBusy(
             "An answer is still being written in this conversation. Wait for it or press Stop."
         )
@@ -220,12 +222,42 @@ def max_tokens_for(tier: str, requested: int | None = None) -> int:
     return min(requested or settings.CHAT_MAX_TOKENS, ceiling)
 
 
+async def turn_submit(
+    *, conversation, content: str, max_tokens: int | None = None
+) -> tuple[Turn, TurnStream]:
+    """Store a user message and start answering it; returns (user turn, answer stream).
+
+    The conversation is claimed *before* the user turn is written (check and claim with no
+    await between them, so atomic in the event loop): of two messages sent at the same moment
+    one is answered and the other gets ConversationBusy with nothing stored (PF-P1).
+    Raises ValidationError for an invalid message, ConversationBusy while an answer is written.
+    """
+    conversation_id = conversation.conversation_id
+    ensure_idle(conversation_id)
+    _claimed.add(conversation_id)
+    try:
+        question = await sync_to_async(services.turn_append_user)(
+            conversation=conversation, content=content
+        )
+        stream = generation_start(
+            conversation_id=conversation_id,
+            question=question,
+            system_prompt=conversation.system_prompt,
+            max_tokens=max_tokens,
+            _claimed_by_caller=True,
+        )
+    finally:
+        _claimed.discard(conversation_id)
+    return question, stream
+
+
 def generation_start(
     *,
     conversation_id: UUID,
     question: Turn,
     system_prompt: str = "",
     max_tokens: int | None = None,
+    _claimed_by_caller: bool = False,
 ) -> TurnStream:
     """Start answering ``question`` (a stored user turn) as a background task; return its stream.
 
@@ -234,7 +266,8 @@ def generation_start(
     loop. Raises ConversationBusy if the conversation is already generating. The task holds the
     stream in the registry until its answer is stored.
     """
-    ensure_idle(conversation_id)
+    if not _claimed_by_caller:
+        ensure_idle(conversation_id)
     stream = TurnStream(conversation_id=conversation_id, question_id=question.turn_id)
     _streams[question.turn_id] = stream
     _by_answer[stream.answer_id] = stream

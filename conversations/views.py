@@ -109,18 +109,13 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         )
         created = False
     try:
-        streaming.ensure_idle(conversation.conversation_id)
+        question, _ = await streaming.turn_submit(
+            conversation=conversation,
+            content=content,
+            max_tokens=streaming.max_tokens_for(user.tier),
+        )
     except streaming.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
-    question = await sync_to_async(services.turn_append_user)(
-        conversation=conversation, content=content
-    )
-    streaming.generation_start(
-        conversation_id=conversation.conversation_id,
-        question=question,
-        system_prompt=conversation.system_prompt,
-        max_tokens=streaming.max_tokens_for(user.tier),
-    )
     url = reverse("conversation", args=[conversation.conversation_id])
     if not _is_htmx(request):
         return HttpResponseRedirect(url, status=303)

@@ -69,6 +69,7 @@ def _clean_stream_registry():
     streaming._streams.clear()
     streaming._busy.clear()
     streaming._by_answer.clear()
+    streaming._claimed.clear()
 
 
 @pytest.fixture

@@ -317,3 +317,26 @@ async def test_nul_characters_are_refused_not_a_500(make_user):
     response = await post_json(client, "/v1/conversations", {"system_prompt": "a\x00b"})
     assert_error(response, 400, "invalid_request")
     assert not await Conversation.objects.aexists()
+
+
+async def test_pf_p1_two_posts_at_the_same_moment_one_streams_one_409(make_user, engine_double):
+    """PF-P1: two POSTs to one conversation at the same moment: one streams, the other gets a
+    clear 409; no interleaved turns; a third message later works."""
+    engine_double.scripts = [["one", 0.2, " answer"], ["third"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    url = f"/v1/conversations/{conversation_id}/turns"
+    first, second = await asyncio.gather(
+        post_json(client, url, {"role": "user", "content": "A"}),
+        post_json(client, url, {"role": "user", "content": "B"}),
+    )
+    statuses = sorted([first.status_code, second.status_code])
+    assert statuses == [200, 409]
+    winner = first if first.status_code == 200 else second
+    await read_stream(winner)
+    assert await Turn.objects.filter(role="user").acount() == 1
+    third = await post_json(client, url, {"role": "user", "content": "C"})
+    assert third.status_code == 200
+    await read_stream(third)
+    roles = [t.role async for t in Turn.objects.filter(conversation_id=conversation_id).order_by("created_at")]
+    assert roles == ["user", "assistant", "user", "assistant"]
