@@ -24,7 +24,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from conversations import selectors, services, streaming
+from conversations import selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.sse import last_event_id, sse_event, sse_response
@@ -157,8 +157,12 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
     stream = streaming.stream_for_question(question.turn_id)
     if stream is None:
         answer = await sync_to_async(selectors.reply_get)(turn=question)
+        remote_answer_id = None if answer else await turnlog.answer_for_question(question.turn_id)
         if answer is not None:
             body = streaming.stored_answer_sse(answer)
+        elif remote_answer_id and await turnlog.exists(remote_answer_id):
+            # Being written by another server process: follow its Redis event log.
+            body = streaming.follow_remote_sse(remote_answer_id, after=last_event_id(request))
         else:
             # Unanswered and not generating (e.g. the server restarted mid-answer): answer now.
             try:

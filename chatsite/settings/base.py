@@ -170,6 +170,8 @@ CHAT_TITLE_CHARS = 60
 CHAT_STREAM_DISCONNECT_GRACE_S = float(os.environ.get("CHAT_STREAM_DISCONNECT_GRACE_S", "0"))
 # A finished stream stays replayable (Last-Event-ID) this long, seconds.
 CHAT_STREAM_RETAIN_S = float(os.environ.get("CHAT_STREAM_RETAIN_S", "300"))
+# A turn's event log stays in Redis (resumable from any process) this long after it ends, s.
+CHAT_STREAM_TTL_S = float(os.environ.get("CHAT_STREAM_TTL_S", "3600"))
 # A generation nobody reads within this many seconds of its start is aborted.
 CHAT_STREAM_ATTACH_TIMEOUT_S = float(os.environ.get("CHAT_STREAM_ATTACH_TIMEOUT_S", "30"))
 # SSE comment lines keep idle proxies from closing a slow stream.

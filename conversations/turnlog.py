@@ -1,0 +1,175 @@
+"""Per-turn event logs in Redis Streams, so any server process can resume a turn's stream.
+
+The generating process keeps the events in memory (its own readers never wait on Redis) and
+mirrors each one, in order, to the stream ``chat:turn:{answer_id}`` with the explicit entry id
+``0-<event id>``; a reader in another process asks for the entries after ``0-<Last-Event-ID>``
+(XREAD), so it gets exactly the events after the ones it saw, once, in order (PF-S4). The key
+``chat:q:{question_id}`` names the answer being written for a user turn (the UI resumes by
+question). Both expire ``settings.CHAT_STREAM_TTL_S`` after the answer ends.
+
+Redis down is a degraded mode, not an outage: answers still stream from the generating process,
+they just cannot be resumed elsewhere (a warning is logged once per turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+import redis.asyncio as aioredis
+from django.conf import settings
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def redis_client() -> aioredis.Redis:
+    """This event loop's Redis client (asyncio clients cannot cross loops)."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        client = aioredis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=1, decode_responses=True
+        )
+        _clients[loop] = client
+    return client
+
+
+def stream_key(answer_id: UUID | str) -> str:
+    return f"chat:turn:{answer_id}"
+
+
+def question_key(question_id: UUID | str) -> str:
+    return f"chat:q:{question_id}"
+
+
+def owner_key(answer_id: UUID | str) -> str:
+    return f"chat:a:{answer_id}:conversation"
+
+
+class TurnLogWriter:
+    """Mirrors one turn's events to Redis in order, off the token path (a queue + one task)."""
+
+    def __init__(self, answer_id: UUID, question_id: UUID, conversation_id: UUID):
+        self.answer_id = answer_id
+        self.question_id = question_id
+        self.conversation_id = conversation_id
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self.healthy = True
+
+    def append(self, event_id: int, event: str, data: dict) -> None:
+        """Queue an event for Redis (never blocks the caller)."""
+        self._queue.put_nowait((event_id, event, data))
+
+    def close(self) -> None:
+        """No more events: flush what is queued, then set the expiry."""
+        self._queue.put_nowait(None)
+
+    async def wait_flushed(self, timeout: float = 5) -> None:
+        """Wait (bounded) until every queued event reached Redis or was given up."""
+        await asyncio.wait([self._task], timeout=timeout)
+
+    async def _run(self) -> None:
+        client = redis_client()
+        key = stream_key(self.answer_id)
+        ttl = int(settings.CHAT_STREAM_TTL_S)
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.set(question_key(self.question_id), str(self.answer_id), ex=ttl)
+                pipe.set(owner_key(self.answer_id), str(self.conversation_id), ex=ttl)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._degrade(exc)
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                break
+            if not self.healthy:
+                continue
+            event_id, event, data = item
+            try:
+                await client.xadd(
+                    key, {"e": event, "d": json.dumps(data, ensure_ascii=False)}, id=f"0-{event_id}"
+                )
+                if event_id == 1:
+                    await client.expire(key, ttl)
+            except (RedisError, OSError) as exc:
+                self._degrade(exc)
+        if self.healthy:
+            try:
+                await client.expire(key, ttl)
+            except (RedisError, OSError) as exc:
+                self._degrade(exc)
+
+    def _degrade(self, exc: BaseException) -> None:
+        if self.healthy:
+            logger.warning(
+                "Redis unavailable (%s): turn %s streams but cannot be resumed elsewhere",
+                exc, self.answer_id,
+            )  # fmt: skip
+        self.healthy = False
+
+
+async def answer_for_question(question_id: UUID) -> UUID | None:
+    """The answer id being (or just) written for a user turn, per Redis; None if unknown."""
+    try:
+        value = await redis_client().get(question_key(question_id))
+    except (RedisError, OSError):
+        return None
+    return UUID(value) if value else None
+
+
+async def belongs_to(answer_id: UUID, conversation_id: UUID) -> bool:
+    """Whether Redis records ``answer_id`` as a turn of ``conversation_id`` (callers have
+    already checked that the conversation is the requester's)."""
+    try:
+        return await redis_client().get(owner_key(answer_id)) == str(conversation_id)
+    except (RedisError, OSError):
+        return False
+
+
+async def exists(answer_id: UUID) -> bool:
+    """Whether Redis holds an event log for ``answer_id``."""
+    try:
+        return bool(await redis_client().exists(stream_key(answer_id)))
+    except (RedisError, OSError):
+        return False
+
+
+async def follow(
+    answer_id: UUID, after: int = 0, idle_s: float = 15
+) -> AsyncIterator[tuple[int, str, dict] | None]:
+    """Yield ``(event_id, event, data)`` after ``after`` from Redis, live, until ``done`` or
+    ``error``; None after ``idle_s`` seconds without one (send a keep-alive). Ends if the log
+    vanishes (expired) or Redis fails mid-way."""
+    client = redis_client()
+    key = stream_key(answer_id)
+    last = f"0-{after}"
+    loop = asyncio.get_running_loop()
+    patience_until = loop.time() + 10  # the writer may not have written event 1 yet
+    while True:
+        try:
+            reply = await client.xread({key: last}, block=int(idle_s * 1000), count=100)
+        except (RedisError, OSError) as exc:
+            logger.warning("cannot resume turn %s from Redis: %s", answer_id, exc)
+            return
+        if not reply:
+            if not await client.exists(key) and loop.time() > patience_until:
+                return
+            yield None
+            continue
+        for entry_id, fields in reply[0][1]:
+            last = entry_id
+            event = fields["e"]
+            yield int(entry_id.split("-", 1)[1]), event, json.loads(fields["d"])
+            if event in ("done", "error"):
+                return

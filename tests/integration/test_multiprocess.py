@@ -1,0 +1,142 @@
+"""Two server processes sharing PostgreSQL and Redis: a turn's stream resumes on the other one."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from urllib.parse import quote
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+
+from accounts.services import api_key_create
+
+pytestmark = pytest.mark.real_engine  # uses the shared daphne server (process 1)
+
+
+def _database_url() -> str:
+    db = django_settings.DATABASES["default"]
+    host = db.get("HOST") or ""
+    url = f"postgresql://{quote(db['USER'] or '')}:{quote(db['PASSWORD'] or '')}@{host}"
+    if db.get("PORT"):
+        url += f":{db['PORT']}"
+    url += f"/{db['NAME']}"
+    if db.get("OPTIONS", {}).get("host"):
+        url += f"?host={db['OPTIONS']['host']}"
+    return url
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def second_gateway(chat_server):
+    """Another daphne process on the same database and Redis. It has no real engine (the
+    scripted double's class, never asked to generate here): it only resumes streams."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": django_settings.REDIS_URL,
+        "CHAT_ENGINE_CLASS": "tests.fakes.ScriptedEngine",
+        "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+        env=env, cwd=django_settings.BASE_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/v1/openapi.json", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "second gateway did not start"
+        time.sleep(0.3)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _events(lines):
+    """Parse SSE lines into [(id, event, data)] up to done/error."""
+    out, current = [], {}
+    for line in lines:
+        if line.startswith("id: "):
+            current["id"] = int(line[4:])
+        elif line.startswith("event: "):
+            current["event"] = line[7:]
+        elif line.startswith("data: "):
+            current["data"] = json.loads(line[6:])
+            out.append((current.get("id"), current["event"], current["data"]))
+            if current["event"] in ("done", "error"):
+                return out
+            current = {}
+    return out
+
+
+def test_pf_s4_resume_on_another_process_gets_exactly_the_rest(live, engine_double, make_user, settings, second_gateway):
+    """PF-S4: drop the connection after event k while generation goes on; reconnect *to the
+    other server process* with Last-Event-ID: k: events k+1.. arrive exactly once, in order,
+    each with an id."""
+    settings.CHAT_STREAM_DISCONNECT_GRACE_S = 10
+    engine_double.scripts = [["a", "b", "c", 0.6, "d", "e"]]
+    key = api_key_create(user=make_user("mp"), name="mp").raw
+    headers = {"Authorization": f"Bearer {key}"}
+    conversation_id = httpx.post(f"{live.url}/v1/conversations", json={}, headers=headers).json()["conversation_id"]
+
+    seen = []
+    with httpx.stream(
+        "POST", f"{live.url}/v1/conversations/{conversation_id}/turns",
+        json={"role": "user", "content": "go"}, headers=headers, timeout=30,
+    ) as response:  # fmt: skip
+        turn_id = response.headers["X-Turn-Id"]
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("id: "):
+                seen.append(int(line[4:]))
+            if len(seen) == 3 and line.startswith("data: "):
+                break  # drop the connection after event 3
+
+    with httpx.stream(
+        "GET", f"{second_gateway}/v1/conversations/{conversation_id}/turns/{turn_id}/events",
+        headers={**headers, "Last-Event-ID": "3"}, timeout=30,
+    ) as resumed:  # fmt: skip
+        assert resumed.status_code == 200
+        rest = _events(resumed.iter_lines())
+
+    assert [eid for eid, _, _ in rest] == [4, 5, 6]
+    assert [(e, d.get("text")) for _, e, d in rest[:2]] == [("token", "d"), ("token", "e")]
+    assert rest[-1][1] == "done" and rest[-1][2]["status"] == "complete"
+    assert engine_double.aborted == {}
+
+
+def test_resume_elsewhere_is_refused_for_another_users_turn(live, engine_double, make_user, second_gateway):
+    engine_double.scripts = [["x", 0.3, "y"]]
+    owner = api_key_create(user=make_user("owner-mp"), name="k").raw
+    intruder = api_key_create(user=make_user("intruder-mp"), name="k").raw
+    own = {"Authorization": f"Bearer {owner}"}
+    conversation_id = httpx.post(f"{live.url}/v1/conversations", json={}, headers=own).json()["conversation_id"]
+    with httpx.stream("POST", f"{live.url}/v1/conversations/{conversation_id}/turns",
+                      json={"role": "user", "content": "go"}, headers=own, timeout=30) as response:
+        turn_id = response.headers["X-Turn-Id"]
+        list(response.iter_lines())
+    other = httpx.get(
+        f"{second_gateway}/v1/conversations/{conversation_id}/turns/{turn_id}/events",
+        headers={"Authorization": f"Bearer {intruder}"},
+    )
+    assert other.status_code == 404
