@@ -171,10 +171,17 @@ def build_document() -> dict:
             "parameters": [CONVERSATION_ID],
             "post": {
                 "operationId": "createTurn",
+                "parameters": [
+                    {"name": "Idempotency-Key", "in": "header", "required": False,
+                     "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                     "description": "Retrying with the same key returns the same turn's stream "
+                                    "(kept 24 h)."},
+                ],  # fmt: skip
                 "requestBody": _body("TurnCreate"),
                 "responses": {
                     "200": SSE,
                     **BODY_ERRORS,
+                    "422": _error("The Idempotency-Key was used for a different request."),
                     "404": _error("No such conversation (or not yours)."),
                     "409": _error("An answer is still being written in this conversation."),
                     **COMMON,

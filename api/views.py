@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.dateparse import parse_datetime
 
-from api import schemas
+from api import idempotency, schemas
 from api.errors import ApiError
 from api.http import api_view, parse_json, query_int
 from conversations import selectors, services, streaming, turnlog
@@ -133,22 +133,50 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     ``GET .../turns/{turn_id}/events``. 409 while another answer is being written."""
     user = request.api_user
     body = parse_json(request, schemas.TurnCreate)
+    key = idempotency.key_from_header(request.headers.get("Idempotency-Key"))
     conversation = await selectors.aconversation_get_for_user(
         conversation_id=conversation_id, user=user
     )
+    if key is not None:
+        fingerprint = idempotency.request_fingerprint(conversation_id, body.model_dump())
+        replay = await idempotency.claim(user.pk, key, fingerprint)
+        if replay is not None:
+            return await _replay(replay)
     try:
         question, stream = await streaming.turn_submit(
             conversation=conversation,
             content=body.content,
             max_tokens=streaming.max_tokens_for(user.tier, body.max_tokens),
         )
-    except ValidationError as exc:
-        raise ApiError(400, "invalid_request", exc.messages[0]) from None
-    except streaming.ConversationBusy as exc:
+    except (ValidationError, streaming.ConversationBusy) as exc:
+        if key is not None:
+            await idempotency.release(user.pk, key)
+        if isinstance(exc, ValidationError):
+            raise ApiError(400, "invalid_request", exc.messages[0]) from None
         raise ApiError(409, "conflict", str(exc)) from None
+    if key is not None:
+        await idempotency.record(user.pk, key, fingerprint, conversation_id, stream.answer_id)
     response = sse_response(streaming.follow_sse(stream))
     response["X-Turn-Id"] = str(stream.answer_id)
     response["X-User-Turn-Id"] = str(question.turn_id)
+    return response
+
+
+async def _replay(replay: idempotency.Replay) -> HttpResponse:
+    """The stream of an earlier request with the same Idempotency-Key, from its first event."""
+    stream = streaming.stream_for_answer(replay.answer_id)
+    if stream is not None:
+        body = streaming.follow_sse(stream)
+    elif await turnlog.exists(replay.answer_id):
+        body = streaming.follow_remote_sse(replay.answer_id)
+    else:
+        answer = await Turn.objects.filter(turn_id=replay.answer_id).afirst()
+        if answer is None:
+            raise ApiError(409, "conflict", "The earlier request with this Idempotency-Key is gone; use a new key.")
+        body = streaming.stored_answer_sse(answer)
+    response = sse_response(body)
+    response["X-Turn-Id"] = str(replay.answer_id)
+    response["Idempotent-Replayed"] = "true"
     return response
 
 

@@ -340,3 +340,60 @@ async def test_pf_p1_two_posts_at_the_same_moment_one_streams_one_409(make_user,
     await read_stream(third)
     roles = [t.role async for t in Turn.objects.filter(conversation_id=conversation_id).order_by("created_at")]
     assert roles == ["user", "assistant", "user", "assistant"]
+
+
+async def test_idempotency_key_retry_returns_the_same_turn_without_a_second_generation(make_user, engine_double):
+    engine_double.scripts = [["only", " once"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    url = f"/v1/conversations/{conversation_id}/turns"
+    body = {"role": "user", "content": "hello"}
+    first = await post_json(client, url, body, **{"Idempotency-Key": "retry-1"})
+    first_events = parse_sse(await read_stream(first))
+    retry = await post_json(client, url, body, **{"Idempotency-Key": "retry-1"})
+    assert retry.status_code == 200
+    assert retry["X-Turn-Id"] == first["X-Turn-Id"]
+    retry_events = parse_sse(await read_stream(retry))
+    assert retry_events[-1][1]["turn_id"] == first_events[-1][1]["turn_id"]
+    assert len(engine_double.requests) == 1
+    assert await Turn.objects.filter(role="user").acount() == 1
+    assert await Turn.objects.filter(role="assistant").acount() == 1
+
+
+async def test_idempotency_key_reused_for_another_request_is_refused(make_user, engine_double):
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    url = f"/v1/conversations/{conversation_id}/turns"
+    await read_stream(await post_json(client, url, {"role": "user", "content": "one"}, **{"Idempotency-Key": "k"}))
+    other = await post_json(client, url, {"role": "user", "content": "two"}, **{"Idempotency-Key": "k"})
+    assert_error(other, 422, "idempotency_key_reused")
+    assert await Turn.objects.filter(role="user").acount() == 1
+
+
+async def test_idempotency_keys_are_per_user(make_user, engine_double):
+    a, _ = await api_client(make_user, "a")
+    b, _ = await api_client(make_user, "b")
+    for client in (a, b):
+        conversation_id = await new_conversation(client)
+        response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "x"}, **{"Idempotency-Key": "same"})
+        assert response.status_code == 200
+        await read_stream(response)
+    assert len(engine_double.requests) == 2
+
+
+async def test_concurrent_retries_share_one_generation(make_user, engine_double):
+    engine_double.scripts = [["slow", 0.3, " answer"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    url = f"/v1/conversations/{conversation_id}/turns"
+    body = {"role": "user", "content": "double click"}
+    r1, r2 = await asyncio.gather(
+        post_json(client, url, body, **{"Idempotency-Key": "dbl"}),
+        post_json(client, url, body, **{"Idempotency-Key": "dbl"}),
+    )
+    assert r1.status_code == r2.status_code == 200
+    assert r1["X-Turn-Id"] == r2["X-Turn-Id"]
+    await read_stream(r1)
+    await read_stream(r2)
+    assert len(engine_double.requests) == 1
+    assert await Turn.objects.filter(role="user").acount() == 1

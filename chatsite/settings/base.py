@@ -172,6 +172,8 @@ CHAT_STREAM_DISCONNECT_GRACE_S = float(os.environ.get("CHAT_STREAM_DISCONNECT_GR
 CHAT_STREAM_RETAIN_S = float(os.environ.get("CHAT_STREAM_RETAIN_S", "300"))
 # A turn's event log stays in Redis (resumable from any process) this long after it ends, s.
 CHAT_STREAM_TTL_S = float(os.environ.get("CHAT_STREAM_TTL_S", "3600"))
+# Idempotency-Key records for POST .../turns are kept this long, seconds (Stripe keeps 24 h).
+CHAT_IDEMPOTENCY_TTL_S = float(os.environ.get("CHAT_IDEMPOTENCY_TTL_S", "86400"))
 # A generation nobody reads within this many seconds of its start is aborted.
 CHAT_STREAM_ATTACH_TIMEOUT_S = float(os.environ.get("CHAT_STREAM_ATTACH_TIMEOUT_S", "30"))
 # SSE comment lines keep idle proxies from closing a slow stream.
