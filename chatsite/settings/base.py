@@ -165,9 +165,9 @@ CHAT_SYSTEM_PROMPT = os.environ.get(
 # --- Conversation limits (documented in the README) ---
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16_000)
 CHAT_TITLE_CHARS = 60
-# A dropped events connection aborts generation after this many seconds (0: at once). The
-# resumable-stream issue raises it to DESIGN.md's 30 s grace period.
-CHAT_STREAM_DISCONNECT_GRACE_S = float(os.environ.get("CHAT_STREAM_DISCONNECT_GRACE_S", "0"))
+# DESIGN.md's disconnect rule: a dropped events connection is not a stop; generation goes on this
+# many seconds so the client can resume with Last-Event-ID, then is aborted (0: at once).
+CHAT_STREAM_DISCONNECT_GRACE_S = float(os.environ.get("CHAT_STREAM_DISCONNECT_GRACE_S", "30"))
 # A finished stream stays replayable (Last-Event-ID) this long, seconds.
 CHAT_STREAM_RETAIN_S = float(os.environ.get("CHAT_STREAM_RETAIN_S", "300"))
 # A turn's event log stays in Redis (resumable from any process) this long after it ends, s.

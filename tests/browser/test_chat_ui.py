@@ -527,3 +527,19 @@ def test_empty_message_shows_error_above_box_and_sends_nothing(
     send(page, "hello")
     expect(page.locator(f"{ANSWER}.complete")).to_have_count(1)
     expect(page.locator("#composer-error")).to_have_text("")
+
+
+def test_reload_mid_answer_shows_what_was_generated_and_continues_live(live, engine_double, make_user, new_page, settings):
+    """A reload in the middle of an answer is not a stop (DESIGN.md's disconnect rule): the page
+    shows the text already generated and the rest streams in live; the answer completes."""
+    settings.CHAT_STREAM_DISCONNECT_GRACE_S = 30
+    engine_double.scripts = [["one ", 1.5, "two ", 1.0, "three"]]
+    make_user("rita")
+    page = new_page()
+    ui_login(page, live.url, "rita")
+    send(page, "count slowly")
+    expect(page.locator(f"{ANSWER} [data-stream-text]")).to_have_text("one ")
+    page.reload()
+    expect(page.locator(f"{ANSWER}.complete .bubble")).to_have_text("one two three", timeout=10_000)
+    assert engine_double.aborted == {}
+    assert len(engine_double.requests) == 1
