@@ -24,4 +24,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include("api.urls")),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.healthz, name="readyz"),
 ]

@@ -338,14 +338,26 @@ async def _generate(
             max_tokens=max_tokens,
         )
         prompt_tokens = len(fitted.token_ids)
-        async for delta in engine.generate(
-            fitted.token_ids, _options(fitted.max_tokens), str(stream.answer_id)
-        ):
-            completion_tokens = delta.completion_tokens
-            prompt_tokens = delta.prompt_tokens
-            if delta.text:
-                parts.append(delta.text)
-                stream.publish("token", {"text": delta.text})
+        earlier_tokens = 0  # completion tokens of attempts before an engine restart
+        for attempt in range(settings.CHAT_ENGINE_RESUME_ATTEMPTS + 1):
+            # After an engine restart the prompt is prefilled again with the text already
+            # streamed, so the answer continues where it stopped and nothing sent is lost.
+            ids = fitted.token_ids + (engine.encode_text("".join(parts)) if parts else [])
+            budget = fitted.max_tokens - earlier_tokens
+            request_id = str(stream.answer_id) + (f"-r{attempt}" if attempt else "")
+            try:
+                async for delta in engine.generate(ids, _options(budget), request_id):
+                    completion_tokens = earlier_tokens + delta.completion_tokens
+                    if delta.text:
+                        parts.append(delta.text)
+                        stream.publish("token", {"text": delta.text})
+                break
+            except EngineUnavailable:
+                if attempt == settings.CHAT_ENGINE_RESUME_ATTEMPTS:
+                    raise
+                logger.warning("engine died during turn %s; continuing after restart", stream.answer_id)
+                earlier_tokens = completion_tokens
+                await engine.wait_ready(settings.CHAT_ENGINE_RESTART_WAIT_S)
         status = Turn.Status.COMPLETE
     except asyncio.CancelledError:
         status = Turn.Status.CANCELLED

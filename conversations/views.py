@@ -240,6 +240,7 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     """Readiness: 200 once the engine is warmed up, 503 while it starts (the first call starts
     it). JSON ``{"ready", "unfinished_requests"}``, for load balancers and operators."""
     engine = get_engine()
+    engine.check_health()
     if not engine.ready:
         task = asyncio.get_running_loop().create_task(engine.ensure_started())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())

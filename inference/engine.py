@@ -83,6 +83,12 @@ class EngineProtocol(Protocol):
 
     def num_unfinished_requests(self) -> int: ...
 
+    def encode_text(self, text: str) -> list[int]: ...
+
+    async def wait_ready(self, timeout_s: float) -> None: ...
+
+    def check_health(self) -> None: ...
+
 
 class EngineUnavailable(RuntimeError):
     """The engine failed to start or died; requests cannot be served."""
@@ -108,6 +114,8 @@ class VllmEngine:
     _start_task: asyncio.Task | None = None
     _start_error: BaseException | None = None
     _active: set[str] = field(default_factory=set)
+    _restarting: bool = False
+    restarts: int = 0
 
     @classmethod
     def from_settings(cls) -> VllmEngine:
@@ -158,7 +166,9 @@ class VllmEngine:
             disable_log_stats=True,
         )
         logger.info("starting vLLM engine for %s", self.model_path)
-        self._llm = AsyncLLM.from_engine_args(args)
+        # Built in a worker thread: construction waits ~25 s for the EngineCore handshake, and
+        # the server's event loop must keep serving (readiness probes, other streams) meanwhile.
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self._tokenizer = self._llm.get_tokenizer()
         _install_shutdown_on_signals(self)
         warmup_ids = self.encode_chat([{"role": "user", "content": "Hello"}])
@@ -184,7 +194,7 @@ class VllmEngine:
 
     def count_tokens(self, text: str) -> int:
         """Number of tokens ``text`` encodes to (no special tokens)."""
-        return len(self._require_tokenizer().encode(text, add_special_tokens=False))
+        return len(self.encode_text(text))
 
     def _require_tokenizer(self):
         if self._tokenizer is None:
@@ -240,8 +250,8 @@ class VllmEngine:
                         finish_reason=completion.finish_reason if finished else None,
                     )
         except Exception as exc:
-            if self._llm.errored:
-                self.ready = False
+            if self._llm is None or self._llm.errored:
+                self._on_engine_death()
                 raise EngineUnavailable(f"the inference engine died: {exc}") from exc
             raise
         finally:
@@ -261,6 +271,53 @@ class VllmEngine:
         if self._llm is None:
             return 0
         return self._llm.get_num_unfinished_requests()
+
+    def _on_engine_death(self) -> None:
+        """The EngineCore process died: report not ready and start a fresh engine in the
+        background (once, however many requests noticed). Requests wait in ``wait_ready``."""
+        if self._restarting:
+            return
+        self._restarting = True
+        self.ready = False
+        self.restarts += 1
+        logger.error("inference engine died; restarting it (restart #%d)", self.restarts)
+        dead, self._llm = self._llm, None
+        self._start_task = None
+        self._start_error = None
+
+        async def restart():
+            try:
+                if dead is not None:
+                    try:
+                        await asyncio.to_thread(dead.shutdown)
+                    except Exception:  # noqa: BLE001 - it is dead already; free what we can
+                        logger.warning("shutting down the dead engine failed", exc_info=True)
+                await self.ensure_started()
+            finally:
+                self._restarting = False
+
+        restart_task = asyncio.get_running_loop().create_task(restart())
+        restart_task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def check_health(self) -> None:
+        """Notice an engine that died while idle (and restart it); cheap, no I/O."""
+        if self._llm is not None and self._llm.errored and not self._restarting:
+            self._on_engine_death()
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait until the engine is ready (started or restarted). Raises EngineUnavailable
+        after ``timeout_s`` seconds or if starting fails."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self.ready:
+            if self._start_error is not None:
+                raise EngineUnavailable(str(self._start_error))
+            if asyncio.get_running_loop().time() > deadline:
+                raise EngineUnavailable("the model did not come back in time")
+            await asyncio.sleep(0.2)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens)."""
+        return list(self._require_tokenizer().encode(text, add_special_tokens=False))
 
     def shutdown(self) -> None:
         """Stop the EngineCore process. Safe to call twice."""

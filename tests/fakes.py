@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from inference.engine import Delta, GenerationOptions
+from inference.engine import Delta, EngineUnavailable, GenerationOptions  # noqa: F401
 
 Step = str | float | int | BaseException
 
@@ -27,6 +27,7 @@ class ScriptedEngine:
     aborted: dict[str, float] = field(default_factory=dict)  # request id -> monotonic time
     requests: list[tuple[list[int], GenerationOptions, str]] = field(default_factory=list)
     unfinished: set[str] = field(default_factory=set)
+    waited_ready: int = 0
 
     @classmethod
     def from_settings(cls) -> ScriptedEngine:
@@ -46,6 +47,15 @@ class ScriptedEngine:
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(range(len(text.split())))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        self.waited_ready += 1
+
+    def check_health(self) -> None:
+        pass
 
     async def generate(
         self, prompt_token_ids: list[int], options: GenerationOptions, request_id: str

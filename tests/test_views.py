@@ -439,3 +439,37 @@ def test_an_empty_answer_is_never_a_blank_bubble(make_user):
     client.force_login(user)
     html = client.get(f"/c/{conversation.pk}/").content.decode()
     assert "The model gave an empty answer" in html
+
+
+async def test_engine_death_mid_answer_continues_after_restart(make_user, engine_double):
+    """The engine process dies after two tokens: the turn waits for the restarted engine and
+    continues from the text already sent (re-prefilled), so nothing streamed is lost."""
+    from inference.engine import EngineUnavailable
+
+    engine_double.scripts = [["Hello", " there", EngineUnavailable("core died")], [",", " friend."]]
+    client, _ = await signed_in(make_user)
+    response = await post_message(client, "hi")
+    events = parse_sse(await read_stream(await client.get(events_url_of(response))))
+    tokens = [d["text"] for n, d, _ in events if n == "token"]
+    assert tokens == ["Hello", " there", ",", " friend."]
+    assert events[-1][0] == "done" and events[-1][1]["status"] == "complete"
+    assert engine_double.waited_ready == 1
+    first_prompt, second_prompt = engine_double.requests[0][0], engine_double.requests[1][0]
+    assert len(second_prompt) == len(first_prompt) + 2  # + "Hello there" re-prefilled
+    answer = await Turn.objects.aget(role="assistant")
+    assert answer.content == "Hello there, friend."
+    assert answer.token_count == 4
+
+
+async def test_engine_that_stays_dead_ends_with_a_readable_error(make_user, engine_double, settings):
+    from inference.engine import EngineUnavailable
+
+    settings.CHAT_ENGINE_RESUME_ATTEMPTS = 1
+    engine_double.scripts = [["Hi", EngineUnavailable("dead")], [EngineUnavailable("still dead")]]
+    client, _ = await signed_in(make_user)
+    response = await post_message(client, "hi")
+    events = parse_sse(await read_stream(await client.get(events_url_of(response))))
+    assert events[-1][0] == "error"
+    assert "unavailable" in events[-1][1]["message"]
+    answer = await Turn.objects.aget(role="assistant")
+    assert answer.status == "failed" and answer.content == "Hi"

@@ -162,6 +162,11 @@ CHAT_SYSTEM_PROMPT = os.environ.get(
     "CHAT_SYSTEM_PROMPT", "You are a helpful, concise assistant."
 )
 
+# If the engine process dies mid-answer it is restarted; an answer waits this long for it and
+# then continues (re-prefilled with the text already sent), at most this many times.
+CHAT_ENGINE_RESTART_WAIT_S = float(os.environ.get("CHAT_ENGINE_RESTART_WAIT_S", "180"))
+CHAT_ENGINE_RESUME_ATTEMPTS = env_int("CHAT_ENGINE_RESUME_ATTEMPTS", 1)
+
 # --- Conversation limits (documented in the README) ---
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16_000)
 CHAT_TITLE_CHARS = 60
