@@ -208,8 +208,5 @@ async def cancel(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     conversation = await selectors.aconversation_get_for_user(
         conversation_id=conversation_id, user=request.api_user
     )
-    stream = streaming.stream_for_conversation(conversation.conversation_id)
-    if stream is not None:
-        stream.stop()
-        await stream.wait()
+    await streaming.stop_anywhere(conversation_id=conversation.conversation_id)
     return HttpResponse(status=204)

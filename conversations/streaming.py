@@ -232,9 +232,29 @@ def ensure_idle(conversation_id: UUID) -> None:
     """Raise ConversationBusy if the conversation is generating an answer right now (or a
     message to it is being stored)."""
     if stream_for_conversation(conversation_id) is not None or conversation_id in _claimed:
-        raise ConversationBusy(
-            "An answer is still being written in this conversation. Wait for it or press Stop."
-        )
+        raise ConversationBusy(BUSY_MESSAGE)
+
+
+BUSY_MESSAGE = "An answer is still being written in this conversation. Wait for it or press Stop."
+
+
+async def stop_anywhere(*, conversation_id: UUID, answer_id: UUID | None = None) -> None:
+    """Stop the conversation's generating answer (``answer_id`` if given), whichever server
+    process runs it, and return once it is stored as cancelled (bounded wait)."""
+    stream = stream_for_answer(answer_id) if answer_id else stream_for_conversation(conversation_id)
+    if stream is not None and stream.conversation_id == conversation_id:
+        stream.stop()
+        await stream.wait()
+        return
+    holder = await turnlog.conversation_holder(conversation_id)
+    if holder is not None and (answer_id is None or holder == answer_id):
+        await turnlog.cancel_elsewhere(holder)
+
+
+def _stop_local(answer_id: UUID) -> None:
+    stream = stream_for_answer(answer_id)
+    if stream is not None:
+        stream.stop()
 
 
 def max_tokens_for(tier: str, requested: int | None = None) -> int:
@@ -258,17 +278,26 @@ async def turn_submit(
     conversation_id = conversation.conversation_id
     ensure_idle(conversation_id)
     _claimed.add(conversation_id)
+    answer_id = uuid.uuid4()
     try:
-        question = await sync_to_async(services.turn_append_user)(
-            conversation=conversation, content=content
-        )
-        stream = generation_start(
-            conversation_id=conversation_id,
-            question=question,
-            system_prompt=conversation.system_prompt,
-            max_tokens=max_tokens,
-            _claimed_by_caller=True,
-        )
+        # Across server processes: Redis SET NX (conversations/turnlog.py).
+        if not await turnlog.conversation_lock(conversation_id, answer_id):
+            raise ConversationBusy(BUSY_MESSAGE)
+        try:
+            question = await sync_to_async(services.turn_append_user)(
+                conversation=conversation, content=content
+            )
+            stream = generation_start(
+                conversation_id=conversation_id,
+                question=question,
+                system_prompt=conversation.system_prompt,
+                max_tokens=max_tokens,
+                answer_id=answer_id,
+                _claimed_by_caller=True,
+            )
+        except BaseException:
+            await turnlog.conversation_unlock(conversation_id, answer_id)
+            raise
     finally:
         _claimed.discard(conversation_id)
     return question, stream
@@ -280,6 +309,7 @@ def generation_start(
     question: Turn,
     system_prompt: str = "",
     max_tokens: int | None = None,
+    answer_id: UUID | None = None,
     _claimed_by_caller: bool = False,
 ) -> TurnStream:
     """Start answering ``question`` (a stored user turn) as a background task; return its stream.
@@ -291,7 +321,12 @@ def generation_start(
     """
     if not _claimed_by_caller:
         ensure_idle(conversation_id)
-    stream = TurnStream(conversation_id=conversation_id, question_id=question.turn_id)
+    turnlog.ensure_cancel_listener(_stop_local)
+    stream = TurnStream(
+        conversation_id=conversation_id,
+        question_id=question.turn_id,
+        answer_id=answer_id or uuid.uuid4(),
+    )
     _streams[question.turn_id] = stream
     _by_answer[stream.answer_id] = stream
     _busy[conversation_id] = stream

@@ -55,6 +55,93 @@ def owner_key(answer_id: UUID | str) -> str:
     return f"chat:a:{answer_id}:conversation"
 
 
+def busy_key(conversation_id: UUID | str) -> str:
+    return f"chat:conv:{conversation_id}:generating"
+
+
+CANCEL_CHANNEL = "chat:cancel"
+# The "generating" lock of a conversation expires unless its writer refreshes it (every
+# BUSY_REFRESH_S), so a crashed process cannot block a conversation for longer than this.
+BUSY_TTL_S = 60
+BUSY_REFRESH_S = 10
+
+_UNLOCK = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+async def conversation_lock(conversation_id: UUID, answer_id: UUID) -> bool:
+    """Take the conversation's cross-process "generating" lock for ``answer_id`` (SET NX).
+    False if another answer holds it. Fails open (True) when Redis is down: the per-process
+    check still applies."""
+    try:
+        return bool(
+            await redis_client().set(busy_key(conversation_id), str(answer_id), nx=True, ex=BUSY_TTL_S)
+        )
+    except (RedisError, OSError):
+        return True
+
+
+async def conversation_unlock(conversation_id: UUID, answer_id: UUID) -> None:
+    """Release the lock if ``answer_id`` still holds it."""
+    try:
+        await redis_client().eval(_UNLOCK, 1, busy_key(conversation_id), str(answer_id))
+    except (RedisError, OSError):
+        pass
+
+
+async def conversation_holder(conversation_id: UUID) -> UUID | None:
+    """The answer generating in this conversation in any process, per Redis."""
+    try:
+        value = await redis_client().get(busy_key(conversation_id))
+    except (RedisError, OSError):
+        return None
+    return UUID(value) if value else None
+
+
+async def cancel_elsewhere(answer_id: UUID, wait_s: float = 5) -> None:
+    """Ask whichever process generates ``answer_id`` to stop it (pub/sub), and wait (bounded)
+    until its event log records the end."""
+    client = redis_client()
+    try:
+        await client.publish(CANCEL_CHANNEL, str(answer_id))
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while asyncio.get_running_loop().time() < deadline:
+            last = await client.xrevrange(stream_key(answer_id), count=1)
+            if last and last[0][1].get("e") in ("done", "error"):
+                return
+            await asyncio.sleep(0.05)
+    except (RedisError, OSError) as exc:
+        logger.warning("could not forward cancel of %s: %s", answer_id, exc)
+
+
+_listeners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def ensure_cancel_listener(on_cancel) -> None:
+    """Start (once per event loop) a task that calls ``on_cancel(answer_id)`` for every cancel
+    another process publishes."""
+    loop = asyncio.get_running_loop()
+    task = _listeners.get(loop)
+    if task is not None and not task.done():
+        return
+
+    async def listen():
+        while True:
+            try:
+                pubsub = redis_client().pubsub()
+                await pubsub.subscribe(CANCEL_CHANNEL)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        on_cancel(UUID(message["data"]))
+            except (RedisError, OSError, ValueError) as exc:
+                logger.warning("cancel listener: %s; retrying in 1 s", exc)
+                await asyncio.sleep(1)
+
+    _listeners[loop] = loop.create_task(listen(), name="chat-cancel-listener")
+
+
 class TurnLogWriter:
     """Mirrors one turn's events to Redis in order, off the token path (a queue + one task)."""
 
@@ -89,8 +176,21 @@ class TurnLogWriter:
                 await pipe.execute()
         except (RedisError, OSError) as exc:
             self._degrade(exc)
+        refreshed = asyncio.get_running_loop().time()
         while True:
-            item = await self._queue.get()
+            try:
+                item = await asyncio.wait_for(self._queue.get(), BUSY_REFRESH_S)
+            except TimeoutError:
+                item = ()
+            now = asyncio.get_running_loop().time()
+            if self.healthy and now - refreshed >= BUSY_REFRESH_S:
+                refreshed = now
+                try:
+                    await client.expire(busy_key(self.conversation_id), BUSY_TTL_S)
+                except (RedisError, OSError) as exc:
+                    self._degrade(exc)
+            if item == ():
+                continue
             if item is None:
                 break
             if not self.healthy:
@@ -109,6 +209,7 @@ class TurnLogWriter:
                 await client.expire(key, ttl)
             except (RedisError, OSError) as exc:
                 self._degrade(exc)
+        await conversation_unlock(self.conversation_id, self.answer_id)
 
     def _degrade(self, exc: BaseException) -> None:
         if self.healthy:

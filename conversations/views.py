@@ -195,6 +195,10 @@ async def turn_stop(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
     if stream is not None and stream.conversation_id == conversation_id:
         stream.stop()
         await stream.wait()
+    else:  # maybe generating in another server process
+        answer_id = await turnlog.answer_for_question(turn_id)
+        if answer_id is not None:
+            await streaming.stop_anywhere(conversation_id=conversation_id, answer_id=answer_id)
     return HttpResponse(status=204)
 
 

@@ -140,3 +140,39 @@ def test_resume_elsewhere_is_refused_for_another_users_turn(live, engine_double,
         headers={"Authorization": f"Bearer {intruder}"},
     )
     assert other.status_code == 404
+
+
+def test_one_generating_turn_per_conversation_across_processes_and_cancel_from_the_other(
+    live, engine_double, make_user, second_gateway
+):
+    """PF-P1 across processes: while process 1 writes an answer, a turn posted to process 2
+    gets a 409; a cancel posted to process 2 stops the generation in process 1 at once and the
+    partial answer is stored as cancelled."""
+    from conversations.models import Turn
+
+    engine_double.scripts = [["partial", 30.0, "never"]]
+    key = api_key_create(user=make_user("mp2"), name="k").raw
+    headers = {"Authorization": f"Bearer {key}"}
+    conversation_id = httpx.post(f"{live.url}/v1/conversations", json={}, headers=headers).json()["conversation_id"]
+    with httpx.stream("POST", f"{live.url}/v1/conversations/{conversation_id}/turns",
+                      json={"role": "user", "content": "one"}, headers=headers, timeout=30) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if '"text":"partial"' in line:
+                break
+        busy = httpx.post(f"{second_gateway}/v1/conversations/{conversation_id}/turns",
+                          json={"role": "user", "content": "two"}, headers=headers)
+        assert busy.status_code == 409
+        assert busy.json()["error"]["type"] == "conflict"
+
+        started = time.monotonic()
+        cancelled = httpx.post(f"{second_gateway}/v1/conversations/{conversation_id}/cancel", headers=headers)
+        assert cancelled.status_code == 204
+        assert time.monotonic() - started < 3
+        assert engine_double.aborted
+        rest = "\n".join(lines)
+    assert '"status":"cancelled"' in rest
+    live.drain()
+    answer = Turn.objects.get(conversation_id=conversation_id, role="assistant")
+    assert (answer.status, answer.content) == ("cancelled", "partial")
+    assert Turn.objects.filter(conversation_id=conversation_id, role="user").count() == 1
