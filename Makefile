@@ -7,12 +7,12 @@ PIP := $(VENV)/bin/pip
 MODEL_DIR ?= var/models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast bench install model browser clean
+.PHONY: run test test-fast bench install model browser nginx clean
 
 run: install model
 	$(PY) -m chatsite.devstack run
 
-test: install model browser
+test: install model browser nginx
 	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # Unit tests only (scripted engine double, no model, no browser).
@@ -43,6 +43,14 @@ $(MODEL_DIR)/.converted-from.json: | $(STAMP)
 # Headless Chromium for the browser tests, from Debian's packages (never a downloaded build).
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+# nginx for the reverse-proxy tests (tests/integration/test_nginx.py), from Debian's packages.
+# The tests run their own nginx on a loopback port; the packaged service that Debian's postinst
+# may start on port 80 is stopped again (nothing needs it).
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
+	  apt-get update -qq && { apt-get install -y -qq nginx-light >/dev/null || apt-get install -y -qq nginx >/dev/null; } \
+	  && { service nginx stop >/dev/null 2>&1 || true; }; }
 
 clean:
 	rm -rf $(VENV) var
