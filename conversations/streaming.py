@@ -137,7 +137,10 @@ class TurnStream:
             self.stop()
 
     def stop(self) -> None:
-        """Abort the generation now (explicit stop, or abandoned). A no-op once finished."""
+        """Abort the generation now (explicit stop, or abandoned). A no-op once finished or
+        already stopping."""
+        if self.stop_requested:
+            return
         self.stop_requested = True
         if self.task is not None and not self.task.done():
             self.task.cancel()
@@ -406,6 +409,19 @@ async def _generate(
     await _finish(stream, question, "".join(parts), status, error, prompt_tokens, completion_tokens)
 
 
+async def _despite_cancellation(awaitable) -> object:
+    """Await ``awaitable`` to the end even if this task is cancelled meanwhile (a second Stop
+    while the answer is being stored must not leave it unstored or the stream unclosed)."""
+    task = asyncio.ensure_future(awaitable)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            continue
+
+
 async def _finish(
     stream: TurnStream,
     question: Turn,
@@ -426,7 +442,7 @@ async def _finish(
         completion_tokens=completion_tokens,
     )
     try:
-        await asyncio.shield(store)
+        await _despite_cancellation(store)
     except Exception:  # noqa: BLE001
         logger.exception("could not store answer %s", stream.answer_id)
         error = error or "The answer could not be saved. Try again."
@@ -446,7 +462,7 @@ async def _finish(
             ),
         )
     stream.close()
-    await stream.log.wait_flushed()
+    await _despite_cancellation(stream.log.wait_flushed())
     if _busy.get(stream.conversation_id) is stream:
         del _busy[stream.conversation_id]
     # Keep the finished stream briefly so a reader that connects late still gets the end.

@@ -473,3 +473,22 @@ async def test_engine_that_stays_dead_ends_with_a_readable_error(make_user, engi
     assert "unavailable" in events[-1][1]["message"]
     answer = await Turn.objects.aget(role="assistant")
     assert answer.status == "failed" and answer.content == "Hi"
+
+
+async def test_a_second_stop_while_the_answer_is_stored_still_closes_the_stream(make_user, engine_double):
+    """Two Stops in quick succession (a double click, or Stop plus an abandoned reader): the
+    answer is stored once and the stream still ends with `done`."""
+    engine_double.scripts = [["part", 30.0, "never"]]
+    client, _ = await signed_in(make_user)
+    response = await post_message(client, "go")
+    url = events_url_of(response)
+    await wait_for(lambda: engine_double.unfinished)
+    stream = next(iter(streaming._streams.values()))
+    stream.stop()
+    stream.task.cancel()  # a second cancellation lands while the answer is being stored
+    await asyncio.wait_for(stream.wait(), 5)
+    assert stream.finished
+    assert stream.events[-1].event == "done"
+    assert streaming.stream_for_conversation(stream.conversation_id) is None
+    answer = await Turn.objects.aget(role="assistant")
+    assert answer.status == "cancelled"
