@@ -397,3 +397,30 @@ async def test_concurrent_retries_share_one_generation(make_user, engine_double)
     await read_stream(r2)
     assert len(engine_double.requests) == 1
     assert await Turn.objects.filter(role="user").acount() == 1
+
+
+async def test_turn_event_logs_and_idempotency_keys_expire(make_user, engine_double, settings):
+    """Redis never grows without bound: every per-turn key and idempotency record has a TTL."""
+    import redis.asyncio as aioredis
+
+    settings.CHAT_STREAM_TTL_S = 120
+    settings.CHAT_IDEMPOTENCY_TTL_S = 300
+    client, user = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await post_json(
+        client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi"},
+        **{"Idempotency-Key": "ttl-check"},
+    )  # fmt: skip
+    await read_stream(response)
+    answer_id = response["X-Turn-Id"]
+    question_id = response["X-User-Turn-Id"]
+    r = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        for key in (f"chat:turn:{answer_id}", f"chat:a:{answer_id}:conversation", f"chat:q:{question_id}"):
+            assert 0 < await r.ttl(key) <= 120, key
+        idem_keys = [k async for k in r.scan_iter(f"chat:idem:{user.pk}:*")]
+        assert len(idem_keys) == 1
+        assert 0 < await r.ttl(idem_keys[0]) <= 300
+        assert not await r.exists(f"chat:conv:{conversation_id}:generating")  # released
+    finally:
+        await r.aclose()
