@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from api import schemas
 from api.errors import ApiError
 from api.http import api_view, parse_json
-from conversations.sse import SSE_HEADERS
+from conversations.sse import SSE_HEADERS, release_db_connection
 from conversations.streaming import max_tokens_for
 from inference.engine import EngineUnavailable, GenerationOptions, get_engine
 from inference.prompts import PromptTooLong, prompt_fit
@@ -97,6 +97,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     options = _options(body, fitted.max_tokens)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
+    await release_db_connection()  # nothing below queries the database
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         response = StreamingHttpResponse(

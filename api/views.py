@@ -15,7 +15,7 @@ from api.errors import ApiError
 from api.http import api_view, parse_json, query_int
 from conversations import selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
-from conversations.sse import last_event_id, sse_response
+from conversations.sse import last_event_id, release_db_connection, sse_response
 
 PAGE_MAX = 100
 CURSOR_SALT = "v1.cursor"
@@ -156,6 +156,7 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
         raise ApiError(409, "conflict", str(exc)) from None
     if key is not None:
         await idempotency.record(user.pk, key, fingerprint, conversation_id, stream.answer_id)
+    await release_db_connection()
     response = sse_response(streaming.follow_sse(stream))
     response["X-Turn-Id"] = str(stream.answer_id)
     response["X-User-Turn-Id"] = str(question.turn_id)
@@ -174,6 +175,7 @@ async def _replay(replay: idempotency.Replay) -> HttpResponse:
         if answer is None:
             raise ApiError(409, "conflict", "The earlier request with this Idempotency-Key is gone; use a new key.")
         body = streaming.stored_answer_sse(answer)
+    await release_db_connection()
     response = sse_response(body)
     response["X-Turn-Id"] = str(replay.answer_id)
     response["Idempotent-Replayed"] = "true"
@@ -187,6 +189,7 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
     conversation = await selectors.aconversation_get_for_user(
         conversation_id=conversation_id, user=request.api_user
     )
+    await release_db_connection()
     stream = streaming.stream_for_answer(turn_id)
     if stream is not None and stream.conversation_id == conversation.conversation_id:
         return sse_response(streaming.follow_sse(stream, after=last_event_id(request)))

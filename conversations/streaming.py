@@ -27,6 +27,7 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connection
 
 from conversations import selectors, services, turnlog
 from conversations.models import Turn
@@ -354,6 +355,24 @@ def _options(max_tokens: int) -> GenerationOptions:
     )
 
 
+async def _db(fn, /, **kwargs):
+    """Run an ORM call for a generation task, which outlives the request that started it.
+
+    Django closes a request's connections when the request finishes; a task's calls would
+    otherwise open a connection per asgiref thread and never close it, until PostgreSQL refuses
+    clients (seen in the benchmark: "too many clients already" at 32 concurrent chats). So the
+    call runs on the loop's bounded default executor and closes its connection afterwards.
+    """
+
+    def call():
+        try:
+            return fn(**kwargs)
+        finally:
+            connection.close()
+
+    return await sync_to_async(call, thread_sensitive=False)()
+
+
 async def _generate(
     stream: TurnStream, question: Turn, system_prompt: str, max_tokens: int
 ) -> None:
@@ -365,8 +384,8 @@ async def _generate(
     error: str | None = None
     try:
         await engine.ensure_started()
-        messages = await sync_to_async(selectors.prompt_history)(
-            conversation_id=stream.conversation_id, upto=question
+        messages = await _db(
+            selectors.prompt_history, conversation_id=stream.conversation_id, upto=question
         )
         fitted = prompt_fit(
             system_prompt=system_prompt,
@@ -432,7 +451,8 @@ async def _finish(
     completion_tokens: int,
 ) -> None:
     """Store the answer (shielded: a second cancel cannot lose it), then publish the end."""
-    store = sync_to_async(services.turn_append_assistant)(
+    store = _db(
+        services.turn_append_assistant,
         conversation_id=stream.conversation_id,
         turn_id=stream.answer_id,
         reply_to_id=question.turn_id,

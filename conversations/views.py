@@ -27,7 +27,7 @@ from django.views.decorators.http import require_GET, require_POST
 from conversations import selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
-from conversations.sse import last_event_id, sse_event, sse_response
+from conversations.sse import last_event_id, release_db_connection, sse_event, sse_response
 from inference.engine import get_engine
 
 
@@ -176,6 +176,7 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
                 body = _single_error(str(exc))
     if stream is not None:
         body = streaming.follow_sse(stream, after=last_event_id(request))
+    await release_db_connection()
     return sse_response(body)
 
 

@@ -88,3 +88,51 @@ def test_static_assets_are_served_by_the_asgi_app(live):
         response = httpx.get(live.url + path)
         assert response.status_code == 200, path
         assert "javascript" in response.headers["Content-Type"]
+
+
+def test_open_streams_and_generation_tasks_hold_no_database_sessions(live_double, make_user):
+    """An open event stream must not pin a PostgreSQL session for its whole life, and
+    generation tasks (which outlive their request) must not leak one each: with max_connections
+    ~100, the benchmark hit "too many clients already" at 32 concurrent chats."""
+    import concurrent.futures
+    import threading
+
+    from django.db import connection
+
+    live, double = live_double
+    double.default_script = ["a", 2.0, "b"]
+    make_user("ivy")
+    client = live.login("ivy")
+
+    def sessions() -> int:  # called from this thread only (each thread has its own session)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            return cursor.fetchone()[0]
+
+    streams = 12
+    waiting = threading.Semaphore(0)
+
+    def chat(i):
+        url = start_turn(client, f"message {i}")
+        with client.stream("GET", url) as response:
+            for line in response.iter_lines():
+                if '"text":"a"' in line:
+                    waiting.release()  # this stream is open, waiting for the next token
+                if line.startswith("event: done"):
+                    return True
+        return False
+
+    before = sessions()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        results = pool.map(chat, range(streams))
+        for _ in range(streams):
+            assert waiting.acquire(timeout=30)
+        during = sessions()
+        assert all(results)
+    live.drain()
+    time.sleep(0.3)
+    assert during <= before + 2, (before, during)
+    assert sessions() <= before + 1
