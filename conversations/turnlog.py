@@ -37,7 +37,7 @@ def redis_client() -> aioredis.Redis:
     client = _clients.get(loop)
     if client is None:
         client = aioredis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=1, decode_responses=True
+            settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2, decode_responses=True
         )
         _clients[loop] = client
     return client
@@ -246,31 +246,114 @@ async def exists(answer_id: UUID) -> bool:
         return False
 
 
+BLOCK_S = 0.5  # the hub's XREAD waits at most this long, so new subscriptions join quickly
+
+
+class _FollowHub:
+    """One blocking XREAD per process for every turn followed from Redis, fanned out to the
+    readers' queues. A blocking read holds its connection for the whole wait, so one XREAD per
+    reader would need a Redis connection per open stream (redis-py's pool stops at 100)."""
+
+    def __init__(self) -> None:
+        self.subscribers: dict[str, set[asyncio.Queue]] = {}
+        self.positions: dict[str, str] = {}
+        self.wakeup = asyncio.Event()
+        # Its own client: the socket timeout must outlast the blocking read.
+        self.client = aioredis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=BLOCK_S + 5, decode_responses=True
+        )
+        self.task = asyncio.get_running_loop().create_task(self._run(), name="chat-turnlog-hub")
+
+    def subscribe(self, key: str, queue: asyncio.Queue, after: int) -> None:
+        self.subscribers.setdefault(key, set()).add(queue)
+        self.positions.setdefault(key, f"0-{after}")
+        self.wakeup.set()
+
+    def unsubscribe(self, key: str, queue: asyncio.Queue) -> None:
+        queues = self.subscribers.get(key)
+        if queues is not None:
+            queues.discard(queue)
+            if not queues:
+                del self.subscribers[key]
+                self.positions.pop(key, None)
+
+    async def _run(self) -> None:
+        while True:
+            if not self.positions:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            try:
+                reply = await self.client.xread(
+                    dict(self.positions), block=int(BLOCK_S * 1000), count=500
+                )
+            except (RedisError, OSError) as exc:
+                logger.warning("reading turn logs from Redis failed (%s); retrying", exc)
+                await asyncio.sleep(1)
+                continue
+            for key, entries in reply or []:
+                for entry_id, fields in entries:
+                    if key not in self.positions:
+                        break
+                    self.positions[key] = entry_id
+                    item = (int(entry_id.split("-", 1)[1]), fields["e"], json.loads(fields["d"]))
+                    for queue in self.subscribers.get(key, ()):
+                        queue.put_nowait(item)
+
+
+_hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _hub() -> _FollowHub:
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None or hub.task.done():
+        hub = _hubs[loop] = _FollowHub()
+    return hub
+
+
 async def follow(
     answer_id: UUID, after: int = 0, idle_s: float = 15
 ) -> AsyncIterator[tuple[int, str, dict] | None]:
     """Yield ``(event_id, event, data)`` after ``after`` from Redis, live, until ``done`` or
     ``error``; None after ``idle_s`` seconds without one (send a keep-alive). Ends if the log
-    vanishes (expired) or Redis fails mid-way."""
-    client = redis_client()
+    vanishes (expired, or never written within 10 s) or Redis fails mid-way.
+
+    The backlog comes from one XRANGE; live events from the process's hub (one XREAD for all
+    readers). Subscribing before reading the backlog, and skipping ids already yielded, makes
+    every event arrive exactly once and in order.
+    """
     key = stream_key(answer_id)
-    last = f"0-{after}"
+    hub = _hub()
+    queue: asyncio.Queue = asyncio.Queue()
+    hub.subscribe(key, queue, after)
     loop = asyncio.get_running_loop()
     patience_until = loop.time() + 10  # the writer may not have written event 1 yet
-    while True:
+    try:
+        last = after
         try:
-            reply = await client.xread({key: last}, block=int(idle_s * 1000), count=100)
+            backlog = await redis_client().xrange(key, min=f"(0-{after}", max="+")
         except (RedisError, OSError) as exc:
             logger.warning("cannot resume turn %s from Redis: %s", answer_id, exc)
             return
-        if not reply:
-            if not await client.exists(key) and loop.time() > patience_until:
+        for entry_id, fields in backlog:
+            last = int(entry_id.split("-", 1)[1])
+            yield last, fields["e"], json.loads(fields["d"])
+            if fields["e"] in ("done", "error"):
                 return
-            yield None
-            continue
-        for entry_id, fields in reply[0][1]:
-            last = entry_id
-            event = fields["e"]
-            yield int(entry_id.split("-", 1)[1]), event, json.loads(fields["d"])
+        while True:
+            try:
+                event_id, event, data = await asyncio.wait_for(queue.get(), idle_s)
+            except TimeoutError:
+                if not await exists(answer_id) and loop.time() > patience_until:
+                    return
+                yield None
+                continue
+            if event_id <= last:
+                continue
+            last = event_id
+            yield event_id, event, data
             if event in ("done", "error"):
                 return
+    finally:
+        hub.unsubscribe(key, queue)

@@ -47,6 +47,7 @@ def second_gateway(chat_server):
         "DATABASE_URL": _database_url(),
         "REDIS_URL": django_settings.REDIS_URL,
         "CHAT_ENGINE_CLASS": "tests.fakes.ScriptedEngine",
+        "CHAT_SSE_KEEPALIVE_S": "1",
         "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
     }
     proc = subprocess.Popen(
@@ -176,3 +177,25 @@ def test_one_generating_turn_per_conversation_across_processes_and_cancel_from_t
     answer = Turn.objects.get(conversation_id=conversation_id, role="assistant")
     assert (answer.status, answer.content) == ("cancelled", "partial")
     assert Turn.objects.filter(conversation_id=conversation_id, role="user").count() == 1
+
+
+def test_a_resumed_stream_survives_silence_with_keep_alives(live, engine_double, make_user, settings, second_gateway):
+    """A stream resumed on another process outlives a 3.5 s pause between tokens (Redis reads
+    must not time out), with `: keep-alive` comments meanwhile, and ends with done."""
+    settings.CHAT_STREAM_DISCONNECT_GRACE_S = 10
+    engine_double.scripts = [["a", 3.5, "b"]]
+    key = api_key_create(user=make_user("quiet"), name="k").raw
+    headers = {"Authorization": f"Bearer {key}"}
+    conversation_id = httpx.post(f"{live.url}/v1/conversations", json={}, headers=headers).json()["conversation_id"]
+    with httpx.stream("POST", f"{live.url}/v1/conversations/{conversation_id}/turns",
+                      json={"role": "user", "content": "go"}, headers=headers, timeout=30) as response:
+        turn_id = response.headers["X-Turn-Id"]
+        for line in response.iter_lines():
+            if '"text":"a"' in line:
+                break
+    with httpx.stream("GET", f"{second_gateway}/v1/conversations/{conversation_id}/turns/{turn_id}/events",
+                      headers={**headers, "Last-Event-ID": "1"}, timeout=30) as resumed:
+        lines = list(resumed.iter_lines())
+    assert sum(1 for line in lines if line.startswith(": keep-alive")) >= 2
+    assert any('"text":"b"' in line for line in lines)
+    assert any(line == "event: done" for line in lines)
