@@ -19,8 +19,11 @@ test: install model browser nginx
 test-fast: install
 	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest -m "not real_engine and not browser" $(PYTEST_ARGS)
 
+# Streaming benchmark (full HTTP/SSE stack vs the bare engine, same run), then the resume
+# benchmark (resume latency, concurrent open SSE streams per daphne process).
 bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
 
 install: $(STAMP)
 

@@ -21,7 +21,14 @@ all repeats, tokens/s is the median over repeats. Results: a table on stdout and
 ``var/bench/chat_bench.json``.
 
 Targets: full-stack tokens/s >= 0.9x bare at N=32; full-stack TTFT p50 within 50 ms of bare at
-every N.
+every N. Exit status: 0 when the run completed (targets met or not; ``--strict``: 1 on a miss),
+2 when requests failed.
+
+Background load skews CPU numbers on a small machine: every batch records the CPU used by this
+stack (per process) and by everything else, and batches where other processes used more than 5%
+of the machine are listed as disturbed. ``--probe`` serves ``bench/probe_asgi.py`` (the same app
+plus server-side timestamps); ``--patch-db`` adds an experimental fix for the database-connection
+leak (diagnostic only, not the product's numbers).
 """
 
 from __future__ import annotations
@@ -97,6 +104,8 @@ class BatchResult:
     completion_tokens: int
     tokens_per_s: float
     chats: list[ChatResult]
+    cpu: dict = field(default_factory=dict)
+    probe: list[dict] = field(default_factory=list)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -147,6 +156,131 @@ def model_path() -> str:
     from django.conf import settings  # noqa: PLC0415
 
     return str(settings.CHAT_MODEL_PATH)
+
+
+# --------------------------------------------------------------------------------------------
+# CPU accounting: how much CPU this bench (the client) and everything else on the machine used
+# during a batch, so numbers disturbed by background load can be spotted.
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, utime+stime ticks) for every process we can read."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        table[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return table
+
+
+def _role(pid: int) -> str:
+    """A short name for a process of the stack (for the CPU breakdown)."""
+    if pid == os.getpid():
+        return "bench"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return "gone"
+    for needle, name in (
+        (b"VLLM::Worker", "vllm-worker"),
+        (b"VLLM::EngineCore", "vllm-enginecore"),
+        (b"daphne", "daphne"),
+        (b"postgres", "postgres"),
+        (b"redis", "redis"),
+    ):
+        if needle in cmd:
+            return name
+    return "other-stack"
+
+
+def _system_busy_ticks() -> int:
+    with open("/proc/stat") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal
+    return sum(parts[:3]) + sum(parts[5:8])
+
+
+def _stack_pids(table: dict[int, tuple[int, int]]) -> set[int]:
+    """This bench's process tree plus the dev stack's (devstack exec, Redis, PostgreSQL)."""
+    roots = {os.getpid(), os.getppid()}
+    for pid in table:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(VAR / "pgdata").encode() in f.read():
+                    roots.add(pid)
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+class CpuMeter:
+    """CPU seconds used between start() and stop(): by this process (the benchmark client and,
+    in phase 1, the engine's front end), by the whole stack, and by anything else."""
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+        self._self = time.process_time()
+        self._busy = _system_busy_ticks()
+        table = _proc_table()
+        self._stack = {pid: table[pid][1] for pid in _stack_pids(table)}
+        self._all = {pid: ticks for pid, (_, ticks) in table.items()}
+
+    def stop(self) -> dict:
+        wall = time.perf_counter() - self._t
+        own = time.process_time() - self._self
+        busy = (_system_busy_ticks() - self._busy) / _CLK_TCK
+        table = _proc_table()
+        stack = 0
+        by_role: dict[str, float] = {}
+        for pid in _stack_pids(table):
+            used = table[pid][1] - self._stack.get(pid, 0)
+            stack += used
+            role = _role(pid)
+            by_role[role] = by_role.get(role, 0.0) + used / _CLK_TCK
+        stack_s = stack / _CLK_TCK
+        stack_pids = _stack_pids(table)
+        others = sorted(
+            (
+                (ticks - self._all.get(pid, ticks), pid)
+                for pid, (_, ticks) in table.items()
+                if pid not in stack_pids and pid in self._all
+            ),
+            reverse=True,
+        )
+        top_others = []
+        for ticks, pid in others[:3]:
+            if ticks / _CLK_TCK < 0.5:
+                break
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                top_others.append({"pid": pid, "cpu_s": ticks / _CLK_TCK, "cmd": cmd[:120]})
+        return {
+            "stack_cpu_by_role_s": {k: round(v, 2) for k, v in sorted(by_role.items())},
+            "other_top": top_others,
+            "wall_s": wall,
+            "bench_process_cpu_s": own,
+            "stack_cpu_s": stack_s,
+            "other_cpu_s": max(busy - stack_s, 0.0),
+            "machine_busy_frac": busy / (wall * (os.cpu_count() or 1)) if wall > 0 else None,
+        }
 
 
 def log(msg: str) -> None:
@@ -215,18 +349,28 @@ async def run_bare(args) -> dict[int, list[BatchResult]]:
     results: dict[int, list[BatchResult]] = {n: [] for n in args.concurrency}
     try:
         for w in range(args.warmup):
-            await bare_batch(engine, sys_prompt, 1, f"warm{w}")
+            warn_errors("bare warm-up", (await bare_batch(engine, sys_prompt, 1, f"warm{w}"))[1])
         if args.warmup_batch:
-            await bare_batch(engine, sys_prompt, args.warmup_batch, "warmb")
+            _, chats = await bare_batch(engine, sys_prompt, args.warmup_batch, "warmb")
+            warn_errors("bare warm-up", chats)
         for rep in range(args.reps):
             for n in args.concurrency:
+                meter = CpuMeter()
+                meter.start()
                 wall, chats = await bare_batch(engine, sys_prompt, n, f"r{rep}n{n}")
                 batch = make_batch(n, rep, wall, chats)
+                batch.cpu = meter.stop()
                 results[n].append(batch)
                 log(f"bare  N={n:<3} rep {rep}: {fmt_batch(batch)}")
     finally:
         engine.shutdown()
     return results
+
+
+def warn_errors(what: str, chats: list[ChatResult]) -> None:
+    errors = [c.error for c in chats if c.error]
+    if errors:
+        log(f"{what}: {len(errors)}/{len(chats)} requests FAILED (first: {errors[0][:300]})")
 
 
 def make_batch(n: int, rep: int, wall: float, chats: list[ChatResult]) -> BatchResult:
@@ -241,8 +385,19 @@ def fmt_batch(b: BatchResult) -> str:
         f"{b.completion_tokens} tok in {b.wall_s:.2f} s = {b.tokens_per_s:.1f} tok/s, "
         f"TTFT p50 {ms(percentile(ttfts, 50))} ms"
     )
+    if b.cpu:
+        s += (
+            f"; CPU s: bench process {b.cpu['bench_process_cpu_s']:.1f}, "
+            f"stack {b.cpu['stack_cpu_s']:.1f}, other {b.cpu['other_cpu_s']:.1f}"
+        )
+        if b.cpu["other_cpu_s"] > 0.05 * b.wall_s * (os.cpu_count() or 1):
+            s += "  <-- BACKGROUND LOAD, numbers disturbed"
+            if b.cpu.get("other_top"):
+                s += " (" + "; ".join(
+                    f"{o['cpu_s']:.1f} s {o['cmd'][:60]}" for o in b.cpu["other_top"]
+                ) + ")"
     if errors:
-        s += f", {len(errors)} ERRORS (first: {errors[0]})"
+        s += f", {len(errors)} ERRORS (first: {errors[0][:300]})"
     return s
 
 
@@ -414,6 +569,41 @@ def server_env() -> dict[str, str]:
     return env
 
 
+def probe_lines(path: Path, pos: int) -> tuple[list[dict], int]:
+    """``PROBE {json}`` lines the server wrote after byte ``pos`` (see bench/probe_asgi.py)."""
+    with open(path, "rb") as f:
+        f.seek(pos)
+        data = f.read()
+    found = []
+    for line in data.splitlines():
+        at = line.find(b"PROBE ")
+        if at >= 0:
+            with contextlib.suppress(ValueError):
+                found.append(json.loads(line[at + 6 :]))
+    return found, pos + len(data)
+
+
+def pg_connections() -> int | None:
+    """Open connections to this database (diagnostic: does the server reuse connections?)."""
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        return None
+    try:
+        import psycopg  # noqa: PLC0415
+
+        with psycopg.connect(url, connect_timeout=5) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            ).fetchone()
+            return int(row[0]) - 1  # minus this one
+    except Exception as exc:  # noqa: BLE001 - a diagnostic only
+        log(f"could not count PostgreSQL connections: {exc!r}")
+        return None
+
+
+DIAG: dict = {}
+
+
 async def run_full(args) -> dict[int, list[BatchResult]]:
     env = server_env()
     python = sys.executable
@@ -425,6 +615,11 @@ async def run_full(args) -> dict[int, list[BatchResult]]:
         check=True,
         stdout=subprocess.DEVNULL,
     )
+    probing = args.probe or args.patch_db
+    app = "bench.probe_asgi:application" if probing else "chatsite.asgi:application"
+    if args.patch_db:
+        env["BENCH_PATCH_DB"] = "1"
+        log("full: --patch-db: serving with the experimental DB-connection workaround")
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     log_path = VAR / "bench" / "server.log"
@@ -434,7 +629,7 @@ async def run_full(args) -> dict[int, list[BatchResult]]:
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(
             [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-             "chatsite.asgi:application"],
+             app],
             env=env,
             cwd=ROOT,
             stdout=server_log,
@@ -450,17 +645,37 @@ async def run_full(args) -> dict[int, list[BatchResult]]:
             needed = max([*args.concurrency, args.warmup_batch, 1])
             for i in range(needed):
                 users.append(await signup(base_url, f"bench{run_id}u{i}"))
+            DIAG["pg_connections_before_chats"] = pg_connections()
             log(f"full: {len(users)} users signed up; warming up")
             for _ in range(args.warmup):
-                await full_batch(users, 1)
+                warn_errors("full warm-up", (await full_batch(users, 1))[1])
             if args.warmup_batch:
-                await full_batch(users, args.warmup_batch)
+                warn_errors("full warm-up", (await full_batch(users, args.warmup_batch))[1])
+            DIAG["pg_connections_after_warmup"] = pg_connections()
+            log(f"full: warmed up; PostgreSQL connections open: {DIAG['pg_connections_after_warmup']}")
+            log_pos = log_path.stat().st_size
             for rep in range(args.reps):
                 for n in args.concurrency:
+                    meter = CpuMeter()
+                    meter.start()
                     wall, chats = await full_batch(users, n)
                     batch = make_batch(n, rep, wall, chats)
+                    batch.cpu = meter.stop()
+                    batch.cpu["pg_connections_after"] = pg_connections()
+                    if probing:
+                        await asyncio.sleep(0.3)  # let the server flush its last lines
+                        batch.probe, log_pos = probe_lines(log_path, log_pos)
                     results[n].append(batch)
-                    log(f"full  N={n:<3} rep {rep}: {fmt_batch(batch)}")
+                    log(
+                        f"full  N={n:<3} rep {rep}: {fmt_batch(batch)}; "
+                        f"PostgreSQL connections open after: {batch.cpu['pg_connections_after']}"
+                    )
+            DIAG["pg_connections_after_chats"] = pg_connections()
+            log(
+                "full: PostgreSQL connections open: "
+                f"{DIAG['pg_connections_before_chats']} before the chats, "
+                f"{DIAG['pg_connections_after_chats']} after"
+            )
         finally:
             for user in users:
                 with contextlib.suppress(Exception):
@@ -564,6 +779,38 @@ def report(args, bare: dict[int, list[BatchResult]], full: dict[int, list[BatchR
         "  identical bare/full outputs: "
         + ", ".join(f"N={m['n']}: {m['identical_outputs']}/{m['compared']}" for m in matches)
     )
+    disturbed = [
+        f"{phase} N={b.n} rep {b.rep} ({b.cpu['other_cpu_s']:.1f} CPU-s)"
+        for phase, results in (("bare", bare), ("full", full))
+        for batches in results.values()
+        for b in batches
+        if b.cpu and b.cpu["other_cpu_s"] > 0.05 * b.wall_s * (os.cpu_count() or 1)
+    ]
+    print(
+        "  batches with background load from other processes (>5% of the machine): "
+        + (", ".join(disturbed) if disturbed else "none")
+    )
+    client = [
+        (b.cpu["bench_process_cpu_s"], b.wall_s)
+        for batches in full.values()
+        for b in batches
+        if b.cpu
+    ]
+    if client:
+        print(
+            f"  benchmark client CPU during full-stack batches: {sum(c for c, _ in client):.1f} "
+            f"CPU-s over {sum(w for _, w in client):.0f} s wall"
+        )
+    print("  stack CPU by process, mean CPU-s per batch (bare | full):")
+    for n in args.concurrency:
+        def roles(batches):
+            acc: dict[str, float] = {}
+            for b in batches:
+                for k, v in b.cpu.get("stack_cpu_by_role_s", {}).items():
+                    acc[k] = acc.get(k, 0.0) + v / len(batches)
+            return ", ".join(f"{k} {v:.1f}" for k, v in sorted(acc.items()) if v >= 0.05) or "-"
+
+        print(f"    N={n}: {roles(bare.get(n, []))} | {roles(full.get(n, []))}")
     full_extra = {}
     for n in args.concurrency:
         chats = [c for b in full.get(n, []) for c in b.chats]
@@ -585,12 +832,33 @@ def report(args, bare: dict[int, list[BatchResult]], full: dict[int, list[BatchR
             for n, x in full_extra.items()
         )
     )
+    if args.probe or args.patch_db:
+        print("  server-side probe, p50 ms from POST arrival (bench/probe_asgi.py):")
+        for n in args.concurrency:
+            lines = [p for b in full.get(n, []) for p in b.probe]
+            turns = [p for p in lines if p["kind"] == "turn"]
+            posts = [p for p in lines if p["kind"] == "post"]
+
+            def p50(items, key):
+                value = percentile([p[key] for p in items], 50)
+                return "-" if value is None else f"{value:.0f}"
+
+            last = lines[-1] if lines else {}
+            print(
+                f"    N={n}: engine.generate called {p50(turns, 'generate_called_ms')}, "
+                f"first delta {p50(turns, 'first_delta_ms')} "
+                f"(engine TTFT {p50(turns, 'engine_ttft_ms')}), "
+                f"POST response sent {p50(posts, 'response_sent_ms')}; "
+                f"threads {last.get('threads')}, "
+                f"DB connections opened so far {last.get('db_connections_opened')}"
+            )
     print()
     return {
         "rows": rows,
         "checks": checks,
         "overall_pass": all_ok,
         "identical_outputs": matches,
+        "disturbed_batches": disturbed,
         "full_breakdown": {str(k): v for k, v in full_extra.items()},
     }
 
@@ -605,19 +873,35 @@ def batches_json(results: dict[int, list[BatchResult]]) -> dict:
 def parse_args(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(prog="python -m bench.chat_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", default="1,8,32", help="comma-separated N values")
-    parser.add_argument("--reps", type=int, default=3, help="repeats of each N (default 3)")
+    parser.add_argument("--reps", type=int, default=2, help="repeats of each N (default 2)")
     parser.add_argument("--warmup", type=int, default=2, help="single warm-up chats (default 2)")
     parser.add_argument(
-        "--warmup-batch", type=int, default=8, help="one concurrent warm-up batch of this size"
+        "--warmup-batch",
+        type=int,
+        default=None,
+        help="one concurrent warm-up batch of this size (default: the largest N)",
     )
     parser.add_argument(
         "--strict", action="store_true", help="exit 1 when a target is missed (default: 0)"
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="serve bench.probe_asgi (server-side timestamps; diagnostic, not the plain app)",
+    )
+    parser.add_argument(
+        "--patch-db",
+        action="store_true",
+        help="diagnostic: serve with an experimental fix for the DB connection leak "
+        "(CONN_MAX_AGE=0, background DB work closes its connection); implies --probe",
     )
     parser.add_argument("--skip-bare", action="store_true")
     parser.add_argument("--skip-full", action="store_true")
     parser.add_argument("--out", type=Path, default=VAR / "bench" / "chat_bench.json")
     args = parser.parse_args(argv)
     args.concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    if args.warmup_batch is None:
+        args.warmup_batch = max(args.concurrency)
     return args
 
 
@@ -642,6 +926,11 @@ async def amain(args) -> int:
             "reps": args.reps,
             "warmup": args.warmup,
             "warmup_batch": args.warmup_batch,
+            "server_app": (
+                "bench.probe_asgi:application" if args.probe or args.patch_db
+                else "chatsite.asgi:application"
+            ),
+            "patch_db": args.patch_db,
             "max_tokens": MAX_TOKENS,
             "temperature": 0.0,
             "system_prompt": system_prompt(),
@@ -651,6 +940,7 @@ async def amain(args) -> int:
             "loadavg_end": os.getloadavg(),
         },
         "total_s": total_s,
+        "diagnostics": DIAG,
         **summary,
         "bare": batches_json(bare),
         "full": batches_json(full),
