@@ -36,9 +36,17 @@ def redis_client() -> aioredis.Redis:
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        client = aioredis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2, decode_responses=True
+        # A blocking pool: a burst of readers waits for a connection instead of failing (and
+        # being told "no such turn") when the pool is at its size.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.REDIS_URL,
+            max_connections=settings.CHAT_REDIS_POOL_MAX,
+            timeout=10,
+            socket_timeout=5,
+            socket_connect_timeout=2,
+            decode_responses=True,
         )
+        client = aioredis.Redis(connection_pool=pool)
         _clients[loop] = client
     return client
 

@@ -86,13 +86,22 @@ TEMPLATES = [
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/chat"),
-        # Django's docs: disable persistent connections under ASGI (each async request may run
-        # its ORM calls on another thread, leaving idle sessions behind).
-        conn_max_age=env_int("DB_CONN_MAX_AGE", 0),
+        # Django's docs: no persistent connections under ASGI (each async request may run its
+        # ORM calls on another thread); the pool below reuses connections instead.
+        conn_max_age=0,
         conn_health_checks=True,
     )
 }
 DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("CHAT_TEST_DB_NAME")
+# A connection pool per process (psycopg_pool, Django >= 5.1): a burst of requests waits up to
+# `timeout` s for one of `max_size` connections instead of failing with PostgreSQL's "too many
+# clients" (max_connections is ~100 per server, shared by every process).
+if env_int("DB_POOL_MAX", 20) > 0:
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": env_int("DB_POOL_MAX", 20),
+        "timeout": 30,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -143,6 +152,8 @@ LOGGING = {
 }
 
 # --- Celery (the broker is the same Redis) ---
+CHAT_REDIS_POOL_MAX = env_int("CHAT_REDIS_POOL_MAX", 50)  # asyncio Redis connections per process
+
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
