@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -47,6 +46,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from chatsite.devstack import stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
@@ -413,19 +414,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @dataclass

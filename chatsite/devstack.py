@@ -136,7 +136,7 @@ def stack_env() -> Iterator[dict[str, str]]:
         yield env
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 15) -> None:
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left after ``grace_s``."""
     if proc.poll() is not None:
         return
@@ -194,7 +194,7 @@ def run(port: int, host: str) -> int:
             print(f"\n  Chat is ready: http://{host}:{port}/\n  Ctrl-C stops it.\n", flush=True)
         elif stop_requested_at is None:
             print("the server did not become ready; see the log above", file=sys.stderr)
-            _stop(server)
+            stop_process_group(server)
             return 1
         while server.poll() is None:
             if stop_requested_at is not None and time.monotonic() - stop_requested_at > 15:
