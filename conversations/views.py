@@ -122,6 +122,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     context = {
         **_exchange_context(conversation, selectors.Exchange(question=question, answer=None)),
         "created": created,
+        "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
     }
     if created:
         context["conversations"] = await sync_to_async(list)(

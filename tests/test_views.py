@@ -492,3 +492,18 @@ async def test_a_second_stop_while_the_answer_is_stored_still_closes_the_stream(
     assert streaming.stream_for_conversation(stream.conversation_id) is None
     answer = await Turn.objects.aget(role="assistant")
     assert answer.status == "cancelled"
+
+
+async def test_first_message_turns_the_new_chat_page_into_the_conversation(make_user, engine_double, settings):
+    """The fragment for a first message also swaps in the sidebar entry, the rename/delete
+    header and a composer that posts to the new conversation (with the size limit)."""
+    settings.CHAT_MAX_MESSAGE_CHARS = 1234
+    client, _ = await signed_in(make_user)
+    response = await post_message(client, "Plan a picnic")
+    html = response.content.decode()
+    conversation_id = events_url_of(response).split("/")[2]
+    assert f'hx-post="/c/{conversation_id}/rename"' in html
+    assert f'hx-post="/c/{conversation_id}/turns"' in html
+    assert 'maxlength="1234"' in html
+    assert "Plan a picnic" in html  # the sidebar title
+    await read_stream(await client.get(events_url_of(response)))
