@@ -25,9 +25,9 @@ from inference.engine import EngineUnavailable, GenerationOptions, get_engine
 from inference.prompts import PromptTooLong, prompt_fit
 
 
-def _options(body: schemas.ChatCompletionCreate, budget: int) -> GenerationOptions:
+def _options(body, budget: int) -> GenerationOptions:
     schema = None
-    if body.response_format is not None:
+    if getattr(body, "response_format", None) is not None:
         if body.response_format.type == "json_schema":
             if body.response_format.json_schema is None:
                 raise ApiError(400, "invalid_request", "response_format.json_schema is required.")
@@ -131,6 +131,59 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     )
 
 
+@api_view("POST")
+async def completions(request: HttpRequest) -> HttpResponse:
+    """OpenAI-compatible (legacy) text completion; ``prompt`` is text or token ids, used as-is
+    (no chat template). Streams ``data:`` chunks when ``stream`` is true. 404 for an unknown
+    model, 400 for a prompt that leaves no room for an answer, 503 if the engine is down."""
+    body = parse_json(request, schemas.CompletionCreate)
+    if body.model != settings.CHAT_MODEL_NAME:
+        raise ApiError(
+            404, "model_not_found",
+            f"The model {body.model!r} does not exist; this server serves {settings.CHAT_MODEL_NAME!r}.",
+        )  # fmt: skip
+    engine = get_engine()
+    try:
+        await engine.ensure_started()
+    except EngineUnavailable as exc:
+        raise ApiError(503, "unavailable", f"The model is unavailable: {exc}", {"Retry-After": "30"}) from None
+    ids = list(body.prompt) if isinstance(body.prompt, list) else engine.encode_text(body.prompt)
+    room = settings.CHAT_MAX_MODEL_LEN - len(ids)
+    if room < 1:
+        raise ApiError(400, "context_length_exceeded", f"The prompt is {len(ids)} tokens; the context holds {settings.CHAT_MAX_MODEL_LEN}.")
+    budget = min(max_tokens_for(request.api_user.tier, body.max_tokens), room)
+    options = _options(body, budget)
+    completion_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    await release_db_connection()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        response = StreamingHttpResponse(
+            _chunks(engine, ids, options, completion_id, created, include_usage, kind="text"),
+            content_type="text/event-stream; charset=utf-8",
+        )
+        for name, value in SSE_HEADERS.items():
+            response[name] = value
+        return response
+    text, finish_reason, usage = [], None, (len(ids), 0)
+    async for delta in engine.generate(ids, options, completion_id):
+        text.append(delta.text)
+        usage = (delta.prompt_tokens, delta.completion_tokens)
+        finish_reason = delta.finish_reason or finish_reason
+    return JsonResponse(
+        {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": created,
+            "model": settings.CHAT_MODEL_NAME,
+            "choices": [
+                {"index": 0, "text": "".join(text), "finish_reason": finish_reason or "stop", "logprobs": None}
+            ],
+            "usage": _usage(*usage),
+        }
+    )
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {
         "prompt_tokens": prompt_tokens,
@@ -139,15 +192,21 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def _chunk(completion_id: str, created: int, delta: dict, finish_reason=None, usage=None) -> bytes:
+def _chunk(
+    completion_id: str, created: int, delta: dict | None, finish_reason=None, usage=None, kind="chat"
+) -> bytes:
+    if delta is None:
+        choices = []
+    elif kind == "chat":
+        choices = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+    else:  # a text completion chunk carries the text itself
+        choices = [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish_reason, "logprobs": None}]
     payload = {
         "id": completion_id,
-        "object": "chat.completion.chunk",
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
         "created": created,
         "model": settings.CHAT_MODEL_NAME,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
-        if delta is not None
-        else [],
+        "choices": choices,
     }
     if usage is not None:
         payload["usage"] = usage
@@ -155,9 +214,10 @@ def _chunk(completion_id: str, created: int, delta: dict, finish_reason=None, us
 
 
 async def _chunks(
-    engine, prompt_ids, options, completion_id: str, created: int, include_usage: bool
+    engine, prompt_ids, options, completion_id: str, created: int, include_usage: bool, kind="chat"
 ) -> AsyncIterator[bytes]:
-    yield _chunk(completion_id, created, {"role": "assistant", "content": ""})
+    if kind == "chat":
+        yield _chunk(completion_id, created, {"role": "assistant", "content": ""})
     usage = (len(prompt_ids), 0)
     finish_reason = None
     try:
@@ -165,12 +225,12 @@ async def _chunks(
             usage = (delta.prompt_tokens, delta.completion_tokens)
             finish_reason = delta.finish_reason or finish_reason
             if delta.text:
-                yield _chunk(completion_id, created, {"content": delta.text})
+                yield _chunk(completion_id, created, {"content": delta.text}, kind=kind)
     except EngineUnavailable as exc:
         error = {"error": {"type": "unavailable", "message": f"The model failed: {exc}"}}
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
         return
-    yield _chunk(completion_id, created, {}, finish_reason or "stop")
+    yield _chunk(completion_id, created, {}, finish_reason or "stop", kind=kind)
     if include_usage:
-        yield _chunk(completion_id, created, None, usage=_usage(*usage))
+        yield _chunk(completion_id, created, None, usage=_usage(*usage), kind=kind)
     yield b"data: [DONE]\n\n"

@@ -62,6 +62,7 @@ def build_document() -> dict:
             (schemas.ConversationCreate, "validation"),
             (schemas.TurnCreate, "validation"),
             (schemas.ChatCompletionCreate, "validation"),
+            (schemas.CompletionCreate, "validation"),
         ],
         ref_template=REF,
     )
@@ -222,6 +223,25 @@ def build_document() -> dict:
                 "responses": {
                     "200": {
                         "description": "A chat completion, or chunks as SSE when `stream` is true.",
+                        "content": {
+                            "application/json": {"schema": {"$ref": REF.format(model="ChatCompletion")}},
+                            "text/event-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **BODY_ERRORS,
+                    "404": _error("Unknown model."),
+                    "503": _error("The model is unavailable."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/completions": {
+            "post": {
+                "operationId": "createCompletion",
+                "requestBody": _body("CompletionCreate"),
+                "responses": {
+                    "200": {
+                        "description": "A text completion, or chunks as SSE when `stream` is true.",
                         "content": {
                             "application/json": {"schema": {"$ref": REF.format(model="ChatCompletion")}},
                             "text/event-stream": {"schema": {"type": "string"}},

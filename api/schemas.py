@@ -71,3 +71,21 @@ class ChatCompletionCreate(BaseModel):
     seed: int | None = None
     n: Literal[1] = 1
     response_format: ResponseFormat | None = None
+
+
+class CompletionCreate(BaseModel):
+    """OpenAI's (legacy) completion request, as vLLM serves it: ``prompt`` may be text or token
+    ids. Gateways without an engine of their own send token ids here (inference/remote.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    prompt: Text | list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: Literal[1] = 1

@@ -13,6 +13,7 @@ urlpatterns = [
     ),
     path("conversations/<uuid:conversation_id>/cancel", views.cancel, name="v1-cancel"),
     path("chat/completions", completions.chat_completions, name="v1-chat-completions"),
+    path("completions", completions.completions, name="v1-completions"),
     path("models", completions.models, name="v1-models"),
     path("openapi.json", openapi.openapi_document, name="v1-openapi"),
 ]

@@ -424,3 +424,44 @@ async def test_turn_event_logs_and_idempotency_keys_expire(make_user, engine_dou
         assert not await r.exists(f"chat:conv:{conversation_id}:generating")  # released
     finally:
         await r.aclose()
+
+
+async def test_text_completion_accepts_token_id_prompts_as_is(make_user, engine_double):
+    """/v1/completions (used by gateways without an engine): a token-id prompt reaches the
+    engine unchanged, no chat template; usage is reported."""
+    engine_double.scripts = [["Hi", " there"]]
+    client, _ = await api_client(make_user)
+    response = await post_json(
+        client, "/v1/completions",
+        {"model": "SmolLM2-135M-Instruct", "prompt": [5, 6, 7], "max_tokens": 20, "temperature": 0},
+    )  # fmt: skip
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == "Hi there"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert engine_double.requests[0][0] == [5, 6, 7]
+    assert engine_double.requests[0][1].max_tokens == 20
+
+
+async def test_text_completion_streams_chunks_then_usage_then_done(make_user, engine_double):
+    engine_double.scripts = [["a", "b"]]
+    client, _ = await api_client(make_user)
+    response = await post_json(
+        client, "/v1/completions",
+        {"model": "SmolLM2-135M-Instruct", "prompt": "Once", "stream": True, "stream_options": {"include_usage": True}},
+    )  # fmt: skip
+    raw = (await read_stream(response)).decode()
+    datas = [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
+    assert datas[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in datas[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "ab"
+    assert chunks[-1]["usage"]["completion_tokens"] == 2
+
+
+async def test_text_completion_rejects_unknown_model_and_bad_prompts(make_user, engine_double):
+    client, _ = await api_client(make_user)
+    assert_error(await post_json(client, "/v1/completions", {"model": "x", "prompt": "hi"}), 404, "model_not_found")
+    assert_error(await post_json(client, "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": [-1]}), 400, "invalid_request")
+    assert_error(await post_json(client, "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": []}), 400, "invalid_request")
+    assert engine_double.requests == []

@@ -160,6 +160,10 @@ CELERY_TASK_ACKS_LATE = True
 
 # --- Inference ---
 CHAT_ENGINE_CLASS = os.environ.get("CHAT_ENGINE_CLASS", "inference.engine.VllmEngine")
+# For CHAT_ENGINE_CLASS=inference.remote.OpenAIRemoteEngine (a gateway without its own engine):
+# the OpenAI-compatible server to use and a service API key for it.
+CHAT_ENGINE_URL = os.environ.get("CHAT_ENGINE_URL", "")
+CHAT_ENGINE_API_KEY = os.environ.get("CHAT_ENGINE_API_KEY", "")
 CHAT_MODEL_PATH = Path(
     os.environ.get("CHAT_MODEL_PATH", VAR_DIR / "models" / "SmolLM2-135M-Instruct")
 )

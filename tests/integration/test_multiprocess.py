@@ -199,3 +199,80 @@ def test_a_resumed_stream_survives_silence_with_keep_alives(live, engine_double,
     assert sum(1 for line in lines if line.startswith(": keep-alive")) >= 2
     assert any('"text":"b"' in line for line in lines)
     assert any(line == "event: done" for line in lines)
+
+
+@pytest.fixture
+def engineless_gateway(live, make_user):
+    """A daphne process with no engine of its own: its model is process 1's, reached through
+    process 1's OpenAI-compatible /v1/completions with a service key."""
+    service_key = api_key_create(user=make_user("svc-gateway"), name="gateway service key").raw
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": django_settings.REDIS_URL,
+        "CHAT_ENGINE_CLASS": "inference.remote.OpenAIRemoteEngine",
+        "CHAT_ENGINE_URL": live.url,
+        "CHAT_ENGINE_API_KEY": service_key,
+        "CHAT_MODEL_PATH": str(django_settings.CHAT_MODEL_PATH),
+        "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+        env=env, cwd=django_settings.BASE_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "engineless gateway did not become ready"
+        time.sleep(0.3)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_gateway_without_an_engine_streams_from_another_process_and_cancel_reaches_it(
+    live, make_user, settings, engineless_gateway
+):
+    """A second gateway with no engine answers a turn with process 1's real engine (through the
+    OpenAI-compatible endpoint); its stored answer equals what it streamed; a cancel on the
+    gateway frees process 1's engine within 1 s."""
+    from conversations.models import Turn
+
+    settings.CHAT_MAX_TOKENS = 400
+    baseline = live.unfinished()
+    key = api_key_create(user=make_user("remote-user"), name="k").raw
+    headers = {"Authorization": f"Bearer {key}"}
+    conversation_id = httpx.post(f"{engineless_gateway}/v1/conversations", json={}, headers=headers).json()["conversation_id"]
+
+    with httpx.stream("POST", f"{engineless_gateway}/v1/conversations/{conversation_id}/turns",
+                      json={"role": "user", "content": "Name three colors."}, headers=headers, timeout=120) as response:
+        events = _events(response.iter_lines())
+    tokens = [d["text"] for _, e, d in events if e == "token"]
+    assert len(tokens) >= 3 and events[-1][1] == "done", events[-3:]
+    answer = Turn.objects.get(conversation_id=conversation_id, role="assistant")
+    assert answer.content == "".join(tokens)
+    assert answer.token_count == events[-1][2]["usage"]["completion_tokens"] > 0
+
+    with httpx.stream("POST", f"{engineless_gateway}/v1/conversations/{conversation_id}/turns",
+                      json={"role": "user", "content": "Now write a very long story about a dragon.", "max_tokens": 400},
+                      headers=headers, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("event: token"):
+                break
+        assert live.unfinished() == baseline + 1  # process 1's engine is doing the work
+        cancelled = httpx.post(f"{engineless_gateway}/v1/conversations/{conversation_id}/cancel", headers=headers)
+        assert cancelled.status_code == 204
+    started = time.monotonic()
+    while live.unfinished() > baseline and time.monotonic() - started < 1.0:
+        time.sleep(0.02)
+    assert live.unfinished() == baseline

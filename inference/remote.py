@@ -1,0 +1,165 @@
+"""An engine client for a model served by another process over the OpenAI-compatible API.
+
+A gateway process can run without an engine of its own (DESIGN.md: how background jobs reach
+the model; "a gateway can run without its own engine"): it points at another server's
+``/v1/completions`` (this project's, or ``vllm serve``'s, which accept token-id prompts) and
+behaves like :class:`inference.engine.VllmEngine` to the rest of the code. Prompts are built with
+the same model folder's chat template locally, so token counts and context fitting match.
+
+Settings: ``CHAT_ENGINE_URL`` (base URL, e.g. ``http://127.0.0.1:8000``), ``CHAT_ENGINE_API_KEY``
+(a service credential), ``CHAT_MODEL_NAME``, ``CHAT_MODEL_PATH`` (for the tokenizer).
+Aborting a request closes its HTTP stream; the serving side aborts at once on disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+from django.conf import settings
+
+from inference.engine import Delta, EngineUnavailable, GenerationOptions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OpenAIRemoteEngine:
+    """Talks to ``{base_url}/v1/completions`` with streamed token-id prompts."""
+
+    base_url: str
+    api_key: str
+    model: str
+    model_path: str
+    ready: bool = False
+    _tokenizer: object | None = None
+    _requests: dict[str, asyncio.Task | None] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls) -> OpenAIRemoteEngine:
+        """Build the client from Django settings (see the module docstring)."""
+        return cls(
+            base_url=settings.CHAT_ENGINE_URL.rstrip("/"),
+            api_key=settings.CHAT_ENGINE_API_KEY,
+            model=settings.CHAT_MODEL_NAME,
+            model_path=str(settings.CHAT_MODEL_PATH),
+        )
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    async def ensure_started(self) -> None:
+        """Check the remote serves the model. Raises EngineUnavailable if it does not answer."""
+        if self.ready:
+            return
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                response = await client.get(f"{self.base_url}/v1/models", headers=self._headers())
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"the model server at {self.base_url} is unreachable: {exc}") from exc
+        if response.status_code != 200:
+            raise EngineUnavailable(f"the model server answered {response.status_code}")
+        served = [m.get("id") for m in response.json().get("data", [])]
+        if self.model not in served:
+            raise EngineUnavailable(f"the model server does not serve {self.model!r} ({served})")
+        self.ready = True
+
+    def _require_tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer  # noqa: PLC0415
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The model's chat template applied locally -> prompt token ids."""
+        ids = self._require_tokenizer().apply_chat_template(
+            list(messages), tokenize=True, add_generation_prompt=True
+        )
+        return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens)."""
+        return list(self._require_tokenizer().encode(text, add_special_tokens=False))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode_text(text))
+
+    async def generate(
+        self, prompt_token_ids: list[int], options: GenerationOptions, request_id: str
+    ) -> AsyncIterator[Delta]:
+        """Stream deltas from the remote. Closing or cancelling the iteration closes the HTTP
+        stream, which aborts the request remotely. Raises EngineUnavailable on transport errors."""
+        body = {
+            "model": self.model,
+            "prompt": list(prompt_token_ids),
+            "max_tokens": options.max_tokens,
+            "temperature": options.temperature,
+            "top_p": options.top_p if options.temperature > 0 else 1.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if options.stop:
+            body["stop"] = list(options.stop)
+        if options.seed is not None:
+            body["seed"] = options.seed
+        self._requests[request_id] = asyncio.current_task()
+        completion = 0
+        finish_reason = None
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=None)) as client:
+                async with client.stream(
+                    "POST", f"{self.base_url}/v1/completions", json=body, headers=self._headers()
+                ) as response:
+                    if response.status_code != 200:
+                        detail = (await response.aread()).decode(errors="replace")[:300]
+                        raise EngineUnavailable(f"the model server answered {response.status_code}: {detail}")
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        chunk = json.loads(line[6:])
+                        if "error" in chunk:
+                            raise EngineUnavailable(chunk["error"].get("message", "model error"))
+                        usage = chunk.get("usage")
+                        if usage:
+                            yield Delta("", usage["prompt_tokens"], usage["completion_tokens"], finish_reason or "stop")
+                            continue
+                        for choice in chunk.get("choices", []):
+                            finish_reason = choice.get("finish_reason") or finish_reason
+                            if choice.get("text"):
+                                completion += 1
+                                yield Delta(choice["text"], len(prompt_token_ids), completion)
+        except httpx.HTTPError as exc:
+            self.ready = False
+            raise EngineUnavailable(f"the model server failed: {exc}") from exc
+        finally:
+            self._requests.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        """Cancel the task reading ``request_id`` (its HTTP stream closes; the remote aborts)."""
+        task = self._requests.get(request_id)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def num_unfinished_requests(self) -> int:
+        """Requests this process is streaming from the remote."""
+        return len(self._requests)
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Poll the remote until it serves the model, up to ``timeout_s`` seconds."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            try:
+                await self.ensure_started()
+                return
+            except EngineUnavailable:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(1)
+
+    def check_health(self) -> None:
+        """Nothing to watch locally; readiness comes from ``ensure_started``."""
