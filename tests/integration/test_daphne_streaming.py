@@ -142,3 +142,45 @@ def test_open_streams_and_generation_tasks_hold_no_database_sessions(live_double
     time.sleep(0.3)
     assert during <= before + pool_max, (before, during)
     assert sessions() <= before + pool_max
+
+
+def test_a_client_that_stops_reading_stalls_neither_its_answer_nor_others(live_double, make_user, settings):
+    """A client that stops reading mid-answer (its socket buffers fill up): generation is not
+    held back by it; the answer is generated and stored in full, and another user's stream
+    flows meanwhile. (daphne buffers what the slow client has not read, so the gateway's share
+    is bounded by the answer size, i.e. the tier's max_tokens ceiling.)"""
+    import socket as socketlib
+
+    from conversations.models import Turn
+
+    live, double = live_double
+    settings.CHAT_MAX_TOKENS_CEILING_BY_TIER = {"free": 4000}
+    settings.CHAT_MAX_TOKENS = 4000
+    big = ["x" * 200] * 3000  # ~600 kB of events, far more than the socket buffers hold
+    double.scripts = [big, ["other", " answer"]]
+    make_user("slow")
+    make_user("fast")
+    slow = live.login("slow")
+    url = start_turn(slow, "a long one")
+    parts = urlsplit(live.url)
+    sock = socketlib.socket()
+    sock.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_RCVBUF, 4096)
+    sock.connect((parts.hostname, parts.port))
+    cookie = "; ".join(f"{k}={v}" for k, v in slow.cookies.items())
+    sock.sendall(f"GET {url} HTTP/1.1\r\nHost: {parts.netloc}\r\nCookie: {cookie}\r\n\r\n".encode())
+    sock.recv(1024)  # the stream started; now this client never reads again
+
+    fast = live.login("fast")
+    other = start_turn(fast, "quick one")
+    with fast.stream("GET", other) as response:
+        body = "\n".join(response.iter_lines())
+    assert "event: done" in body and '"text":" answer"' in body
+
+    question_id = url.split("/")[4]
+    deadline = time.monotonic() + 20
+    while not Turn.objects.filter(reply_to_id=question_id).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    answer = Turn.objects.get(reply_to_id=question_id)
+    assert answer.status == Turn.Status.COMPLETE
+    assert len(answer.content) == 200 * 3000
+    sock.close()
