@@ -14,12 +14,12 @@ import uuid
 from collections.abc import AsyncIterator
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from api import schemas
 from api.errors import ApiError
 from api.http import api_view, parse_json
-from conversations.sse import SSE_HEADERS, release_db_connection
+from conversations.sse import release_db_connection, sse_response
 from conversations.streaming import max_tokens_for
 from inference.engine import EngineUnavailable, GenerationOptions, get_engine
 from inference.prompts import PromptTooLong, prompt_fit
@@ -61,28 +61,65 @@ async def models(request: HttpRequest) -> HttpResponse:
     )
 
 
-@api_view("POST")
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    """OpenAI-compatible chat completion, streamed (``stream: true``: ``data:`` chunks, then
-    ``data: [DONE]``) or not. 404 for an unknown model, 400 for a prompt that does not fit the
-    context or an invalid body, 503 if the engine is down."""
-    body = parse_json(request, schemas.ChatCompletionCreate)
-    if body.model != settings.CHAT_MODEL_NAME:
+async def _served_engine(model: str):
+    """The process's engine, started, if ``model`` is the one served. Raises ApiError 404 for
+    another model, 503 if the engine cannot start."""
+    if model != settings.CHAT_MODEL_NAME:
         raise ApiError(
             404, "model_not_found",
-            f"The model {body.model!r} does not exist; this server serves {settings.CHAT_MODEL_NAME!r}.",
+            f"The model {model!r} does not exist; this server serves {settings.CHAT_MODEL_NAME!r}.",
         )  # fmt: skip
     engine = get_engine()
     try:
         await engine.ensure_started()
     except EngineUnavailable as exc:
         raise ApiError(503, "unavailable", f"The model is unavailable: {exc}", {"Retry-After": "30"}) from None
-    messages = [m.model_dump() for m in body.messages]
+    return engine
+
+
+async def _respond(engine, ids: list[int], options: GenerationOptions, body, kind: str) -> HttpResponse:
+    """Generate for ``ids`` and answer in OpenAI's shape for ``kind`` ("chat" or "text"):
+    ``data:`` chunks then ``data: [DONE]`` when ``body.stream``, else one JSON object."""
+    completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    await release_db_connection()  # nothing below queries the database
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(_chunks(engine, ids, options, completion_id, created, include_usage, kind))
+    text, finish_reason, usage = [], None, (len(ids), 0)
+    async for delta in engine.generate(ids, options, completion_id):
+        text.append(delta.text)
+        usage = (delta.prompt_tokens, delta.completion_tokens)
+        finish_reason = delta.finish_reason or finish_reason
+    choice = {"index": 0, "finish_reason": finish_reason or "stop", "logprobs": None}
+    if kind == "chat":
+        choice["message"] = {"role": "assistant", "content": "".join(text)}
+    else:
+        choice["text"] = "".join(text)
+    return JsonResponse(
+        {
+            "id": completion_id,
+            "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": created,
+            "model": settings.CHAT_MODEL_NAME,
+            "choices": [choice],
+            "usage": _usage(*usage),
+        }
+    )
+
+
+@api_view("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    """OpenAI-compatible chat completion, streamed (``stream: true``: ``data:`` chunks, then
+    ``data: [DONE]``) or not. 404 for an unknown model, 400 for a prompt that does not fit the
+    context or an invalid body, 503 if the engine is down."""
+    body = parse_json(request, schemas.ChatCompletionCreate)
+    engine = await _served_engine(body.model)
     requested = body.max_completion_tokens or body.max_tokens
     try:
         fitted = prompt_fit(
             system_prompt="",
-            messages=messages,
+            messages=[m.model_dump() for m in body.messages],
             encode_chat=engine.encode_chat,
             max_model_len=settings.CHAT_MAX_MODEL_LEN,
             max_tokens=max_tokens_for(request.api_user.tier, requested),
@@ -94,41 +131,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             400, "context_length_exceeded",
             "The messages do not fit the model's context with room for an answer; send fewer.",
         )  # fmt: skip
-    options = _options(body, fitted.max_tokens)
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    await release_db_connection()  # nothing below queries the database
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        response = StreamingHttpResponse(
-            _chunks(engine, fitted.token_ids, options, completion_id, created, include_usage),
-            content_type="text/event-stream; charset=utf-8",
-        )
-        for name, value in SSE_HEADERS.items():
-            response[name] = value
-        return response
-    text, finish_reason, usage = [], None, (len(fitted.token_ids), 0)
-    async for delta in engine.generate(fitted.token_ids, options, completion_id):
-        text.append(delta.text)
-        usage = (delta.prompt_tokens, delta.completion_tokens)
-        finish_reason = delta.finish_reason or finish_reason
-    return JsonResponse(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": settings.CHAT_MODEL_NAME,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "".join(text)},
-                    "finish_reason": finish_reason or "stop",
-                    "logprobs": None,
-                }
-            ],
-            "usage": _usage(*usage),
-        }
-    )
+    return await _respond(engine, fitted.token_ids, _options(body, fitted.max_tokens), body, "chat")
 
 
 @api_view("POST")
@@ -137,51 +140,16 @@ async def completions(request: HttpRequest) -> HttpResponse:
     (no chat template). Streams ``data:`` chunks when ``stream`` is true. 404 for an unknown
     model, 400 for a prompt that leaves no room for an answer, 503 if the engine is down."""
     body = parse_json(request, schemas.CompletionCreate)
-    if body.model != settings.CHAT_MODEL_NAME:
-        raise ApiError(
-            404, "model_not_found",
-            f"The model {body.model!r} does not exist; this server serves {settings.CHAT_MODEL_NAME!r}.",
-        )  # fmt: skip
-    engine = get_engine()
-    try:
-        await engine.ensure_started()
-    except EngineUnavailable as exc:
-        raise ApiError(503, "unavailable", f"The model is unavailable: {exc}", {"Retry-After": "30"}) from None
+    engine = await _served_engine(body.model)
     ids = list(body.prompt) if isinstance(body.prompt, list) else engine.encode_text(body.prompt)
     room = settings.CHAT_MAX_MODEL_LEN - len(ids)
     if room < 1:
-        raise ApiError(400, "context_length_exceeded", f"The prompt is {len(ids)} tokens; the context holds {settings.CHAT_MAX_MODEL_LEN}.")
+        raise ApiError(
+            400, "context_length_exceeded",
+            f"The prompt is {len(ids)} tokens; the context holds {settings.CHAT_MAX_MODEL_LEN}.",
+        )  # fmt: skip
     budget = min(max_tokens_for(request.api_user.tier, body.max_tokens), room)
-    options = _options(body, budget)
-    completion_id = f"cmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    await release_db_connection()
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        response = StreamingHttpResponse(
-            _chunks(engine, ids, options, completion_id, created, include_usage, kind="text"),
-            content_type="text/event-stream; charset=utf-8",
-        )
-        for name, value in SSE_HEADERS.items():
-            response[name] = value
-        return response
-    text, finish_reason, usage = [], None, (len(ids), 0)
-    async for delta in engine.generate(ids, options, completion_id):
-        text.append(delta.text)
-        usage = (delta.prompt_tokens, delta.completion_tokens)
-        finish_reason = delta.finish_reason or finish_reason
-    return JsonResponse(
-        {
-            "id": completion_id,
-            "object": "text_completion",
-            "created": created,
-            "model": settings.CHAT_MODEL_NAME,
-            "choices": [
-                {"index": 0, "text": "".join(text), "finish_reason": finish_reason or "stop", "logprobs": None}
-            ],
-            "usage": _usage(*usage),
-        }
-    )
+    return await _respond(engine, ids, _options(body, budget), body, "text")
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:

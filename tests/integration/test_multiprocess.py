@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -37,18 +38,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def second_gateway(chat_server):
-    """Another daphne process on the same database and Redis. It has no real engine (the
-    scripted double's class, never asked to generate here): it only resumes streams."""
+@contextlib.contextmanager
+def daphne_process(extra_env: dict[str, str], ready_path: str):
+    """A daphne subprocess on the test database and Redis; yields its URL once ``ready_path``
+    answers 200, and stops it afterwards."""
     port = _free_port()
     env = {
         **os.environ,
         "DATABASE_URL": _database_url(),
         "REDIS_URL": django_settings.REDIS_URL,
-        "CHAT_ENGINE_CLASS": "tests.fakes.ScriptedEngine",
-        "CHAT_SSE_KEEPALIVE_S": "1",
         "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
+        **extra_env,
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
@@ -56,21 +56,34 @@ def second_gateway(chat_server):
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/v1/openapi.json", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        assert time.monotonic() < deadline, "second gateway did not start"
-        time.sleep(0.3)
-    yield url
-    proc.terminate()
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        while True:
+            try:
+                if httpx.get(f"{url}{ready_path}", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the second daphne process did not become ready"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def second_gateway(chat_server):
+    """Another daphne process on the same database and Redis. It has no real engine (the
+    scripted double's class, never asked to generate here): it only resumes streams."""
+    with daphne_process(
+        {"CHAT_ENGINE_CLASS": "tests.fakes.ScriptedEngine", "CHAT_SSE_KEEPALIVE_S": "1"},
+        "/v1/openapi.json",
+    ) as url:
+        yield url
 
 
 def _events(lines):
@@ -206,38 +219,16 @@ def engineless_gateway(live, make_user):
     """A daphne process with no engine of its own: its model is process 1's, reached through
     process 1's OpenAI-compatible /v1/completions with a service key."""
     service_key = api_key_create(user=make_user("svc-gateway"), name="gateway service key").raw
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(),
-        "REDIS_URL": django_settings.REDIS_URL,
-        "CHAT_ENGINE_CLASS": "inference.remote.OpenAIRemoteEngine",
-        "CHAT_ENGINE_URL": live.url,
-        "CHAT_ENGINE_API_KEY": service_key,
-        "CHAT_MODEL_PATH": str(django_settings.CHAT_MODEL_PATH),
-        "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
-        env=env, cwd=django_settings.BASE_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        assert time.monotonic() < deadline, "engineless gateway did not become ready"
-        time.sleep(0.3)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with daphne_process(
+        {
+            "CHAT_ENGINE_CLASS": "inference.remote.OpenAIRemoteEngine",
+            "CHAT_ENGINE_URL": live.url,
+            "CHAT_ENGINE_API_KEY": service_key,
+            "CHAT_MODEL_PATH": str(django_settings.CHAT_MODEL_PATH),
+        },
+        "/readyz",
+    ) as url:
+        yield url
 
 
 def test_gateway_without_an_engine_streams_from_another_process_and_cancel_reaches_it(
