@@ -33,6 +33,12 @@ class Organisation(models.Model):
     slug = models.SlugField(unique=True)
     tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.ENTERPRISE)
     region = models.CharField(max_length=32, default=default_region)
+    # Retention policy: conversations older than this many days (by last turn) are purged;
+    # None: the tier's default (settings.CHAT_RETENTION_DAYS_BY_TIER).
+    retention_days = models.PositiveIntegerField(null=True, blank=True)
+    # Zero data retention: answers are given but no turn is ever stored in PostgreSQL, and the
+    # transient copies in Redis expire within minutes (settings.CHAT_ZDR_TTL_S).
+    zero_retention = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="organisations"

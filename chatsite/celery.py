@@ -1,4 +1,13 @@
-"""The Celery app (broker: the same Redis as the cache). Workers: ``celery -A chatsite worker``."""
+"""The Celery app (broker: the same Redis as the cache).
+
+``make run`` starts a worker and beat beside daphne (chatsite/devstack.py); by hand::
+
+    celery -A chatsite worker -l INFO
+    celery -A chatsite beat -l INFO
+
+Configuration comes from the ``CELERY_*`` Django settings (chatsite/settings/base.py): late
+acknowledgement, requeue on worker loss, prefetch 1, and the beat schedule.
+"""
 
 import os
 

@@ -8,7 +8,7 @@ Unless ``DATABASE_URL`` / ``REDIS_URL`` are set, this starts
 
 Commands::
 
-    python -m chatsite.devstack run [--port 8000]   # migrate, daphne, wait until ready
+    python -m chatsite.devstack run [--port 8000]   # migrate; daphne, Celery worker and beat
     python -m chatsite.devstack exec -- CMD ARGS     # run CMD with the stack's env, then stop
 
 Ctrl-C (SIGINT) or SIGTERM stops everything this started, the engine's processes included.
@@ -165,8 +165,20 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
+def celery_commands(python: str) -> dict[str, list[str]]:
+    """The background processes ``make run`` starts beside daphne: a Celery worker (one prefork
+    child: this machine has two cores and the engine needs them) and beat (periodic tasks)."""
+    return {
+        "celery worker": [python, "-m", "celery", "-A", "chatsite", "worker", "-l", "INFO",
+                          "--concurrency", os.environ.get("CHAT_CELERY_CONCURRENCY", "1")],
+        "celery beat": [python, "-m", "celery", "-A", "chatsite", "beat", "-l", "INFO",
+                        "-s", str(VAR / "celerybeat-schedule")],
+    }  # fmt: skip
+
+
 def run(port: int, host: str) -> int:
-    """Serve the app with daphne until interrupted; returns the exit status."""
+    """Serve the app with daphne, plus a Celery worker and beat, until interrupted; returns the
+    exit status (daphne's)."""
     with stack_env() as env:
         python = sys.executable
         subprocess.run([python, "manage.py", "migrate", "--noinput"], env=env, check=True, cwd=ROOT)
@@ -176,6 +188,11 @@ def run(port: int, host: str) -> int:
             cwd=ROOT,
             start_new_session=True,
         )
+        helpers = {
+            name: subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
+            for name, cmd in celery_commands(python).items()
+        }
+        children = [server, *helpers.values()]
         stop_requested_at: float | None = None
 
         def on_signal(signum, frame):
@@ -184,24 +201,34 @@ def run(port: int, host: str) -> int:
             nonlocal stop_requested_at
             if stop_requested_at is None:
                 stop_requested_at = time.monotonic()
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(server.pid, signal.SIGTERM)
+                for child in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.pid, signal.SIGTERM)
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-        print("loading the model (about 30 s on the first start)...", flush=True)
-        if _wait_ready(f"http://{host}:{port}/healthz", server, timeout_s=600):
-            print(f"\n  Chat is ready: http://{host}:{port}/\n  Ctrl-C stops it.\n", flush=True)
-        elif stop_requested_at is None:
-            print("the server did not become ready; see the log above", file=sys.stderr)
-            stop_process_group(server)
-            return 1
-        while server.poll() is None:
-            if stop_requested_at is not None and time.monotonic() - stop_requested_at > 15:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(server.pid, signal.SIGKILL)
-            time.sleep(0.2)
-        return 0 if stop_requested_at is not None else server.returncode
+        try:
+            print("loading the model (about 30 s on the first start)...", flush=True)
+            if _wait_ready(f"http://{host}:{port}/healthz", server, timeout_s=600):
+                print(f"\n  Chat is ready: http://{host}:{port}/\n  Ctrl-C stops it.\n", flush=True)
+            elif stop_requested_at is None:
+                print("the server did not become ready; see the log above", file=sys.stderr)
+                return 1
+            while server.poll() is None:
+                if stop_requested_at is not None and time.monotonic() - stop_requested_at > 15:
+                    break
+                for name, helper in helpers.items():
+                    if helper.poll() is not None and stop_requested_at is None:
+                        print(f"{name} exited ({helper.returncode}); restarting it", flush=True)
+                        helpers[name] = subprocess.Popen(
+                            celery_commands(python)[name], env=env, cwd=ROOT, start_new_session=True
+                        )
+                        children.append(helpers[name])
+                time.sleep(0.2)
+            return 0 if stop_requested_at is not None else server.returncode
+        finally:
+            for child in children:
+                stop_process_group(child, grace_s=10)
 
 
 def exec_command(argv: list[str]) -> int:

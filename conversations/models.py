@@ -13,14 +13,20 @@ class Conversation(models.Model):
     """One chat thread owned by a user, stored in the owner's home region."""
 
     conversation_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Accounts and organisations live in the global (default) database; conversations in their
+    # home region's database. References across databases carry no FK constraint (DESIGN.md).
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        related_name="conversations",
     )
     org = models.ForeignKey(
         "accounts.Organisation",
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
+        db_constraint=False,
         related_name="conversations",
     )
     title = models.CharField(max_length=200, blank=True)
@@ -30,6 +36,10 @@ class Conversation(models.Model):
     region = models.CharField(max_length=32)
     created_at = models.DateTimeField(default=timezone.now)
     last_turn_at = models.DateTimeField(default=timezone.now)
+    # The running summary of the turns up to ``summary_through`` (their created_at), written by
+    # the summarisation task once the conversation outgrows the prompt budget; blank: none yet.
+    summary = models.TextField(blank=True)
+    summary_through = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["owner", "-last_turn_at"], name="conv_owner_recent")]
@@ -77,6 +87,19 @@ class Turn(models.Model):
         db_constraint=False,
         related_name="+",
     )
+    # Append-only edits: an edited user message or a regenerated answer is a new turn that
+    # names the turn it replaces (the UI flips between versions); nothing is overwritten.
+    replaces = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    # For an assistant turn: how many of the oldest earlier turns were left out of (or
+    # summarised for) its prompt to fit the token budget; 0: the whole history fitted.
+    context_trimmed = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

@@ -38,6 +38,17 @@ def _fast_password_hashing():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _celery_tasks_run_in_process():
+    """Celery tasks run inline (eagerly) in this process unless a test starts a real worker
+    (tests/processes.py: celery_worker_process), as the tests of at-least-once delivery do."""
+    from chatsite.celery import app  # noqa: PLC0415
+
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _release_test_database(django_db_setup, django_db_blocker):
     """Close sessions other threads left open (the async ORM's executor thread, the daphne
     thread) so the test database can be dropped at the end."""

@@ -154,9 +154,35 @@ LOGGING = {
 # --- Celery (the broker is the same Redis) ---
 CHAT_REDIS_POOL_MAX = env_int("CHAT_REDIS_POOL_MAX", 50)  # asyncio Redis connections per process
 
-CELERY_BROKER_URL = REDIS_URL
+
+
+def celery_broker_url(redis_url: str) -> str:
+    """Kombu spells a Unix-socket Redis ``redis+socket:///path?virtual_host=N``; redis-py spells
+    it ``unix:///path?db=N``. TCP URLs are the same for both."""
+    if not redis_url.startswith("unix://"):
+        return redis_url
+    path, _, query = redis_url[len("unix://"):].partition("?")
+    db = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("db", "0")
+    return f"redis+socket://{path}?virtual_host={db}"
+
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or celery_broker_url(REDIS_URL)
 CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+# At-least-once delivery (PF-J1): a task is acknowledged only after it ran, and a task whose
+# worker process died is requeued; every task is therefore idempotent.
 CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A message taken by a worker that vanished (SIGKILL of the whole worker) is redelivered after
+# this many seconds (kombu's Redis transport); longer than any task here runs.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CHAT_CELERY_VISIBILITY_TIMEOUT_S", 600),
+}
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Periodic tasks (celery beat). Each entry: {"task": dotted name, "schedule": seconds or crontab}.
+CELERY_BEAT_SCHEDULE: dict = {}
 
 # --- Inference ---
 CHAT_ENGINE_CLASS = os.environ.get("CHAT_ENGINE_CLASS", "inference.engine.VllmEngine")

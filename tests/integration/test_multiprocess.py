@@ -2,77 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from urllib.parse import quote
 
 import httpx
 import pytest
 from django.conf import settings as django_settings
 
 from accounts.services import api_key_create
+from tests.processes import daphne_process
 
 pytestmark = pytest.mark.real_engine  # uses the shared daphne server (process 1)
-
-
-def _database_url() -> str:
-    db = django_settings.DATABASES["default"]
-    host = db.get("HOST") or ""
-    url = f"postgresql://{quote(db['USER'] or '')}:{quote(db['PASSWORD'] or '')}@{host}"
-    if db.get("PORT"):
-        url += f":{db['PORT']}"
-    url += f"/{db['NAME']}"
-    if db.get("OPTIONS", {}).get("host"):
-        url += f"?host={db['OPTIONS']['host']}"
-    return url
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def daphne_process(extra_env: dict[str, str], ready_path: str):
-    """A daphne subprocess on the test database and Redis; yields its URL once ``ready_path``
-    answers 200, and stops it afterwards."""
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": _database_url(),
-        "REDIS_URL": django_settings.REDIS_URL,
-        "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
-        **extra_env,
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
-        env=env, cwd=django_settings.BASE_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            try:
-                if httpx.get(f"{url}{ready_path}", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the second daphne process did not become ready"
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

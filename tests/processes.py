@@ -1,0 +1,133 @@
+"""Real server processes for tests: daphne gateways and Celery workers on the test database and
+Redis (the same ones the in-process test server uses)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import httpx
+from django.conf import settings as django_settings
+from django.db import connections
+
+
+def database_url(alias: str = "default") -> str:
+    """A URL for the (test) database ``alias`` as this process sees it, for a subprocess."""
+    db = connections[alias].settings_dict
+    host = db.get("HOST") or ""
+    url = f"postgresql://{quote(db['USER'] or '')}:{quote(db['PASSWORD'] or '')}@{host}"
+    if db.get("PORT"):
+        url += f":{db['PORT']}"
+    url += f"/{db['NAME']}"
+    if db.get("OPTIONS", {}).get("host"):
+        url += f"?host={db['OPTIONS']['host']}"
+    return url
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stack_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment pointed at the test database and Redis."""
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": django_settings.REDIS_URL,
+        "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
+        **(extra_env or {}),
+    }
+
+
+@contextlib.contextmanager
+def daphne_process(extra_env: dict[str, str], ready_path: str) -> Iterator[str]:
+    """A daphne subprocess on the test database and Redis; yields its URL once ``ready_path``
+    answers 200, and stops it afterwards."""
+    port = free_port()
+    # Tasks run in the gateway itself unless a test starts a real worker for them.
+    env = stack_env({"CELERY_TASK_ALWAYS_EAGER": "1", **extra_env})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+        env=env, cwd=django_settings.BASE_DIR,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                if httpx.get(f"{url}{ready_path}", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the daphne subprocess did not become ready"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@dataclass
+class CeleryWorker:
+    """A real ``celery worker`` subprocess (prefork pool) and where its log goes."""
+
+    proc: subprocess.Popen
+    log_path: str
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process and pool children) at once."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def celery_worker_process(
+    tmp_path, extra_env: dict[str, str] | None = None, queues: str = "celery"
+) -> Iterator[CeleryWorker]:
+    """Start a real Celery worker on the test database and Redis; yield once it is ready
+    (its log says so), stop it afterwards. ``extra_env`` overrides settings for the worker."""
+    log_path = str(tmp_path / f"celery-{time.monotonic_ns()}.log")
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-l", "INFO",
+         "--concurrency", "1", "-Q", queues, "--without-gossip", "--without-mingle"],
+        env=stack_env({"CELERY_TASK_ALWAYS_EAGER": "0", **(extra_env or {})}),
+        cwd=django_settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    worker = CeleryWorker(proc, log_path)
+    deadline = time.monotonic() + 60
+    try:
+        while "ready." not in worker.log():
+            assert proc.poll() is None, worker.log()[-3000:]
+            assert time.monotonic() < deadline, "the Celery worker did not become ready"
+            time.sleep(0.2)
+        yield worker
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        log.close()
