@@ -1,4 +1,4 @@
-"""Prompt assembly: system prompt + history fitted into the model's context window."""
+"""Prompt assembly: system prompt, memory, summary and history fitted into the context window."""
 
 from __future__ import annotations
 
@@ -57,3 +57,165 @@ def prompt_fit(
             f"context holds {max_model_len:,}. Shorten the message."
         )
     return FittedPrompt(token_ids=ids, dropped_messages=dropped, max_tokens=budget)
+
+
+# --- Prompt assembly for conversations (issue 4, "Context assembly and summarisation") ---------
+
+MEMORY_HEADING = "What you know about the user:"
+SUMMARY_HEADING = "Summary of the earlier conversation:"
+
+
+@dataclass(frozen=True)
+class AssembledPrompt:
+    """A conversation prompt assembled within the token budget.
+
+    ``token_ids``: the templated prompt for the engine. ``messages``: the chat messages it was
+    made from ([{role, content}], one system message first when there is any instruction).
+    ``kept_exchanges`` / ``dropped_exchanges``: of the exchanges offered, how many went in
+    verbatim (the newest) and how many (the oldest) were left out to fit. ``used_memory`` /
+    ``used_summary``: whether those blocks fitted. ``max_tokens``: the completion budget left
+    (the requested one unless the newest message alone leaves less). ``budget``: the prompt
+    budget, ``max_model_len - max_tokens`` as requested (tokens).
+    """
+
+    token_ids: list[int]
+    messages: list[dict[str, str]]
+    kept_exchanges: int
+    dropped_exchanges: int
+    used_memory: bool
+    used_summary: bool
+    max_tokens: int
+    budget: int
+
+    @property
+    def fill(self) -> float:
+        """How much of the prompt budget the prompt takes (0..1, may exceed 1 when only the
+        newest message is left and the completion budget shrank)."""
+        return len(self.token_ids) / self.budget if self.budget > 0 else 1.0
+
+
+def system_message(system_prompt: str, memory: str = "", summary: str = "") -> str:
+    """The one system message: the instructions, then the user-memory block, then the running
+    summary. This order puts what changes least first, so consecutive turns share the longest
+    token prefix and vLLM's prefix cache reuses its KV blocks (automatic prefix caching hashes
+    whole blocks from the start of the prompt: any change invalidates everything after it).
+
+    One system message rather than three: many chat templates accept a single system message
+    only, and ChatML-style ones render it the same way."""
+    parts = [system_prompt.strip()] if system_prompt.strip() else []
+    if memory.strip():
+        parts.append(f"{MEMORY_HEADING}\n{memory.strip()}")
+    if summary.strip():
+        parts.append(f"{SUMMARY_HEADING}\n{summary.strip()}")
+    return "\n\n".join(parts)
+
+
+def chat_messages(
+    *,
+    system_prompt: str,
+    memory: str = "",
+    summary: str = "",
+    exchanges: Sequence[tuple[str, str]] = (),
+    question: str | None = None,
+) -> list[dict[str, str]]:
+    """Chat messages in the assembly's order: the system message (:func:`system_message`; left
+    out when empty), each (user, assistant) exchange oldest first, then ``question`` as the
+    last user message (None: no question, e.g. to count the tokens of a history)."""
+    system = system_message(system_prompt, memory, summary)
+    messages = [{"role": "system", "content": system}] if system else []
+    for user, assistant in exchanges:
+        messages.append({"role": "user", "content": user})
+        messages.append({"role": "assistant", "content": assistant})
+    if question is not None:
+        messages.append({"role": "user", "content": question})
+    return messages
+
+
+def largest_fitting(count: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``k`` in ``0..count`` with ``fits(k)``, where ``fits`` is monotone (true up to
+    some k, false after) and ``fits(0)`` holds. Binary search: O(log count) calls, each of which
+    usually tokenizes a whole prompt."""
+    low, high = 0, count
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def prompt_assemble(
+    *,
+    system_prompt: str,
+    question: str,
+    exchanges: Sequence[tuple[str, str]],
+    encode_chat: Callable[[Sequence[dict[str, str]]], list[int]],
+    max_model_len: int,
+    max_tokens: int,
+    memory: str = "",
+    summary: str = "",
+) -> AssembledPrompt:
+    """Assemble a conversation's prompt within ``budget = max_model_len - max_tokens`` tokens.
+
+    Filled in this order (issue 4): the system prompt (never trimmed), the user-memory block,
+    the running summary, then the most recent whole exchanges (``exchanges``: (user, assistant)
+    texts, oldest first, after the part the summary covers); the oldest exchanges are dropped
+    first, never half an exchange. ``question`` (the new user message) always goes in, last.
+    Memory or summary is left out only if it does not fit even with no exchange at all.
+
+    If the system prompt and the question alone exceed the budget, the completion budget
+    shrinks (down to ``MIN_ANSWER_TOKENS``) so the question is still answered; if even that does
+    not fit, raises PromptTooLong (the message names the sizes). Token counts are exact: each
+    candidate prompt is templated and tokenized by ``encode_chat`` (O(log n) calls).
+    """
+    budget = max_model_len - max_tokens
+
+    def encode(*, memory_in: bool, summary_in: bool, keep: int) -> list[int]:
+        kept = list(exchanges[len(exchanges) - keep :]) if keep else []
+        return encode_chat(
+            chat_messages(
+                system_prompt=system_prompt,
+                memory=memory if memory_in else "",
+                summary=summary if summary_in else "",
+                exchanges=kept,
+                question=question,
+            )
+        )
+
+    base = encode(memory_in=False, summary_in=False, keep=0)
+    if len(base) > budget:
+        room = max_model_len - len(base)
+        if room < MIN_ANSWER_TOKENS:
+            raise PromptTooLong(
+                f"This message is {len(base):,} tokens long with the instructions; the model's "
+                f"context holds {max_model_len:,}. Shorten the message."
+            )
+        messages = chat_messages(system_prompt=system_prompt, question=question)
+        return AssembledPrompt(
+            token_ids=base, messages=messages, kept_exchanges=0,
+            dropped_exchanges=len(exchanges), used_memory=False, used_summary=False,
+            max_tokens=min(max_tokens, room), budget=budget,
+        )  # fmt: skip
+    use_memory = bool(memory.strip()) and len(encode(memory_in=True, summary_in=False, keep=0)) <= budget
+    use_summary = (
+        bool(summary.strip())
+        and len(encode(memory_in=use_memory, summary_in=True, keep=0)) <= budget
+    )
+    keep = largest_fitting(
+        len(exchanges),
+        lambda k: len(encode(memory_in=use_memory, summary_in=use_summary, keep=k)) <= budget,
+    )
+    token_ids = encode(memory_in=use_memory, summary_in=use_summary, keep=keep)
+    messages = chat_messages(
+        system_prompt=system_prompt,
+        memory=memory if use_memory else "",
+        summary=summary if use_summary else "",
+        exchanges=list(exchanges[len(exchanges) - keep :]) if keep else [],
+        question=question,
+    )
+    return AssembledPrompt(
+        token_ids=token_ids, messages=messages, kept_exchanges=keep,
+        dropped_exchanges=len(exchanges) - keep, used_memory=use_memory,
+        used_summary=use_summary, max_tokens=max_tokens, budget=budget,
+    )  # fmt: skip

@@ -62,3 +62,147 @@ def test_message_too_long_for_any_answer_raises():
             system_prompt="", messages=[{"role": "user", "content": "w " * 58}],
             encode_chat=encode_words, max_model_len=60 + MIN_ANSWER_TOKENS - 1, max_tokens=50,
         )  # fmt: skip
+
+
+# --- prompt_assemble: system, memory, summary, then the newest whole exchanges (issue 4) -------
+
+from inference.prompts import chat_messages, largest_fitting, prompt_assemble  # noqa: E402
+
+
+def exchanges(n: int, words: int = 10) -> list[tuple[str, str]]:
+    return [(f"q{i} " + "w " * (words - 1), f"a{i} " + "w " * (words - 1)) for i in range(n)]
+
+
+def recording(encode):
+    """``encode`` that also keeps the messages of its last call."""
+    calls = []
+
+    def wrapped(messages):
+        calls.append(list(messages))
+        return encode(messages)
+
+    wrapped.calls = calls
+    return wrapped
+
+
+def assemble(**overrides):
+    args = {
+        "system_prompt": "be brief", "question": "latest question", "exchanges": exchanges(3),
+        "encode_chat": encode_words, "max_model_len": 1000, "max_tokens": 100,
+    }  # fmt: skip
+    args.update(overrides)
+    return prompt_assemble(**args)
+
+
+def test_assembly_orders_system_memory_summary_then_exchanges_then_the_question():
+    """Given memory, a summary and history that all fit, when the prompt is assembled, then one
+    system message carries the instructions, then memory, then summary (that order), followed
+    by every exchange oldest first and the new question last."""
+    result = assemble(memory="likes tea", summary="we talked about cats")
+
+    system = result.messages[0]
+    assert system["role"] == "system"
+    assert system["content"].index("be brief") < system["content"].index("likes tea")
+    assert system["content"].index("likes tea") < system["content"].index("we talked about cats")
+    assert [m["content"].split()[0] for m in result.messages[1:]] == [
+        "q0", "a0", "q1", "a1", "q2", "a2", "latest",
+    ]  # fmt: skip
+    assert (result.kept_exchanges, result.dropped_exchanges) == (3, 0)
+    assert result.used_memory and result.used_summary
+    assert result.token_ids == encode_words(result.messages)
+
+
+def test_oldest_whole_exchanges_are_dropped_first_when_over_budget():
+    """Given 10 exchanges of 24 tokens (2 x (2 + 10)) and a budget of 100 tokens after the
+    answer's share, when assembled, then only the newest whole exchanges that fit remain (never
+    half of one), the count of dropped ones is reported, and the prompt is within budget."""
+    result = assemble(exchanges=exchanges(10), max_model_len=150, max_tokens=50)
+
+    assert len(result.token_ids) <= 100
+    contents = [m["content"].split()[0] for m in result.messages[1:-1]]
+    assert contents == ["q7", "a7", "q8", "a8", "q9", "a9"]
+    assert (result.kept_exchanges, result.dropped_exchanges) == (3, 7)
+    # One more exchange would not have fitted: the fewest possible were dropped.
+    assert len(encode_words(chat_messages(
+        system_prompt="be brief", exchanges=exchanges(10)[6:], question="latest question"
+    ))) > 100  # fmt: skip
+    assert result.max_tokens == 50
+
+
+def test_the_summary_goes_in_before_any_exchange_and_memory_before_the_summary():
+    """Given a budget that holds the system prompt, memory, summary and question but little
+    history, when assembled, then memory and summary are kept and exchanges are dropped."""
+    summary = "s " * 30
+    result = assemble(memory="m " * 20, summary=summary, exchanges=exchanges(5), max_model_len=130, max_tokens=40)
+
+    assert result.used_memory and result.used_summary
+    assert result.dropped_exchanges >= 4
+    assert len(result.token_ids) <= 90
+
+
+def test_a_summary_that_does_not_fit_is_left_out_but_memory_stays():
+    """Given a summary too long for the budget, when assembled, then the memory block and the
+    question still go in, the summary does not, and nothing exceeds the budget."""
+    result = assemble(memory="m " * 10, summary="s " * 500, exchanges=[], max_model_len=200, max_tokens=100)
+
+    assert result.used_memory and not result.used_summary
+    assert "s s s" not in result.messages[0]["content"]
+    assert len(result.token_ids) <= 100
+
+
+def test_the_system_prompt_is_never_trimmed():
+    """Given a long system prompt and history over budget, when assembled, then the system
+    prompt is in the prompt whole, and history is what gives way."""
+    system = "rule " * 50
+    result = assemble(system_prompt=system, exchanges=exchanges(10), max_model_len=200, max_tokens=50)
+
+    assert result.messages[0]["content"] == system.strip()
+    assert result.dropped_exchanges > 0
+
+
+def test_a_system_prompt_that_alone_does_not_fit_raises_prompt_too_long():
+    with pytest.raises(PromptTooLong):
+        assemble(system_prompt="rule " * 100, exchanges=exchanges(2), max_model_len=100, max_tokens=20)
+
+
+def test_a_long_question_shrinks_the_answer_budget_and_drops_all_history():
+    """Given a question that with the instructions exceeds the budget but leaves at least
+    MIN_ANSWER_TOKENS of context, when assembled, then no history goes in and the completion
+    budget is what is left of the context."""
+    result = assemble(question="w " * 60, exchanges=exchanges(2), max_model_len=100, max_tokens=50)
+
+    assert result.kept_exchanges == 0 and result.dropped_exchanges == 2
+    assert result.max_tokens == 100 - len(result.token_ids)
+    assert result.max_tokens >= MIN_ANSWER_TOKENS
+
+
+def test_consecutive_turns_share_a_prefix_up_to_the_previous_question():
+    """Given a conversation that grows by one exchange a turn (all within budget), when two
+    consecutive turns are assembled with the same memory and summary, then the earlier prompt's
+    tokens are a prefix of the later one's up to its final assistant header: what lets vLLM's
+    prefix cache reuse the KV blocks (issue 4)."""
+    def encode_tokens(messages):  # distinct ids per word, so a prefix check means something
+        ids = []
+        for m in messages:
+            ids += [hash(m["role"]) % 1000] + [hash(w) % 50_000 for w in m["content"].split()]
+        return ids
+
+    history = exchanges(4)
+    turn_4 = assemble(memory="m", summary="s", exchanges=history[:3], question=history[3][0], encode_chat=encode_tokens)
+    turn_5 = assemble(memory="m", summary="s", exchanges=history, question="next", encode_chat=encode_tokens)
+
+    assert turn_5.token_ids[: len(turn_4.token_ids)] == turn_4.token_ids
+
+
+def test_assembly_tokenizes_a_logarithmic_number_of_times():
+    """Given 1,000 exchanges, when assembled over budget, then the exact token count is found
+    with a binary search (tens of tokenizations, not a thousand)."""
+    encode = recording(encode_words)
+    assemble(exchanges=exchanges(1000), encode_chat=encode, max_model_len=2000, max_tokens=100)
+
+    assert len(encode.calls) <= 15
+
+
+@pytest.mark.parametrize("limit", [0, 1, 5, 9, 10])
+def test_largest_fitting_finds_the_boundary(limit):
+    assert largest_fitting(10, lambda k: k <= limit) == limit
