@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector
 from django.db import models
 from django.utils import timezone
 
@@ -104,7 +106,13 @@ class Turn(models.Model):
 
     class Meta:
         ordering = ("created_at", "turn_id")
-        indexes = [models.Index(fields=["conversation", "created_at"], name="turn_conv_time")]
+        indexes = [
+            # Keyset history pages: one conversation, newest first (migration 0004).
+            models.Index(fields=["conversation", "created_at", "turn_id"], name="turn_conv_keyset"),
+            # Full-text search over turn text (selectors.conversation_search, migration 0005);
+            # the query must use this very expression for the index to serve it.
+            GinIndex(SearchVector("content", config="english"), name="turn_content_fts"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.role} turn {self.turn_id}"
