@@ -10,6 +10,7 @@ from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import User
+from conversations import writeback
 from conversations.models import Conversation, Turn
 
 
@@ -30,26 +31,54 @@ def conversation_get_for_user(*, conversation_id: UUID, user: User) -> Conversat
 aconversation_get_for_user = sync_to_async(conversation_get_for_user)
 
 
+def _turn_order(turn: Turn) -> tuple:
+    return turn.created_at, str(turn.turn_id)  # the database's order (UUIDs compare as hex)
+
+
+def _with_held(conversation_id: UUID, turns: list[Turn], keep=None) -> list[Turn]:
+    """``turns`` (read from PostgreSQL, oldest first) plus the conversation's turns held in Redis
+    and not among them (conversations/writeback.py: answers awaiting write-back, zero-retention
+    turns), oldest first. ``keep(turn)`` filters the held ones to the caller's range."""
+    known = {t.turn_id for t in turns}
+    held = [
+        t
+        for t in writeback.held_turns(conversation_id)
+        if t.turn_id not in known and (keep is None or keep(t))
+    ]
+    return sorted(turns + held, key=_turn_order) if held else turns
+
+
 def turn_list(*, conversation: Conversation) -> list[Turn]:
-    """All turns of a conversation in the order they were written."""
-    return list(conversation.turns.order_by("created_at", "turn_id"))
+    """All turns of a conversation in the order they were written (held ones included)."""
+    turns = list(conversation.turns.order_by("created_at", "turn_id"))
+    return _with_held(conversation.conversation_id, turns)
 
 
 def user_turn_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
-    """A user turn of this conversation. Raises Http404 if there is none with that id."""
+    """A user turn of this conversation (a zero-retention one from Redis). Raises Http404 if
+    there is none with that id."""
     try:
         return conversation.turns.get(turn_id=turn_id, role=Turn.Role.USER)
     except Turn.DoesNotExist:
-        raise Http404("No such message in this conversation.") from None
+        pass
+    for held in writeback.held_turns(conversation.conversation_id):
+        if held.turn_id == turn_id and held.role == Turn.Role.USER:
+            return held
+    raise Http404("No such message in this conversation.")
 
 
 def reply_get(*, turn: Turn) -> Turn | None:
-    """The stored assistant answer to a user turn, or None if it has none yet."""
-    return (
+    """The assistant answer to a user turn (stored, or held awaiting write-back), or None if
+    it has none yet."""
+    stored = (
         Turn.objects.filter(conversation_id=turn.conversation_id, reply_to_id=turn.turn_id)
         .order_by("created_at")
         .first()
     )
+    if stored is not None:
+        return stored
+    held = [t for t in writeback.held_turns(turn.conversation_id) if t.reply_to_id == turn.turn_id]
+    return held[0] if held else None
 
 
 @dataclass(frozen=True)
@@ -80,6 +109,7 @@ def prompt_history(*, conversation_id: UUID, upto: Turn) -> list[dict[str, str]]
         .order_by("created_at", "turn_id")
         .only("turn_id", "role", "content", "status", "reply_to_id", "created_at")
     )
+    turns = _with_held(conversation_id, turns, keep=lambda t: t.created_at <= upto.created_at)
     answers = {
         t.reply_to_id: t
         for t in turns
@@ -124,6 +154,12 @@ def turn_page(*, conversation: Conversation, before: tuple | None, limit: int) -
     if before is not None:
         query = query.filter(_keyset_before("created_at", "turn_id", before))
     rows = list(query.order_by("-created_at", "-turn_id")[: limit + 1])
+    cursor = (before[0], str(before[1])) if before is not None else None
+    rows = _with_held(
+        conversation.conversation_id,
+        rows[::-1],
+        keep=lambda t: cursor is None or _turn_order(t) < cursor,
+    )[::-1][: limit + 1]
     page = rows[:limit]
     page.reverse()
     return page, len(rows) > limit

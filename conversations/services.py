@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+from datetime import datetime
 from uuid import UUID
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from accounts.models import User
+from conversations import retention
 from conversations.models import Conversation, Turn
+
+logger = logging.getLogger(__name__)
 
 
 def message_clean(content: str) -> str:
@@ -98,6 +104,8 @@ def turn_append_user(*, conversation: Conversation, content: str) -> Turn:
     Raises ValidationError for an invalid message (see :func:`message_clean`); nothing is stored.
     """
     text = message_clean(content)
+    if retention.conversation_zero_retention(conversation):
+        return _zero_retention_user_turn(conversation=conversation, text=text)
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
     now = timezone.now()
     turn = Turn.objects.create(
@@ -113,6 +121,28 @@ def turn_append_user(*, conversation: Conversation, content: str) -> Turn:
     return turn
 
 
+def _zero_retention_user_turn(*, conversation: Conversation, text: str) -> Turn:
+    """A zero-retention conversation's user turn: never written to PostgreSQL (issue 4,
+    Retention). Its only copy is a Redis record that expires after ``settings.CHAT_ZDR_TTL_S``
+    (conversations/writeback.py), the history for the next turns within that window. Only the
+    conversation's ``last_turn_at`` (no content) is updated; no title is taken from the text."""
+    from conversations import writeback  # noqa: PLC0415 - writeback imports this module
+
+    now = timezone.now()
+    turn = Turn(conversation=conversation, role=Turn.Role.USER, content=text, created_at=now)
+    try:
+        writeback.hold(
+            writeback.turn_record(turn, zero_retention=True),
+            ttl_s=settings.CHAT_ZDR_TTL_S,
+            due=False,
+        )
+    except (RedisError, OSError) as exc:  # answered anyway; later turns just lack it
+        logger.warning("zero-retention turn %s not kept (Redis: %s)", turn.turn_id, exc)
+    Conversation.objects.filter(pk=conversation.pk).update(last_turn_at=now)
+    conversation.last_turn_at = now
+    return turn
+
+
 @transaction.atomic
 def turn_append_assistant(
     *,
@@ -123,18 +153,34 @@ def turn_append_assistant(
     status: str,
     prompt_tokens: int,
     completion_tokens: int,
+    created_at: datetime | None = None,
 ) -> Turn:
     """Store the assistant's answer to ``reply_to_id``; idempotent on ``turn_id``.
 
     Called once per generation when its stream ends (complete, cancelled with the partial text,
-    or failed). A second call with the same ``turn_id`` returns the stored turn unchanged, so a
-    retried write never stores an answer twice.
+    or failed), usually by the write-back task (conversations/writeback.py). A second call with
+    the same ``turn_id`` returns the stored turn unchanged, so a retried write never stores an
+    answer twice. ``created_at`` (default: now) is when the answer finished, so a write that
+    lands late keeps the turn's place in the conversation. A zero-retention conversation's
+    answer is never stored: the unsaved turn is returned. Raises Conversation.DoesNotExist if
+    the conversation is gone.
     """
     existing = Turn.objects.filter(pk=turn_id).first()
     if existing is not None:
         return existing
     locked = Conversation.objects.select_for_update().get(pk=conversation_id)
-    now = timezone.now()
+    # Again under the conversation's lock: two deliveries of one write-back (PF-J1) that both
+    # passed the check above are serialised here, and the second finds the first's row.
+    existing = Turn.objects.filter(pk=turn_id).first()
+    if existing is not None:
+        return existing
+    now = created_at or timezone.now()
+    if retention.conversation_zero_retention(locked):
+        return Turn(
+            turn_id=turn_id, conversation=locked, role=Turn.Role.ASSISTANT, content=content,
+            status=status, token_count=completion_tokens, prompt_tokens=prompt_tokens,
+            reply_to_id=reply_to_id, created_at=now,
+        )  # fmt: skip
     turn = Turn.objects.create(
         turn_id=turn_id,
         conversation=locked,
@@ -146,6 +192,7 @@ def turn_append_assistant(
         reply_to_id=reply_to_id,
         created_at=now,
     )
-    locked.last_turn_at = now
-    locked.save(update_fields=["last_turn_at"])
+    if locked.last_turn_at is None or now > locked.last_turn_at:
+        locked.last_turn_at = now
+        locked.save(update_fields=["last_turn_at"])
     return turn

@@ -29,7 +29,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from conversations import selectors, services, turnlog
+from conversations import retention, selectors, services, turnlog, writeback
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.sse import sse_comment, sse_event
@@ -55,6 +55,8 @@ class TurnStream:
     conversation_id: UUID
     question_id: UUID
     answer_id: UUID = field(default_factory=uuid.uuid4)
+    # Zero-retention conversation (conversations/retention.py): short-lived Redis copies only.
+    zero_retention: bool = False
     events: list[StreamEvent] = field(default_factory=list)
     finished: bool = False
     status: str | None = None
@@ -67,7 +69,8 @@ class TurnStream:
 
     def __post_init__(self) -> None:
         # Mirror to Redis so another process can resume this stream (conversations/turnlog.py).
-        self.log = turnlog.TurnLogWriter(self.answer_id, self.question_id, self.conversation_id)
+        zdr = (settings.CHAT_ZDR_TTL_S, settings.CHAT_ZDR_STREAM_LINGER_S) if self.zero_retention else ()
+        self.log = turnlog.TurnLogWriter(self.answer_id, self.question_id, self.conversation_id, *zdr)
 
     def publish(self, event: str, data: dict[str, Any]) -> None:
         """Append an event, wake every reader, and queue it for the Redis mirror."""
@@ -291,12 +294,14 @@ async def turn_submit(
             question = await sync_to_async(services.turn_append_user)(
                 conversation=conversation, content=content
             )
+            zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
             stream = generation_start(
                 conversation_id=conversation_id,
                 question=question,
                 system_prompt=conversation.system_prompt,
                 max_tokens=max_tokens,
                 answer_id=answer_id,
+                zero_retention=zero_retention,
                 _claimed_by_caller=True,
             )
         except BaseException:
@@ -314,13 +319,15 @@ def generation_start(
     system_prompt: str = "",
     max_tokens: int | None = None,
     answer_id: UUID | None = None,
+    zero_retention: bool = False,
     _claimed_by_caller: bool = False,
 ) -> TurnStream:
     """Start answering ``question`` (a stored user turn) as a background task; return its stream.
 
     ``system_prompt`` (blank: ``settings.CHAT_SYSTEM_PROMPT``) leads the prompt; ``max_tokens``
-    (None: ``settings.CHAT_MAX_TOKENS``) caps the answer. Must be called from the server's event
-    loop. Raises ConversationBusy if the conversation is already generating. The task holds the
+    (None: ``settings.CHAT_MAX_TOKENS``) caps the answer. ``zero_retention``: the conversation
+    keeps nothing in PostgreSQL and only short-lived copies in Redis. Must be called from the
+    server's event loop. Raises ConversationBusy if the conversation is already generating. The task holds the
     stream in the registry until its answer is stored.
     """
     if not _claimed_by_caller:
@@ -330,6 +337,7 @@ def generation_start(
         conversation_id=conversation_id,
         question_id=question.turn_id,
         answer_id=answer_id or uuid.uuid4(),
+        zero_retention=zero_retention,
     )
     _streams[question.turn_id] = stream
     _by_answer[stream.answer_id] = stream
@@ -450,16 +458,21 @@ async def _finish(
     prompt_tokens: int,
     completion_tokens: int,
 ) -> None:
-    """Store the answer (shielded: a second cancel cannot lose it), then publish the end."""
-    store = _db(
-        services.turn_append_assistant,
-        conversation_id=stream.conversation_id,
-        turn_id=stream.answer_id,
-        reply_to_id=question.turn_id,
-        content=text,
-        status=status,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
+    """Make the answer durable (shielded: a second cancel cannot lose it), then publish the end.
+
+    Durable means held in Redis with its write-back queued, or inserted at once when Redis is
+    down (conversations/writeback.py); only then is ``done`` sent."""
+    store = writeback.answer_finish(
+        record=writeback.answer_record(
+            conversation_id=stream.conversation_id,
+            turn_id=stream.answer_id,
+            reply_to_id=question.turn_id,
+            content=text,
+            status=status,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            zero_retention=stream.zero_retention,
+        )
     )
     try:
         await _despite_cancellation(store)

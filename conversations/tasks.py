@@ -3,3 +3,5 @@
 Celery's autodiscovery imports this module; each task lives beside the service it wraps and is
 registered by the import below.
 """
+
+from conversations import retention, writeback  # noqa: E402,F401 - turn_write_back(_sweep), conversations_purge_expired

@@ -153,8 +153,20 @@ def ensure_cancel_listener(on_cancel) -> None:
 class TurnLogWriter:
     """Mirrors one turn's events to Redis in order, off the token path (a queue + one task)."""
 
-    def __init__(self, answer_id: UUID, question_id: UUID, conversation_id: UUID):
+    def __init__(
+        self,
+        answer_id: UUID,
+        question_id: UUID,
+        conversation_id: UUID,
+        ttl_s: float | None = None,
+        linger_s: float | None = None,
+    ):
+        """``ttl_s``: expiry of the turn's keys (default ``settings.CHAT_STREAM_TTL_S``);
+        ``linger_s``: if set, they expire this many seconds after the turn ends instead
+        (zero-retention turns: conversations/retention.py)."""
         self.answer_id = answer_id
+        self.ttl_s = ttl_s
+        self.linger_s = linger_s
         self.question_id = question_id
         self.conversation_id = conversation_id
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -176,7 +188,7 @@ class TurnLogWriter:
     async def _run(self) -> None:
         client = redis_client()
         key = stream_key(self.answer_id)
-        ttl = int(settings.CHAT_STREAM_TTL_S)
+        ttl = int(self.ttl_s or settings.CHAT_STREAM_TTL_S)
         try:
             async with client.pipeline(transaction=False) as pipe:
                 pipe.set(question_key(self.question_id), str(self.answer_id), ex=ttl)
@@ -214,7 +226,11 @@ class TurnLogWriter:
                 self._degrade(exc)
         if self.healthy:
             try:
-                await client.expire(key, ttl)
+                if self.linger_s is None:
+                    await client.expire(key, ttl)
+                else:
+                    for ended in (key, question_key(self.question_id), owner_key(self.answer_id)):
+                        await client.expire(ended, max(int(self.linger_s), 1))
             except (RedisError, OSError) as exc:
                 self._degrade(exc)
         await conversation_unlock(self.conversation_id, self.answer_id)

@@ -24,7 +24,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from conversations import selectors, services, streaming, turnlog
+from conversations import retention, selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.sse import last_event_id, release_db_connection, sse_event, sse_response
@@ -172,6 +172,9 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
                     question=question,
                     system_prompt=conversation.system_prompt,
                     max_tokens=streaming.max_tokens_for(user.tier),
+                    zero_retention=await sync_to_async(retention.conversation_zero_retention)(
+                        conversation
+                    ),
                 )
             except streaming.ConversationBusy as exc:
                 body = _single_error(str(exc))

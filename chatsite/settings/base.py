@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(os.environ.get("CHAT_VAR_DIR", BASE_DIR / "var"))
@@ -232,3 +233,30 @@ CHAT_STREAM_ATTACH_TIMEOUT_S = float(os.environ.get("CHAT_STREAM_ATTACH_TIMEOUT_
 CHAT_SSE_KEEPALIVE_S = float(os.environ.get("CHAT_SSE_KEEPALIVE_S", "15"))
 CHAT_DEFAULT_REGION = os.environ.get("CHAT_DEFAULT_REGION", "eu-west")
 CHAT_REGIONS = ("eu-west", "us-east")
+
+# --- Durable write-back, retention, zero data retention (conversations/writeback.py, retention.py) ---
+# A finished answer is held in Redis (chat:pending:{turn_id}) until the Celery task
+# turn_write_back has committed it to PostgreSQL. The hold expires after this many seconds only
+# as a last resort (a week: far longer than any worker outage the sweeper must bridge).
+CHAT_WRITEBACK_HOLD_TTL_S = env_int("CHAT_WRITEBACK_HOLD_TTL_S", 7 * 86400)
+# The sweeper (beat, every CHAT_WRITEBACK_SWEEP_S) queues the write again for a held answer
+# still unwritten this many seconds after it was held or last queued (its task was lost).
+CHAT_WRITEBACK_REQUEUE_AFTER_S = env_int("CHAT_WRITEBACK_REQUEUE_AFTER_S", 120)
+CHAT_WRITEBACK_SWEEP_S = env_int("CHAT_WRITEBACK_SWEEP_S", 60)
+# Days a conversation is kept after its last turn, per owner tier (None: kept); an
+# organisation's own Organisation.retention_days overrides its tier's value.
+CHAT_RETENTION_DAYS_BY_TIER = {"free": 30, "paid": None, "enterprise": None}
+# Zero-retention organisations: every transient copy of a turn (held records, turn event logs,
+# hot cache) expires within this many seconds (the issue's ceiling is 10 minutes).
+CHAT_ZDR_TTL_S = env_int("CHAT_ZDR_TTL_S", 600)
+# A zero-retention turn's event log lingers this long after the turn ends, so a reader on
+# another server process still gets the end of the stream, then it is gone.
+CHAT_ZDR_STREAM_LINGER_S = env_int("CHAT_ZDR_STREAM_LINGER_S", 5)
+CELERY_BEAT_SCHEDULE["conversations.turn_write_back_sweep"] = {
+    "task": "conversations.turn_write_back_sweep",
+    "schedule": float(CHAT_WRITEBACK_SWEEP_S),
+}
+CELERY_BEAT_SCHEDULE["conversations.conversations_purge_expired"] = {
+    "task": "conversations.conversations_purge_expired",
+    "schedule": crontab(hour=3, minute=17),  # daily, off the hour
+}

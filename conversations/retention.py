@@ -1,0 +1,117 @@
+"""Retention: conversations are purged after their owner's (or organisation's) period, and
+zero-retention organisations keep no turn in PostgreSQL at all.
+
+Issue 4 ("Retention"). Periods, in days after a conversation's last turn:
+
+- a conversation of an organisation: ``Organisation.retention_days``, or when that is unset the
+  organisation's tier's value in ``settings.CHAT_RETENTION_DAYS_BY_TIER``;
+- any other conversation: its owner's tier's value there.
+
+``None`` means kept. The daily beat task ``conversations.conversations_purge_expired`` deletes
+what is past its period (:func:`conversations_purge_expired`).
+
+Accounts and organisations live in the global (default) database and conversations in their
+region's, so nothing here joins across the two: owners and organisations are read first, then
+their conversations are deleted by id lists in batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import Organisation, User
+from conversations.models import Conversation
+
+logger = logging.getLogger(__name__)
+
+BATCH = 1000  # ids per DELETE ... WHERE owner_id/org_id IN (...)
+
+
+def conversation_zero_retention(conversation: Conversation) -> bool:
+    """Whether ``conversation`` belongs to a zero-retention organisation
+    (``Organisation.zero_retention``): its turns are never written to PostgreSQL and their
+    transient copies expire within ``settings.CHAT_ZDR_TTL_S`` seconds. One indexed query when
+    the conversation has an organisation, none otherwise."""
+    if conversation.org_id is None:
+        return False
+    return Organisation.objects.filter(pk=conversation.org_id, zero_retention=True).exists()
+
+
+def retention_days_for_tier(tier: str) -> int | None:
+    """Days a conversation of a ``tier`` owner is kept after its last turn (None: kept).
+    Source: ``settings.CHAT_RETENTION_DAYS_BY_TIER`` (the issue: free 30 days, paid kept)."""
+    return settings.CHAT_RETENTION_DAYS_BY_TIER.get(tier)
+
+
+def organisation_retention_days(organisation: Organisation) -> int | None:
+    """An organisation's period in days: its own ``retention_days``, else its tier's."""
+    if organisation.retention_days is not None:
+        return organisation.retention_days
+    return retention_days_for_tier(organisation.tier)
+
+
+def _batches(ids: Iterable, size: int = BATCH) -> Iterator[list]:
+    batch: list = []
+    for item in ids:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _purge(conversations, *, owner_ids=None, org_ids=None, cutoff: datetime) -> int:
+    """Delete (with their turns) ``conversations`` (a queryset) of these owners or
+    organisations whose last turn is before ``cutoff``; returns how many conversations."""
+    query = conversations.filter(last_turn_at__lt=cutoff)
+    if owner_ids is not None:
+        query = query.filter(org__isnull=True, owner_id__in=owner_ids)
+    if org_ids is not None:
+        query = query.filter(org_id__in=org_ids)
+    with transaction.atomic(using=query.db):
+        _, by_model = query.delete()
+    return by_model.get(Conversation._meta.label, 0)
+
+
+def conversations_purge_expired(*, now: datetime | None = None) -> int:
+    """Delete every conversation (and its turns) whose last turn is older than its retention
+    period (module docstring) at ``now`` (default: the current time; tests pass a moved clock).
+    Returns the number of conversations deleted. Safe to run at any time and more than once.
+    """
+    now = now or timezone.now()
+    conversations = Conversation.objects.all()
+    purged = 0
+    # Organisations' conversations, grouped by period so each period is one batch of deletes.
+    org_ids_by_days: dict[int, list[int]] = defaultdict(list)
+    for organisation in Organisation.objects.only("pk", "tier", "retention_days"):
+        days = organisation_retention_days(organisation)
+        if days is not None:
+            org_ids_by_days[days].append(organisation.pk)
+    for days, org_ids in org_ids_by_days.items():
+        for batch in _batches(org_ids):
+            purged += _purge(conversations, org_ids=batch, cutoff=now - timedelta(days=days))
+    # Everyone else's, by the owner's tier.
+    for tier, days in settings.CHAT_RETENTION_DAYS_BY_TIER.items():
+        if days is None:
+            continue
+        owner_ids = User.objects.filter(tier=tier).values_list("pk", flat=True).iterator(BATCH)
+        for batch in _batches(owner_ids):
+            purged += _purge(conversations, owner_ids=batch, cutoff=now - timedelta(days=days))
+    if purged:
+        logger.info("retention: purged %d conversation(s)", purged)
+    return purged
+
+
+@shared_task(name="conversations.conversations_purge_expired", acks_late=True)
+def conversations_purge_expired_task() -> int:
+    """Celery beat, daily: :func:`conversations_purge_expired` now; returns the count."""
+    return conversations_purge_expired()
