@@ -260,3 +260,80 @@ CELERY_BEAT_SCHEDULE["conversations.conversations_purge_expired"] = {
     "task": "conversations.conversations_purge_expired",
     "schedule": crontab(hour=3, minute=17),  # daily, off the hour
 }
+
+# --- Turn log partitions (conversations/partitions.py) ---
+# Monthly partitions of conversations_turn are created this many months ahead of the current
+# one (daily beat task; `manage.py turn_partitions`). A DEFAULT partition catches the rest.
+CHAT_TURN_PARTITIONS_AHEAD = env_int("CHAT_TURN_PARTITIONS_AHEAD", 3)
+CELERY_BEAT_SCHEDULE["conversations.turn_partitions_ensure"] = {
+    "task": "conversations.turn_partitions_ensure",
+    "schedule": crontab(hour=2, minute=41),  # daily, off the hour
+}
+
+# --- Read replicas and regions (chatsite/dbrouter.py, conversations/regions.py) ---
+# A database URL may name several hosts, libpq style, for failover without a config change:
+#   postgresql://user@primary:5432,standby:5432/chat?target_session_attrs=read-write
+# connects to whichever of them accepts writes (after a promotion: the promoted standby).
+
+
+def database_from_url(url: str, test: dict | None = None) -> dict:
+    """A ``DATABASES`` entry from a PostgreSQL URL, pooled like ``default``.
+
+    Accepts libpq's multi-host form (``host1:port1,host2:port2`` in the authority), which
+    dj-database-url does not parse: HOST and PORT become comma-separated lists, which psycopg
+    passes to libpq as they are. Query parameters become OPTIONS (``target_session_attrs``...).
+    """
+    from urllib.parse import urlsplit, urlunsplit  # noqa: PLC0415
+
+    parts = urlsplit(url)
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    hosts = hostlist.split(",")
+    first = urlunsplit(parts._replace(netloc=f"{userinfo}@{hosts[0]}" if userinfo else hosts[0]))
+    db = dj_database_url.parse(first, conn_max_age=0, conn_health_checks=True)
+    if len(hosts) > 1:
+        names, ports = zip(*(h.rpartition(":")[::2] if ":" in h else (h, "") for h in hosts))
+        db["HOST"], db["PORT"] = ",".join(names), ",".join(ports)
+    if "pool" in DATABASES["default"].get("OPTIONS", {}):
+        db.setdefault("OPTIONS", {})["pool"] = dict(DATABASES["default"]["OPTIONS"]["pool"])
+    db["TEST"] = dict(test or {})
+    return db
+
+
+# Read replicas of `default`: a comma-separated list of URLs, aliases replica_1, replica_2, ...
+# In tests each one mirrors the test database (Django's TEST MIRROR for replicas).
+DATABASE_REPLICA_URLS = [u for u in os.environ.get("DATABASE_REPLICA_URLS", "").split(",") if u]
+# Primary alias -> its replica aliases. The router reads conversation data from these.
+DATABASE_REPLICAS: dict[str, list[str]] = {"default": []}
+for _i, _url in enumerate(DATABASE_REPLICA_URLS, 1):
+    DATABASES[f"replica_{_i}"] = database_from_url(_url, {"MIRROR": "default"})
+    DATABASE_REPLICAS["default"].append(f"replica_{_i}")
+
+# Regions with a database of their own, as JSON: {"us-east": URL} or, with read replicas,
+# {"us-east": [PRIMARY_URL, REPLICA_URL, ...]}. Aliases: region_us-east, region_us-east_replica_1.
+# Unset: one region-less deployment, every conversation in `default` whatever its region label.
+# Set: a conversation is stored in its home region's database; the default region's data stays
+# in `default` unless the default region is listed too; a region with no database is refused.
+CHAT_REGION_DATABASE_URLS = json.loads(os.environ.get("CHAT_REGION_DATABASE_URLS") or "{}")
+CHAT_REGION_DATABASES: dict[str, str] = {}  # region -> primary alias
+for _region, _urls in CHAT_REGION_DATABASE_URLS.items():
+    _urls = [_urls] if isinstance(_urls, str) else list(_urls)
+    _alias = f"region_{_region}"
+    _test_name = os.environ.get("CHAT_TEST_DB_NAME")
+    DATABASES[_alias] = database_from_url(
+        _urls[0], {"NAME": f"{_test_name}_{_region.replace('-', '_')}"} if _test_name else {}
+    )
+    CHAT_REGION_DATABASES[_region] = _alias
+    DATABASE_REPLICAS[_alias] = []
+    for _i, _url in enumerate(_urls[1:], 1):
+        DATABASES[f"{_alias}_replica_{_i}"] = database_from_url(_url, {"MIRROR": _alias})
+        DATABASE_REPLICAS[_alias].append(f"{_alias}_replica_{_i}")
+if CHAT_REGION_DATABASES:
+    CHAT_REGION_DATABASES.setdefault(CHAT_DEFAULT_REGION, "default")
+CHAT_REGIONS = tuple(dict.fromkeys((*CHAT_REGIONS, *CHAT_REGION_DATABASES)))
+# Apps whose rows live in a region's database; everything else (accounts, organisations, API
+# keys, sessions, auth) is global and lives in `default`.
+CHAT_REGIONAL_APPS = ("conversations",)
+# Read-your-writes: for this many seconds after a user's conversation data was written, that
+# user's reads of it go to the primary, not a replica (longer than replication lag ever is).
+CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
+DATABASE_ROUTERS = ["chatsite.dbrouter.PrimaryReplicaRouter"]
