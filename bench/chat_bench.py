@@ -194,7 +194,7 @@ def _role(pid: int) -> str:
     for needle, name in (
         (b"VLLM::Worker", "vllm-worker"),
         (b"VLLM::EngineCore", "vllm-enginecore"),
-        (b"daphne", "daphne"),
+        (b"chatsite.serve", "daphne"),
         (b"postgres", "postgres"),
         (b"redis", "redis"),
     ):
@@ -616,7 +616,7 @@ async def run_full(args) -> dict[int, list[BatchResult]]:
     users: list[BenchUser] = []
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen(
-            [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+            [python, "-m", "chatsite.serve", "-b", "127.0.0.1", "-p", str(port),
              app],
             env=env,
             cwd=ROOT,

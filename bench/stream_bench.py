@@ -11,7 +11,7 @@ K in-flight turns "generated elsewhere": for each, what ``conversations.turnlog.
 writes (``chat:a:{answer_id}:conversation`` and ``token`` entries ``0-1``, ``0-2``, ... in
 ``chat:turn:{answer_id}``) and no final ``done``, so the turn looks still generating.
 
-The server is ``python -m daphne chatsite.asgi:application`` with ``CHAT_SSE_KEEPALIVE_S`` =
+The server is ``python -m chatsite.serve chatsite.asgi:application`` (daphne with flow control) with ``CHAT_SSE_KEEPALIVE_S`` =
 ``--keepalive`` (2) and ``CHAT_ENGINE_CLASS=tests.fakes.ScriptedEngine``: no model is loaded and
 the engine is never asked for anything; every byte of these streams comes from Redis.
 
@@ -213,7 +213,7 @@ class Daphne:
             log.flush()
             t0 = now()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", HOST, "-p", str(self.port),
+                [sys.executable, "-m", "chatsite.serve", "-b", HOST, "-p", str(self.port),
                  "chatsite.asgi:application"],
                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # inherits the raised RLIMIT_NOFILE

@@ -183,7 +183,7 @@ def run(port: int, host: str) -> int:
         python = sys.executable
         subprocess.run([python, "manage.py", "migrate", "--noinput"], env=env, check=True, cwd=ROOT)
         server = subprocess.Popen(
-            [python, "-m", "daphne", "-b", host, "-p", str(port), "chatsite.asgi:application"],
+            [python, "-m", "chatsite.serve", "-b", host, "-p", str(port), "chatsite.asgi:application"],
             env=env,
             cwd=ROOT,
             start_new_session=True,

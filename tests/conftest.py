@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 - ``engine_double``: the scripted engine (``tests/fakes.py``) as the process's engine.
-- ``chat_server``: daphne (the production ASGI server) in a thread of this process, serving the
+- ``chat_server``: daphne (the production ASGI server, with chatsite/serve.py's flow control) in a thread of this process, serving the
   real app with the real vLLM engine. Started once per test session, on first use, and shared by
   every real-engine and browser test; tests reach the same engine object through it.
 - ``make_user`` / ``login``: accounts and signed-in HTTP clients.
@@ -25,6 +25,7 @@ import pytest
 from django.conf import settings
 
 import inference.engine as engine_module
+from chatsite.serve import FlowControlServer
 from conversations import streaming
 from tests.fakes import ScriptedEngine
 
@@ -102,6 +103,7 @@ class ChatServer:
     url: str
     loop: asyncio.AbstractEventLoop
     engine: engine_module.VllmEngine
+    server: FlowControlServer
 
     def call(self, coro, timeout: float = 30):
         """Run ``coro`` in the server's event loop and return its result."""
@@ -152,7 +154,7 @@ def chat_server(django_db_setup, django_db_blocker) -> Iterator[ChatServer]:
 
     real = engine_module.VllmEngine.from_settings()
     engine_module._engine = real
-    server = daphne.server.Server(
+    server = FlowControlServer(
         application,
         endpoints=["tcp:port=0:interface=127.0.0.1"],
         signal_handlers=False,
@@ -165,7 +167,9 @@ def chat_server(django_db_setup, django_db_blocker) -> Iterator[ChatServer]:
         assert time.monotonic() < deadline, "daphne did not start listening"
         time.sleep(0.05)
     _, port = server.listening_addresses[0]
-    chat = ChatServer(url=f"http://127.0.0.1:{port}", loop=daphne.server.twisted_loop, engine=real)
+    chat = ChatServer(
+        url=f"http://127.0.0.1:{port}", loop=daphne.server.twisted_loop, engine=real, server=server
+    )
     chat.call(real.ensure_started(), timeout=600)
     try:
         yield chat

@@ -58,7 +58,7 @@ def daphne_process(extra_env: dict[str, str], ready_path: str) -> Iterator[str]:
     # Tasks run in the gateway itself unless a test starts a real worker for them.
     env = stack_env({"CELERY_TASK_ALWAYS_EAGER": "1", **extra_env})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+        [sys.executable, "-m", "chatsite.serve", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
         env=env, cwd=django_settings.BASE_DIR,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip

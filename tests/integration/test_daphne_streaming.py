@@ -144,19 +144,36 @@ def test_open_streams_and_generation_tasks_hold_no_database_sessions(live_double
     assert sessions() <= before + pool_max
 
 
-def test_a_client_that_stops_reading_stalls_neither_its_answer_nor_others(live_double, make_user, settings):
-    """A client that stops reading mid-answer (its socket buffers fill up): generation is not
-    held back by it; the answer is generated and stored in full, and another user's stream
-    flows meanwhile. (daphne buffers what the slow client has not read, so the gateway's share
-    is bounded by the answer size, i.e. the tier's max_tokens ceiling.)"""
+def _transport_backlog(server, path: str) -> tuple[int, object]:
+    """Bytes daphne has accepted for the response to ``path`` but not yet handed to the
+    socket (Twisted's write buffer for that connection), and the connection's write gate."""
+    for protocol in list(server.connections):
+        if getattr(protocol, "path", b"").decode() == path.split("?")[0]:
+            channel = getattr(protocol, "channel", None)
+            transport = getattr(channel, "transport", None) or getattr(protocol, "transport", None)
+            if transport is None:
+                return 0, getattr(server, "write_gates", {}).get(protocol)
+            backlog = len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+            return backlog, getattr(server, "write_gates", {}).get(protocol)
+    return -1, None
+
+
+def test_a_client_that_never_reads_costs_the_gateway_one_buffer_not_the_answer(
+    live_double, make_user, settings
+):
+    """A client that stops reading mid-answer (issue 3: "the server's memory stays bounded;
+    events wait in Redis, not in the gateway"). With daphne's plain server Twisted buffered the
+    whole unread answer; chatsite/serve.py pauses the response instead. Generation is not held
+    back: the answer is stored in full, another user's stream flows meanwhile, and the gateway
+    holds at most about one transport buffer (64 KiB) plus one chunk for the stalled client."""
     import socket as socketlib
 
     from conversations.models import Turn
 
     live, double = live_double
-    settings.CHAT_MAX_TOKENS_CEILING_BY_TIER = {"free": 4000}
-    settings.CHAT_MAX_TOKENS = 4000
-    big = ["x" * 200] * 3000  # ~600 kB of events, far more than the socket buffers hold
+    settings.CHAT_MAX_TOKENS_CEILING_BY_TIER = {"free": 8000}
+    settings.CHAT_MAX_TOKENS = 8000
+    big = ["x" * 600] * 4000  # ~2.6 MB of events, far more than socket buffers hold
     double.scripts = [big, ["other", " answer"]]
     make_user("slow")
     make_user("fast")
@@ -177,10 +194,18 @@ def test_a_client_that_stops_reading_stalls_neither_its_answer_nor_others(live_d
     assert "event: done" in body and '"text":" answer"' in body
 
     question_id = url.split("/")[4]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while not Turn.objects.filter(reply_to_id=question_id).exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     answer = Turn.objects.get(reply_to_id=question_id)
     assert answer.status == Turn.Status.COMPLETE
-    assert len(answer.content) == 200 * 3000
+    assert len(answer.content) == 600 * 4000
+
+    backlog, gate = live.call(_async(_transport_backlog, live.server, url))
+    assert gate is not None and gate.paused and gate.pauses >= 1
+    assert 0 <= backlog < 256 * 1024, f"gateway buffers {backlog} bytes for a stalled client"
     sock.close()
+
+
+async def _async(fn, *args):
+    return fn(*args)
