@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import dj_database_url
 from celery.schedules import crontab
@@ -84,13 +86,38 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/chat"),
+
+def database_from_url(url: str, test: dict | None = None) -> dict:
+    """A ``DATABASES`` entry from a PostgreSQL URL.
+
+    Accepts libpq's multi-host form, which dj-database-url does not parse:
+    ``postgresql://user@primary:5432,standby:5432/chat?target_session_attrs=read-write``
+    connects to whichever host accepts writes (after a failover: the promoted standby, with no
+    config change). HOST and PORT become comma-separated lists, which psycopg hands to libpq as
+    they are; query parameters become OPTIONS. ``test`` is the entry's TEST dict.
+    """
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    hosts = hostlist.split(",")
+    db = dj_database_url.parse(
+        urlunsplit(parts._replace(netloc=f"{userinfo}{at}{hosts[0]}")),
         # Django's docs: no persistent connections under ASGI (each async request may run its
         # ORM calls on another thread); the pool below reuses connections instead.
         conn_max_age=0,
         conn_health_checks=True,
+    )
+    if len(hosts) > 1:
+        pairs = [h.rpartition(":")[::2] if ":" in h else (h, "") for h in hosts]
+        db["HOST"] = ",".join(host for host, _ in pairs)
+        db["PORT"] = ",".join(str(port) for _, port in pairs)
+    if test:
+        db["TEST"] = dict(test)
+    return db
+
+
+DATABASES = {
+    "default": database_from_url(
+        os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/chat")
     )
 }
 DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("CHAT_TEST_DB_NAME")
@@ -271,41 +298,29 @@ CELERY_BEAT_SCHEDULE["conversations.turn_partitions_ensure"] = {
 }
 
 # --- Read replicas and regions (chatsite/dbrouter.py, conversations/regions.py) ---
-# A database URL may name several hosts, libpq style, for failover without a config change:
-#   postgresql://user@primary:5432,standby:5432/chat?target_session_attrs=read-write
-# connects to whichever of them accepts writes (after a promotion: the promoted standby).
+# Every URL here may name several hosts, libpq style (see database_from_url): failover to a
+# promoted standby then needs no config change.
 
 
-def database_from_url(url: str, test: dict | None = None) -> dict:
-    """A ``DATABASES`` entry from a PostgreSQL URL, pooled like ``default``.
-
-    Accepts libpq's multi-host form (``host1:port1,host2:port2`` in the authority), which
-    dj-database-url does not parse: HOST and PORT become comma-separated lists, which psycopg
-    passes to libpq as they are. Query parameters become OPTIONS (``target_session_attrs``...).
-    """
-    from urllib.parse import urlsplit, urlunsplit  # noqa: PLC0415
-
-    parts = urlsplit(url)
-    userinfo, _, hostlist = parts.netloc.rpartition("@")
-    hosts = hostlist.split(",")
-    first = urlunsplit(parts._replace(netloc=f"{userinfo}@{hosts[0]}" if userinfo else hosts[0]))
-    db = dj_database_url.parse(first, conn_max_age=0, conn_health_checks=True)
-    if len(hosts) > 1:
-        names, ports = zip(*(h.rpartition(":")[::2] if ":" in h else (h, "") for h in hosts))
-        db["HOST"], db["PORT"] = ",".join(names), ",".join(ports)
+def _database_pooled_like_default(url: str, test: dict) -> dict:
+    db = database_from_url(url, test)
     if "pool" in DATABASES["default"].get("OPTIONS", {}):
         db.setdefault("OPTIONS", {})["pool"] = dict(DATABASES["default"]["OPTIONS"]["pool"])
-    db["TEST"] = dict(test or {})
     return db
 
 
 # Read replicas of `default`: a comma-separated list of URLs, aliases replica_1, replica_2, ...
+# (a comma followed by a scheme starts the next URL; others belong to a multi-host URL).
 # In tests each one mirrors the test database (Django's TEST MIRROR for replicas).
-DATABASE_REPLICA_URLS = [u for u in os.environ.get("DATABASE_REPLICA_URLS", "").split(",") if u]
+DATABASE_REPLICA_URLS = [
+    u.strip()
+    for u in re.split(r",(?=\s*[a-z][a-z0-9+.-]*://)", os.environ.get("DATABASE_REPLICA_URLS", ""))
+    if u.strip()
+]
 # Primary alias -> its replica aliases. The router reads conversation data from these.
 DATABASE_REPLICAS: dict[str, list[str]] = {"default": []}
 for _i, _url in enumerate(DATABASE_REPLICA_URLS, 1):
-    DATABASES[f"replica_{_i}"] = database_from_url(_url, {"MIRROR": "default"})
+    DATABASES[f"replica_{_i}"] = _database_pooled_like_default(_url, {"MIRROR": "default"})
     DATABASE_REPLICAS["default"].append(f"replica_{_i}")
 
 # Regions with a database of their own, as JSON: {"us-east": URL} or, with read replicas,
@@ -319,13 +334,13 @@ for _region, _urls in CHAT_REGION_DATABASE_URLS.items():
     _urls = [_urls] if isinstance(_urls, str) else list(_urls)
     _alias = f"region_{_region}"
     _test_name = os.environ.get("CHAT_TEST_DB_NAME")
-    DATABASES[_alias] = database_from_url(
+    DATABASES[_alias] = _database_pooled_like_default(
         _urls[0], {"NAME": f"{_test_name}_{_region.replace('-', '_')}"} if _test_name else {}
     )
     CHAT_REGION_DATABASES[_region] = _alias
     DATABASE_REPLICAS[_alias] = []
     for _i, _url in enumerate(_urls[1:], 1):
-        DATABASES[f"{_alias}_replica_{_i}"] = database_from_url(_url, {"MIRROR": _alias})
+        DATABASES[f"{_alias}_replica_{_i}"] = _database_pooled_like_default(_url, {"MIRROR": _alias})
         DATABASE_REPLICAS[_alias].append(f"{_alias}_replica_{_i}")
 if CHAT_REGION_DATABASES:
     CHAT_REGION_DATABASES.setdefault(CHAT_DEFAULT_REGION, "default")

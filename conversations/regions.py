@@ -1,0 +1,354 @@
+"""Home regions: each conversation, with its turns, lives in its region's database.
+
+Configuration (``chatsite/settings/base.py``): ``CHAT_REGION_DATABASE_URLS`` gives regions a
+database (alias ``region_<name>``); ``settings.CHAT_REGION_DATABASES`` maps region -> alias.
+With none configured the deployment has one database and the region is only a label: every
+conversation is in ``default``. With some configured, a conversation is stored in its home
+region's database and nowhere else; the default region's is ``default`` unless it is listed.
+
+How a conversation's database is found:
+
+- *At creation* the home region is the organisation's (when the conversation belongs to one:
+  data residency is the organisation's policy) else the owner's (:func:`home_region`).
+- *By id*: the id says where it lives. Conversation ids minted here are RFC 9562 version-8
+  UUIDs whose 12 bits after the version nibble are a tag of the region name (the same on every
+  server: a hash, not a list position): ``xxxxxxxx-xxxx-8TTT-yxxx-xxxxxxxxxxxx``. So every
+  path that only has an id (a Celery write-back, a resumed stream) goes straight to the right
+  database with no lookup and no global directory table (which would be one more write per
+  conversation, in another region, on the hot path). Ids without a tag (created before regions,
+  or by code that did not use :func:`new_conversation_id`) are looked for in each region's
+  database, the user's own first, and remembered.
+- *From an instance*: ``instance._state.db`` (Django records where a row was loaded from), so
+  ``conversation.turns`` and ``save()`` follow the conversation (``chatsite/dbrouter.py``).
+
+Selectors and services say which conversation they work on by decorating themselves with
+:func:`routed` (reads) or :func:`atomic` (writes: also one transaction on that database), which
+pin its cluster for the call; see ``chatsite/dbrouter.py`` for replicas and read-your-writes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import heapq
+import os
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from uuid import UUID
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import DEFAULT_DB_ALIAS, router, transaction
+from django.db.models import QuerySet
+
+from chatsite import dbrouter
+
+
+class RegionUnavailable(ValidationError):
+    """A region that is not served here (unknown, or with no database configured)."""
+
+
+# --- regions and their databases ---
+
+
+def multi_region() -> bool:
+    """Whether any region has a database of its own (else everything is in ``default``)."""
+    return bool(getattr(settings, "CHAT_REGION_DATABASES", None))
+
+
+def db_for_region(region: str) -> str:
+    """The primary database alias holding ``region``'s conversations.
+
+    Raises RegionUnavailable if ``region`` is not one of ``settings.CHAT_REGIONS``, or if regions
+    have databases (``CHAT_REGION_DATABASE_URLS``) and this one has none: storing its data
+    elsewhere would break its residency, so it is refused instead.
+    """
+    if region not in settings.CHAT_REGIONS:
+        raise RegionUnavailable(
+            f"Unknown region {region!r}; this service has {', '.join(settings.CHAT_REGIONS)}.",
+            code="unknown_region",
+        )
+    if not multi_region():
+        return DEFAULT_DB_ALIAS
+    alias = settings.CHAT_REGION_DATABASES.get(region)
+    if alias is None:
+        raise RegionUnavailable(
+            f"Region {region!r} has no database configured here, so its conversations cannot "
+            f"be stored (configured: {', '.join(sorted(settings.CHAT_REGION_DATABASES))}).",
+            code="region_unavailable",
+        )
+    return alias
+
+
+def default_db() -> str:
+    """The primary alias of the default region (``settings.CHAT_DEFAULT_REGION``)."""
+    if not multi_region():
+        return DEFAULT_DB_ALIAS
+    return settings.CHAT_REGION_DATABASES.get(settings.CHAT_DEFAULT_REGION, DEFAULT_DB_ALIAS)
+
+
+def region_dbs() -> list[str]:
+    """Every primary alias that holds conversations, the default region's first."""
+    if not multi_region():
+        return [DEFAULT_DB_ALIAS]
+    return list(dict.fromkeys([default_db(), *settings.CHAT_REGION_DATABASES.values()]))
+
+
+def home_region(*, owner, org=None) -> tuple[str, object | None]:
+    """(region, organisation) for a new conversation of ``owner``.
+
+    ``org`` (an Organisation the owner belongs to) when given, else the owner's first
+    organisation (oldest membership) if any: the conversation belongs to it and lives in its
+    region. Otherwise the owner's own region. Raises RegionUnavailable (see
+    :func:`db_for_region`) and ValidationError if ``owner`` is not a member of ``org``.
+    """
+    from accounts.models import Membership  # noqa: PLC0415
+
+    if org is None:
+        membership = (
+            Membership.objects.filter(user=owner).select_related("organisation")
+            .order_by("joined_at", "pk").first()
+        )  # fmt: skip
+        org = membership.organisation if membership else None
+    elif not Membership.objects.filter(user=owner, organisation=org).exists():
+        raise ValidationError("You are not a member of that organisation.", code="not_member")
+    region = org.region if org is not None else owner.region
+    db_for_region(region)
+    return region, org
+
+
+# --- ids that carry their region ---
+
+
+def region_tag(region: str) -> int:
+    """The 12-bit tag of ``region`` in conversation ids (first 12 bits of SHA-256 of its name)."""
+    digest = hashlib.sha256(region.encode()).digest()
+    return (digest[0] << 4) | (digest[1] >> 4)
+
+
+def new_conversation_id(region: str) -> UUID:
+    """A random conversation id that names ``region``: an RFC 9562 version-8 UUID (114 random
+    bits) with :func:`region_tag` in bits 52..63 (``xxxxxxxx-xxxx-8TTT-...``)."""
+    raw = bytearray(os.urandom(16))
+    tag = region_tag(region)
+    raw[6] = 0x80 | (tag >> 8)
+    raw[7] = tag & 0xFF
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 9562 variant
+    return UUID(bytes=bytes(raw))
+
+
+def region_of_id(conversation_id: UUID) -> str | None:
+    """The region a conversation id names, or None (not a tagged id, or no such region here)."""
+    if not isinstance(conversation_id, UUID):
+        try:
+            conversation_id = UUID(str(conversation_id))
+        except ValueError:
+            return None
+    if conversation_id.version != 8:
+        return None
+    tag = ((conversation_id.bytes[6] & 0x0F) << 8) | conversation_id.bytes[7]
+    for region in settings.CHAT_REGIONS:
+        if region_tag(region) == tag:
+            return region
+    return None
+
+
+_located: OrderedDict[UUID, str] = OrderedDict()  # untagged id -> primary alias, LRU
+_LOCATED_MAX = 10_000
+
+
+def db_for_conversation_id(conversation_id: UUID, *, user=None) -> str:
+    """The primary alias holding conversation ``conversation_id`` (which may not exist: then
+    the database it would be in, so the caller's query finds nothing and says so).
+
+    Tagged ids: the region's database, no query. Untagged ids with several regional databases:
+    each is asked (``user``'s region first) and the answer remembered (a conversation never
+    moves).
+    """
+    region = region_of_id(conversation_id)
+    if region is not None:
+        try:
+            return db_for_region(region)
+        except RegionUnavailable:
+            return default_db()
+    dbs = region_dbs()
+    if len(dbs) == 1:
+        return dbs[0]
+    key = UUID(str(conversation_id))
+    if key in _located:
+        _located.move_to_end(key)
+        return _located[key]
+    from conversations.models import Conversation  # noqa: PLC0415
+
+    if user is not None:
+        try:
+            first = db_for_region(user.region)
+            dbs = [first, *(db for db in dbs if db != first)]
+        except RegionUnavailable:
+            pass
+    for db in dbs:
+        if Conversation.objects.using(db).filter(pk=key).exists():
+            _located[key] = db
+            if len(_located) > _LOCATED_MAX:
+                _located.popitem(last=False)
+            return db
+    return dbs[0]
+
+
+# --- instances (used by the router) ---
+
+
+def instance_db(instance) -> str | None:
+    """The primary alias an unsaved regional ``instance`` belongs in, or None if unknown."""
+    from conversations.models import Conversation  # noqa: PLC0415
+
+    if isinstance(instance, Conversation):
+        if instance.region:
+            return db_for_region(instance.region)
+        return None
+    conversation = _cached_conversation(instance)
+    if conversation is not None:
+        return conversation_db(conversation)
+    conversation_id = getattr(instance, "conversation_id", None)
+    return db_for_conversation_id(conversation_id) if conversation_id else None
+
+
+def instance_owner(instance) -> int | None:
+    """The user whose conversation ``instance`` belongs to, if known without a query."""
+    owner = getattr(instance, "owner_id", None)
+    if owner is not None:
+        return owner
+    conversation = _cached_conversation(instance)
+    return conversation.owner_id if conversation is not None else None
+
+
+def _cached_conversation(instance):
+    field = _conversation_field(type(instance))
+    if field is not None and field.is_cached(instance):
+        return field.get_cached_value(instance)
+    return None
+
+
+@functools.cache
+def _conversation_field(model):
+    try:
+        return model._meta.get_field("conversation")
+    except Exception:  # noqa: BLE001 - FieldDoesNotExist: not a per-conversation model
+        return None
+
+
+def conversation_db(conversation) -> str:
+    """The primary alias holding ``conversation`` (where it was loaded from or belongs)."""
+    if conversation._state.db:
+        return dbrouter.primary_of(conversation._state.db)
+    if conversation.region:
+        return db_for_region(conversation.region)
+    return db_for_conversation_id(conversation.pk)
+
+
+# --- pinning selectors and services to a conversation's database ---
+
+_TURN_ARGUMENTS = ("turn", "upto", "question", "answer")
+
+
+def _target(kwargs: dict) -> tuple[str | None, int | None]:
+    """(primary alias, user id) named by a selector's or service's keyword arguments."""
+    from conversations.models import Conversation  # noqa: PLC0415
+
+    user = kwargs.get("user") or kwargs.get("owner")
+    user_id = getattr(user, "pk", None)
+    conversation = kwargs.get("conversation")
+    if isinstance(conversation, Conversation):
+        return conversation_db(conversation), conversation.owner_id
+    for name in _TURN_ARGUMENTS:
+        turn = kwargs.get(name)
+        if turn is not None and hasattr(turn, "_state"):
+            db = turn._state.db and dbrouter.primary_of(turn._state.db)
+            return db or instance_db(turn), instance_owner(turn) or user_id
+    conversation_id = kwargs.get("conversation_id")
+    if conversation_id is not None:
+        return db_for_conversation_id(conversation_id, user=user), user_id
+    return None, user_id
+
+
+def routed(fn: Callable) -> Callable:
+    """Decorate a selector: its queries go to the cluster of the conversation named by its
+    keyword arguments (``conversation``, a turn as ``turn``/``upto``/``question``/``answer``,
+    or ``conversation_id``), on behalf of its owner (read-your-writes). A QuerySet it returns
+    is bound to the database chosen now, so it stays right when evaluated later."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        db, user_id = _target(kwargs)
+        if db is None:
+            return fn(*args, **kwargs)
+        with dbrouter.pinned(db, user_id):
+            result = fn(*args, **kwargs)
+            if isinstance(result, QuerySet) and result._db is None:
+                result = result.using(router.db_for_read(result.model))
+        return result
+
+    return wrapper
+
+
+def atomic(fn: Callable) -> Callable:
+    """Decorate a service (instead of ``transaction.atomic``): like :func:`routed`, and the call
+    is one transaction on that conversation's database (a transaction on ``default`` would not
+    cover writes to another database, and ``select_for_update`` needs one where it runs)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        db, user_id = _target(kwargs)
+        db = db or default_db()
+        with dbrouter.pinned(db, user_id), transaction.atomic(using=db):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def merged(querysets: Iterable[QuerySet], *, key: Callable, reverse: bool = False) -> "Merged":
+    """One lazy, ordered sequence over querysets from several databases, each already ordered
+    by ``key`` (``reverse``: descending). Evaluated on first iteration (so it can be built in
+    async code and iterated in a thread, like a QuerySet)."""
+    return Merged(list(querysets), key, reverse)
+
+
+class Merged:
+    """See :func:`merged`."""
+
+    def __init__(self, querysets: list[QuerySet], key: Callable, reverse: bool):
+        self._querysets, self._key, self._reverse = querysets, key, reverse
+        self._rows: list | None = None
+
+    def _fetch(self) -> list:
+        if self._rows is None:
+            self._rows = list(
+                heapq.merge(*(list(q) for q in self._querysets), key=self._key, reverse=self._reverse)
+            )
+        return self._rows
+
+    def __iter__(self) -> Iterator:
+        return iter(self._fetch())
+
+    def __len__(self) -> int:
+        return len(self._fetch())
+
+    def __getitem__(self, index):
+        return self._fetch()[index]
+
+    def __bool__(self) -> bool:
+        return bool(self._fetch())
+
+
+def conversation_querysets(user, base: Callable[[str], QuerySet]) -> list[QuerySet]:
+    """``base(db)`` for each regional database (each bound to a read alias of its cluster on
+    behalf of ``user``): the pieces of a listing of ``user``'s conversations across regions.
+    A user's conversations may be in any region (their organisation's, or their own before it
+    changed), so every region is asked; with one database it is one query, as before."""
+    querysets = []
+    for db in region_dbs():
+        with dbrouter.pinned(db, getattr(user, "pk", None)):
+            qs = base(db)
+            querysets.append(qs.using(router.db_for_read(qs.model)))
+    return querysets
