@@ -1,0 +1,70 @@
+"""The model for background jobs: an OpenAI-compatible ``/v1/chat/completions``, as a service.
+
+DESIGN.md, "How background jobs reach the model": a Celery worker never starts an engine of its
+own beside the server's. Jobs that need the model (summaries now, memory extraction later)
+call the server's own authenticated OpenAI-compatible endpoint on loopback
+(``settings.CHAT_INTERNAL_API_URL``; for a remote pool, its URL), with the service credential
+(``accounts.services.service_api_key``), so they draw on no person's limits.
+
+Priority: the design wants jobs at the lowest engine priority. ``/v1/chat/completions`` cannot
+express a priority yet and the engine runs vLLM's default first-come-first-served scheduler
+(``scheduling_policy="priority"`` is not enabled in inference/engine.py), so a job's request
+queues like any other. When both exist, send the lowest priority here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import httpx
+from django.conf import settings
+
+from accounts.services import service_api_key
+
+
+class ServiceCallError(RuntimeError):
+    """The model endpoint could not be reached or did not answer with a completion."""
+
+
+def http_client() -> httpx.Client:
+    """An HTTP client for the model endpoint, authenticated as the service user."""
+    return httpx.Client(
+        base_url=settings.CHAT_INTERNAL_API_URL.rstrip("/"),
+        timeout=settings.CHAT_INTERNAL_API_TIMEOUT_S,
+        headers={"Authorization": f"Bearer {service_api_key()}"},
+    )
+
+
+def chat_complete(
+    messages: Sequence[dict[str, str]], *, max_tokens: int, temperature: float = 0.0
+) -> str:
+    """One non-streamed chat completion of ``messages`` ([{role, content}]) by the served model
+    (``settings.CHAT_MODEL_NAME``); returns the answer's text (may be empty).
+
+    ``max_tokens`` caps the completion (tokens); ``temperature`` 0 is greedy (repeatable jobs).
+    Waits up to ``settings.CHAT_INTERNAL_API_TIMEOUT_S`` seconds (jobs queue behind chats).
+    Raises ServiceCallError on a transport error or any answer but 200 with a completion (the
+    message carries the endpoint's error text).
+    """
+    body = {
+        "model": settings.CHAT_MODEL_NAME,
+        "messages": list(messages),
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream": False,
+    }
+    try:
+        with http_client() as client:
+            response = client.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        raise ServiceCallError(
+            f"the model endpoint {settings.CHAT_INTERNAL_API_URL} is unreachable: {exc}"
+        ) from exc
+    if response.status_code != 200:
+        raise ServiceCallError(
+            f"the model endpoint answered {response.status_code}: {response.text[:500]}"
+        )
+    try:
+        return response.json()["choices"][0]["message"]["content"] or ""
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ServiceCallError(f"the model endpoint sent no completion: {response.text[:500]}") from exc
