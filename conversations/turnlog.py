@@ -7,13 +7,29 @@ mirrors each one, in order, to the stream ``chat:turn:{answer_id}`` with the exp
 ``chat:q:{question_id}`` names the answer being written for a user turn (the UI resumes by
 question). Both expire ``settings.CHAT_STREAM_TTL_S`` after the answer ends.
 
-Redis down is a degraded mode, not an outage: answers still stream from the generating process,
-they just cannot be resumed elsewhere (a warning is logged once per turn).
+Redis down is a degraded mode, not an outage. Every call goes through chatsite/redis_guard.py
+(short timeouts, a circuit breaker, a log line per outage, ``chat_redis_unavailable_total{part}``):
+
+- **mirroring** (part ``turnlog``): answers still stream from the generating process's in-memory
+  TurnStream, but a turn that meets a Redis failure stops mirroring for the rest of the turn,
+  so it cannot be resumed on another process; :func:`exists` / :func:`answer_for_question` answer
+  "unknown" (False / None) and the views turn a resume that needs Redis into a 503 (``/v1``) or
+  an ``error`` event (the page) while ``redis_guard.available()`` is false;
+- **the generating lock** (part ``lock``): :func:`conversation_lock` fails open, and the
+  process-local check (streaming.ensure_idle) still serialises turns within a process; a lock
+  this process could not release is released the next time it locks that conversation (and
+  expires after ``BUSY_TTL_S`` anyway);
+- **cancel** (part ``cancel``): a cancel cannot reach another process; the listener keeps
+  reconnecting (every second, without a network call while the breaker is open) and picks up
+  cancels again once Redis is back.
+
+New turns mirror again as soon as Redis answers: recovery needs no restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import weakref
@@ -22,33 +38,24 @@ from uuid import UUID
 
 import redis.asyncio as aioredis
 from django.conf import settings
-from redis.exceptions import RedisError
+
+from chatsite import redis_guard
+from chatsite.redis_guard import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 def redis_client() -> aioredis.Redis:
-    """This event loop's Redis client (asyncio clients cannot cross loops)."""
-    loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    if client is None:
-        # A blocking pool: a burst of readers waits for a connection instead of failing (and
-        # being told "no such turn") when the pool is at its size.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            settings.REDIS_URL,
-            max_connections=settings.CHAT_REDIS_POOL_MAX,
-            timeout=10,
-            socket_timeout=5,
-            socket_connect_timeout=2,
-            decode_responses=True,
-        )
-        client = aioredis.Redis(connection_pool=pool)
-        _clients[loop] = client
-    return client
+    """This event loop's Redis client (asyncio clients cannot cross loops): short timeouts, a
+    blocking pool of ``settings.CHAT_REDIS_POOL_MAX`` (chatsite/redis_guard.py). Callers go
+    through ``redis_guard.acall`` so a dead Redis fails fast and is counted."""
+    return redis_guard.async_client()
+
+
+_MIRROR_FALLBACK = "answers stream from this process only and cannot be resumed elsewhere"
+_LOCK_FALLBACK = "the one-answer-per-conversation check is process-local"
+_CANCEL_FALLBACK = "cancels cannot reach other processes"
+_FAILED = object()
 
 
 def stream_key(answer_id: UUID | str) -> str:
@@ -79,49 +86,70 @@ return 0
 """
 
 
+# Locks this process took but could not release (Redis failed): conversation -> answer id.
+_pending_unlocks: dict[UUID, UUID] = {}
+
+
 async def conversation_lock(conversation_id: UUID, answer_id: UUID) -> bool:
     """Take the conversation's cross-process "generating" lock for ``answer_id`` (SET NX).
-    False if another answer holds it. Fails open (True) when Redis is down: the per-process
-    check still applies."""
-    try:
-        return bool(
-            await redis_client().set(busy_key(conversation_id), str(answer_id), nx=True, ex=BUSY_TTL_S)
+    False if another answer holds it. Fails open (True) when Redis is unavailable: the
+    process-local check still applies (module docstring)."""
+    stale = _pending_unlocks.pop(conversation_id, None)
+    if stale is not None:
+        await conversation_unlock(conversation_id, stale)
+    return bool(
+        await redis_guard.acall(
+            "lock",
+            lambda r: r.set(busy_key(conversation_id), str(answer_id), nx=True, ex=BUSY_TTL_S),
+            default=True,
+            fallback=_LOCK_FALLBACK,
         )
-    except (RedisError, OSError):
-        return True
+    )
 
 
 async def conversation_unlock(conversation_id: UUID, answer_id: UUID) -> None:
-    """Release the lock if ``answer_id`` still holds it."""
-    try:
-        await redis_client().eval(_UNLOCK, 1, busy_key(conversation_id), str(answer_id))
-    except (RedisError, OSError):
-        pass
+    """Release the lock if ``answer_id`` still holds it. If Redis is unavailable, the release
+    is retried when this process next locks the conversation (the lock expires anyway)."""
+    done = await redis_guard.acall(
+        "lock",
+        lambda r: r.eval(_UNLOCK, 1, busy_key(conversation_id), str(answer_id)),
+        default=None,
+        fallback=_LOCK_FALLBACK,
+    )
+    if done is None:
+        _pending_unlocks[conversation_id] = answer_id
 
 
 async def conversation_holder(conversation_id: UUID) -> UUID | None:
-    """The answer generating in this conversation in any process, per Redis."""
-    try:
-        value = await redis_client().get(busy_key(conversation_id))
-    except (RedisError, OSError):
-        return None
+    """The answer generating in this conversation in any process, per Redis (None if none or
+    Redis is unavailable)."""
+    value = await redis_guard.acall(
+        "lock", lambda r: r.get(busy_key(conversation_id)), default=None, fallback=_LOCK_FALLBACK
+    )
     return UUID(value) if value else None
 
 
 async def cancel_elsewhere(answer_id: UUID, wait_s: float = 5) -> None:
     """Ask whichever process generates ``answer_id`` to stop it (pub/sub), and wait (bounded)
-    until its event log records the end."""
-    client = redis_client()
-    try:
-        await client.publish(CANCEL_CHANNEL, str(answer_id))
-        deadline = asyncio.get_running_loop().time() + wait_s
-        while asyncio.get_running_loop().time() < deadline:
-            last = await client.xrevrange(stream_key(answer_id), count=1)
-            if last and last[0][1].get("e") in ("done", "error"):
-                return
-            await asyncio.sleep(0.05)
-    except (RedisError, OSError) as exc:
-        logger.warning("could not forward cancel of %s: %s", answer_id, exc)
+    until its event log records the end. Returns at once if Redis is unavailable (logged)."""
+    published = await redis_guard.acall(
+        "cancel",
+        lambda r: r.publish(CANCEL_CHANNEL, str(answer_id)),
+        default=None,
+        fallback=_CANCEL_FALLBACK,
+    )
+    if published is None:
+        return
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while asyncio.get_running_loop().time() < deadline:
+        last = await redis_guard.acall(
+            "cancel", lambda r: r.xrevrange(stream_key(answer_id), count=1), default=None
+        )
+        if last is None:
+            return
+        if last and last[0][1].get("e") in ("done", "error"):
+            return
+        await asyncio.sleep(0.05)
 
 
 _listeners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -136,16 +164,29 @@ def ensure_cancel_listener(on_cancel) -> None:
         return
 
     async def listen():
+        # Its own client: a subscribed connection waits for messages indefinitely (no read
+        # timeout), and must not hold one of the shared pool's connections.
+        client = redis_guard.async_client_for_blocking(None)
         while True:
+            if not redis_guard.allow("cancel"):
+                await asyncio.sleep(1)
+                continue
+            pubsub = client.pubsub()
             try:
-                pubsub = redis_client().pubsub()
                 await pubsub.subscribe(CANCEL_CHANNEL)
+                redis_guard.succeeded()
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        on_cancel(UUID(message["data"]))
-            except (RedisError, OSError, ValueError) as exc:
-                logger.warning("cancel listener: %s; retrying in 1 s", exc)
+                        try:
+                            on_cancel(UUID(message["data"]))
+                        except ValueError:
+                            logger.warning("ignored a malformed cancel: %r", message["data"])
+            except REDIS_ERRORS as exc:
+                redis_guard.failed("cancel", exc, "cancel listener reconnects every second")
                 await asyncio.sleep(1)
+            finally:
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await pubsub.aclose()
 
     _listeners[loop] = loop.create_task(listen(), name="chat-cancel-listener")
 
@@ -185,17 +226,30 @@ class TurnLogWriter:
         """Wait (bounded) until every queued event reached Redis or was given up."""
         await asyncio.wait([self._task], timeout=timeout)
 
+    async def _mirror(self, fn) -> None:
+        """Run ``fn(client)`` while this turn's mirror is healthy; the first failure (or an open
+        breaker) ends the mirroring for the rest of the turn: a log with a gap would make a
+        resume skip events, so none is better (the turn cannot be resumed elsewhere)."""
+        if not self.healthy:
+            return
+        result = await redis_guard.acall("turnlog", fn, default=_FAILED, fallback=_MIRROR_FALLBACK)
+        if result is _FAILED:
+            self._degrade()
+
     async def _run(self) -> None:
-        client = redis_client()
         key = stream_key(self.answer_id)
         ttl = int(self.ttl_s or settings.CHAT_STREAM_TTL_S)
-        try:
+
+        async def start(client):
             async with client.pipeline(transaction=False) as pipe:
                 pipe.set(question_key(self.question_id), str(self.answer_id), ex=ttl)
                 pipe.set(owner_key(self.answer_id), str(self.conversation_id), ex=ttl)
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
-            self._degrade(exc)
+                return await pipe.execute()
+
+        if redis_guard.available():
+            await self._mirror(start)
+        else:
+            self._degrade()  # no network call while the breaker is open
         refreshed = asyncio.get_running_loop().time()
         while True:
             try:
@@ -205,10 +259,7 @@ class TurnLogWriter:
             now = asyncio.get_running_loop().time()
             if self.healthy and now - refreshed >= BUSY_REFRESH_S:
                 refreshed = now
-                try:
-                    await client.expire(busy_key(self.conversation_id), BUSY_TTL_S)
-                except (RedisError, OSError) as exc:
-                    self._degrade(exc)
+                await self._mirror(lambda r: r.expire(busy_key(self.conversation_id), BUSY_TTL_S))
             if item == ():
                 continue
             if item is None:
@@ -216,58 +267,51 @@ class TurnLogWriter:
             if not self.healthy:
                 continue
             event_id, event, data = item
-            try:
-                await client.xadd(
-                    key, {"e": event, "d": json.dumps(data, ensure_ascii=False)}, id=f"0-{event_id}"
-                )
-                if event_id == 1:
-                    await client.expire(key, ttl)
-            except (RedisError, OSError) as exc:
-                self._degrade(exc)
+            fields = {"e": event, "d": json.dumps(data, ensure_ascii=False)}
+            await self._mirror(lambda r, f=fields, i=event_id: r.xadd(key, f, id=f"0-{i}"))
+            if event_id == 1:
+                await self._mirror(lambda r: r.expire(key, ttl))
         if self.healthy:
-            try:
-                if self.linger_s is None:
-                    await client.expire(key, ttl)
-                else:
-                    for ended in (key, question_key(self.question_id), owner_key(self.answer_id)):
-                        await client.expire(ended, max(int(self.linger_s), 1))
-            except (RedisError, OSError) as exc:
-                self._degrade(exc)
+            if self.linger_s is None:
+                await self._mirror(lambda r: r.expire(key, ttl))
+            else:
+                linger = max(int(self.linger_s), 1)
+                for ended in (key, question_key(self.question_id), owner_key(self.answer_id)):
+                    await self._mirror(lambda r, k=ended: r.expire(k, linger))
         await conversation_unlock(self.conversation_id, self.answer_id)
 
-    def _degrade(self, exc: BaseException) -> None:
+    def _degrade(self) -> None:
         if self.healthy:
-            logger.warning(
-                "Redis unavailable (%s): turn %s streams but cannot be resumed elsewhere",
-                exc, self.answer_id,
-            )  # fmt: skip
+            logger.info("turn %s: not mirrored to Redis (unavailable); not resumable elsewhere",
+                        self.answer_id)  # fmt: skip
         self.healthy = False
 
 
 async def answer_for_question(question_id: UUID) -> UUID | None:
-    """The answer id being (or just) written for a user turn, per Redis; None if unknown."""
-    try:
-        value = await redis_client().get(question_key(question_id))
-    except (RedisError, OSError):
-        return None
+    """The answer id being (or just) written for a user turn, per Redis; None if unknown (also
+    when Redis is unavailable: check ``redis_guard.available()`` to tell the two apart)."""
+    value = await redis_guard.acall(
+        "turnlog", lambda r: r.get(question_key(question_id)), default=None,
+        fallback=_MIRROR_FALLBACK,
+    )  # fmt: skip
     return UUID(value) if value else None
 
 
 async def belongs_to(answer_id: UUID, conversation_id: UUID) -> bool:
     """Whether Redis records ``answer_id`` as a turn of ``conversation_id`` (callers have
     already checked that the conversation is the requester's)."""
-    try:
-        return await redis_client().get(owner_key(answer_id)) == str(conversation_id)
-    except (RedisError, OSError):
-        return False
+    value = await redis_guard.acall(
+        "turnlog", lambda r: r.get(owner_key(answer_id)), default=None, fallback=_MIRROR_FALLBACK
+    )
+    return value == str(conversation_id)
 
 
 async def exists(answer_id: UUID) -> bool:
-    """Whether Redis holds an event log for ``answer_id``."""
-    try:
-        return bool(await redis_client().exists(stream_key(answer_id)))
-    except (RedisError, OSError):
-        return False
+    """Whether Redis holds an event log for ``answer_id`` (False if Redis is unavailable)."""
+    found = await redis_guard.acall(
+        "turnlog", lambda r: r.exists(stream_key(answer_id)), default=0, fallback=_MIRROR_FALLBACK
+    )
+    return bool(found)
 
 
 BLOCK_S = 0.5  # the hub's XREAD waits at most this long, so new subscriptions join quickly
@@ -283,9 +327,7 @@ class _FollowHub:
         self.positions: dict[str, str] = {}
         self.wakeup = asyncio.Event()
         # Its own client: the socket timeout must outlast the blocking read.
-        self.client = aioredis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=BLOCK_S + 5, decode_responses=True
-        )
+        self.client = redis_guard.async_client_for_blocking(BLOCK_S + 5)
         self.task = asyncio.get_running_loop().create_task(self._run(), name="chat-turnlog-hub")
 
     def subscribe(self, key: str, queue: asyncio.Queue, after: int) -> None:
@@ -307,14 +349,18 @@ class _FollowHub:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
+            if not redis_guard.allow("turnlog"):
+                await asyncio.sleep(1)
+                continue
             try:
                 reply = await self.client.xread(
                     dict(self.positions), block=int(BLOCK_S * 1000), count=500
                 )
-            except (RedisError, OSError) as exc:
-                logger.warning("reading turn logs from Redis failed (%s); retrying", exc)
+            except REDIS_ERRORS as exc:
+                redis_guard.failed("turnlog", exc, "resumed streams wait; retrying every second")
                 await asyncio.sleep(1)
                 continue
+            redis_guard.succeeded()
             for key, entries in reply or []:
                 for entry_id, fields in entries:
                     if key not in self.positions:
@@ -355,10 +401,11 @@ async def follow(
     patience_until = loop.time() + 10  # the writer may not have written event 1 yet
     try:
         last = after
-        try:
-            backlog = await redis_client().xrange(key, min=f"(0-{after}", max="+")
-        except (RedisError, OSError) as exc:
-            logger.warning("cannot resume turn %s from Redis: %s", answer_id, exc)
+        backlog = await redis_guard.acall(
+            "turnlog", lambda r: r.xrange(key, min=f"(0-{after}", max="+"), default=None,
+            fallback="a resumed stream ends (the client may retry)",
+        )  # fmt: skip
+        if backlog is None:
             return
         for entry_id, fields in backlog:
             last = int(entry_id.split("-", 1)[1])

@@ -352,3 +352,31 @@ CHAT_REGIONAL_APPS = ("conversations",)
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
 DATABASE_ROUTERS = ["chatsite.dbrouter.PrimaryReplicaRouter"]
+
+# --- Redis hot cache and degraded mode (conversations/cache.py, chatsite/redis_guard.py) ---
+# `conv:{conversation_id}` holds a conversation's newest turns and its running summary
+# (DESIGN.md: "last N turns + running summary, 24 h TTL, promoted on read").
+CHAT_HOT_CACHE_TURNS = env_int("CHAT_HOT_CACHE_TURNS", 50)
+CHAT_HOT_CACHE_TTL_S = env_int("CHAT_HOT_CACHE_TTL_S", 86400)
+# A dead Redis must not stall a turn: give up connecting / waiting for a reply after these many
+# seconds, then skip Redis for CHAT_REDIS_BREAKER_OPEN_S before trying again (circuit breaker).
+CHAT_REDIS_CONNECT_TIMEOUT_S = float(os.environ.get("CHAT_REDIS_CONNECT_TIMEOUT_S", "0.5"))
+CHAT_REDIS_SOCKET_TIMEOUT_S = float(os.environ.get("CHAT_REDIS_SOCKET_TIMEOUT_S", "2"))
+CHAT_REDIS_BREAKER_OPEN_S = float(os.environ.get("CHAT_REDIS_BREAKER_OPEN_S", "3"))
+
+
+def _redis_cache_options() -> dict:
+    """django-redis options with the short timeouts above (and one immediate retry on a
+    connection error: a pooled socket may predate a Redis restart)."""
+    from redis.backoff import NoBackoff  # noqa: PLC0415
+    from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
+    from redis.retry import Retry  # noqa: PLC0415
+
+    return {
+        "SOCKET_CONNECT_TIMEOUT": CHAT_REDIS_CONNECT_TIMEOUT_S,
+        "SOCKET_TIMEOUT": CHAT_REDIS_SOCKET_TIMEOUT_S,
+        "CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 1, (RedisConnectionError,))},
+    }
+
+
+CACHES["default"]["OPTIONS"].update(_redis_cache_options())

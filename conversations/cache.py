@@ -1,0 +1,473 @@
+"""The hot conversation cache: Redis ``conv:{conversation_id}`` (DESIGN.md, issue 4 "Hot cache").
+
+One Redis hash per conversation holds its newest ``settings.CHAT_HOT_CACHE_TURNS`` turns (N,
+default 50) and its running summary, and expires ``settings.CHAT_HOT_CACHE_TTL_S`` (24 h) after
+it was last read or written:
+
+- **promoted on read**: every read refreshes the TTL (HGETALL + EXPIRE in one round trip);
+- **kept in step on write** (write-through): :func:`aturn_cached` when a user turn is stored and
+  when an answer finishes, *before* the answer reaches PostgreSQL (the Celery write-back,
+  conversations/writeback.py, may land later), so the next turn's prompt and the page see it at
+  once; :func:`summary_set` when a running summary is stored. A write-through updates an entry
+  only if one exists: entries are created only by reads (below), from PostgreSQL;
+- **fall-through**: a missing (evicted, expired) or stale entry is read from PostgreSQL and the
+  cache refilled (create-if-absent, so a slow reader never overwrites a newer entry).
+
+Hash fields: ``v`` (entry format, derived from Turn's fields: a deploy that changes them
+invalidates old entries), ``owner_id``, ``summary``, ``summary_through``, ``through`` (the entry
+holds every turn written up to this moment, newest N of them), ``complete`` ("1": it holds every
+turn of the conversation), and one field per turn, ``t:<created_at>|<turn_id>`` -> the turn's
+JSON (every concrete field). Field names sort in the log's (created_at, turn_id) order.
+
+**Staleness.** While Redis is down, turns are written to PostgreSQL only; a Redis that comes back
+with its data (a network partition, a restart from a snapshot) holds entries that missed them.
+So an entry is used only if it is provably current: a reader holding the conversation's row
+requires ``through >= Conversation.last_turn_at``; the prompt path requires the entry to hold
+the question being answered; a write-through of a turn requires ``through >=`` the conversation's
+last turn before it, and otherwise deletes the entry. Stale entries are deleted and refilled.
+Answers held for write-back are merged into every read by the selectors (conversations/
+selectors.py), from the cache or from PostgreSQL alike.
+
+**Permissions.** The entry records its owner, but callers check access first against the
+conversation row in PostgreSQL (``selectors.conversation_get_for_user``); the prompt path is
+internal.
+
+**Redis down (degraded mode).** Every call goes through chatsite/redis_guard.py (short timeouts,
+circuit breaker, ``chat_redis_unavailable_total{part="cache"}``, a log line per outage): reads
+come from PostgreSQL (``chat_hot_cache_reads_total{result="down"}``), write-throughs are skipped.
+When Redis is back, reads refill the cache again by themselves.
+
+Zero-retention conversations (conversations/retention.py) are never cached: their turns may not
+outlive ``settings.CHAT_ZDR_TTL_S``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from chatsite import metrics, redis_guard
+from conversations.models import Conversation, Turn
+
+logger = logging.getLogger(__name__)
+
+PART = "cache"
+_FALLBACK = "hot cache skipped, history read from PostgreSQL"
+TURN_PREFIX = "t:"
+
+_TURN_FIELDS = tuple(Turn._meta.concrete_fields)
+# The entry format: the cached turns' fields. A deploy that adds or renames a Turn field (or
+# changes this layout: bump the suffix) makes older entries read as misses.
+FORMAT = hashlib.sha1(",".join(f.attname for f in _TURN_FIELDS).encode()).hexdigest()[:10] + ".1"
+
+
+def cache_key(conversation_id: UUID | str) -> str:
+    """The Redis key of a conversation's entry (DESIGN.md: ``conv:{id}``)."""
+    return f"conv:{conversation_id}"
+
+
+def iso(moment: datetime) -> str:
+    """A timestamp as fixed-width ISO 8601 UTC with microseconds, so strings sort as times."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def turn_field(turn: Turn) -> str:
+    """The hash field of a turn: ``t:<created_at>|<turn_id>`` (sorts in the log's order)."""
+    return f"{TURN_PREFIX}{iso(turn.created_at)}|{turn.turn_id}"
+
+
+def turn_dump(turn: Turn) -> str:
+    """A turn as compact JSON: every concrete field by attribute name (UUIDs as strings,
+    times as :func:`iso`)."""
+    data = {}
+    for f in _TURN_FIELDS:
+        value = getattr(turn, f.attname)
+        if isinstance(value, UUID):
+            value = str(value)
+        elif isinstance(value, datetime):
+            value = iso(value)
+        data[f.attname] = value
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def turn_load(raw: str | bytes) -> Turn:
+    """The unsaved :class:`Turn` a :func:`turn_dump` string describes (fields it lacks take
+    their defaults)."""
+    data = json.loads(raw)
+    values = {f.attname: f.to_python(data[f.attname]) for f in _TURN_FIELDS if f.attname in data}
+    return Turn(**values)
+
+
+def _order(turn: Turn) -> tuple[datetime, str]:
+    return turn.created_at, str(turn.turn_id)  # the database's order (UUIDs compare as hex)
+
+
+@dataclass(frozen=True)
+class History:
+    """A conversation's newest turns and running summary, from the cache or from PostgreSQL.
+
+    ``turns``: at most N (``settings.CHAT_HOT_CACHE_TURNS``), oldest first, unsaved Turn
+    objects when cached. ``through``: every turn written up to this moment is either in ``turns``
+    or older than all of them. ``complete``: ``turns`` is the whole conversation.
+    ``source``: "cache" or "postgres". ``org_id``: the conversation's organisation, when read
+    from PostgreSQL (the cache does not keep it).
+    """
+
+    conversation_id: UUID
+    owner_id: int
+    summary: str
+    summary_through: datetime | None
+    through: datetime
+    complete: bool
+    turns: list[Turn] = field(default_factory=list)
+    source: str = "cache"
+    org_id: int | None = None
+
+    def holds(self, turn_id: UUID) -> bool:
+        """Whether turn ``turn_id`` is among ``turns``."""
+        return any(t.turn_id == turn_id for t in self.turns)
+
+    def covers_after(self, after: datetime | None) -> bool:
+        """Whether every turn created after ``after`` (None: every turn) is in ``turns``."""
+        if self.complete:
+            return True
+        return after is not None and bool(self.turns) and self.turns[0].created_at <= after
+
+    def turns_after(self, after: datetime | None) -> list[Turn]:
+        """The turns created after ``after`` (None: all held), oldest first."""
+        return [t for t in self.turns if after is None or t.created_at > after]
+
+    def newest(self, count: int) -> tuple[list[Turn], bool] | None:
+        """The newest ``count`` turns, newest first, and whether older turns exist beyond them;
+        None if this history cannot tell (it holds fewer than ``count`` of a longer log)."""
+        if not self.complete and len(self.turns) < count:
+            return None
+        rows = self.turns[::-1][:count]
+        return rows, (len(self.turns) > count or not self.complete)
+
+
+# --- Lua (atomic per entry; no JSON decoding in Redis) ------------------------------------------
+
+# KEYS[1] entry; ARGV[1] ttl; ARGV[2..] field, value pairs. Creates the entry only if absent.
+_FILL = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+# KEYS[1] entry; ARGV: format, after (the conversation's last turn before this one, "" for no
+# check), field, turn json, turn id, created_at, max turns, ttl.
+# Returns 1 updated, 0 no entry, -1 entry was stale (deleted).
+_UPSERT = """
+local key = KEYS[1]
+if redis.call('EXISTS', key) == 0 then return 0 end
+local meta = redis.call('HMGET', key, 'v', 'through')
+if meta[1] ~= ARGV[1] or not meta[2] or (ARGV[2] ~= '' and meta[2] < ARGV[2]) then
+  redis.call('DEL', key)
+  return -1
+end
+local suffix = '|' .. ARGV[5]
+local turns = {}
+for _, f in ipairs(redis.call('HKEYS', key)) do
+  if string.sub(f, 1, 2) == 't:' then
+    if string.sub(f, -string.len(suffix)) == suffix then
+      redis.call('HDEL', key, f)
+    else
+      table.insert(turns, f)
+    end
+  end
+end
+redis.call('HSET', key, ARGV[3], ARGV[4])
+table.insert(turns, ARGV[3])
+local max = tonumber(ARGV[7])
+if #turns > max then
+  table.sort(turns)
+  for i = 1, #turns - max do redis.call('HDEL', key, turns[i]) end
+  redis.call('HSET', key, 'complete', '0')
+end
+if meta[2] < ARGV[6] then redis.call('HSET', key, 'through', ARGV[6]) end
+redis.call('EXPIRE', key, ARGV[8])
+return 1
+"""
+
+# KEYS[1] entry; ARGV: format, summary, summary_through, ttl. Returns 1 updated, 0 no entry.
+_SUMMARY = """
+if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'summary', ARGV[2], 'summary_through', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
+def _ttl() -> int:
+    return int(settings.CHAT_HOT_CACHE_TTL_S)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _entry_history(conversation_id: UUID, entry: dict) -> History | None:
+    """A History from HGETALL's reply (bytes or str), or None if absent or of another format."""
+    if not entry:
+        return None
+    fields = {_text(k): v for k, v in entry.items()}
+    if _text(fields.get("v", b"")) != FORMAT or "through" not in fields:
+        return None
+    names = sorted(name for name in fields if name.startswith(TURN_PREFIX))
+    summary_through = _text(fields.get("summary_through", b""))
+    return History(
+        conversation_id=conversation_id,
+        owner_id=int(_text(fields.get("owner_id", b"0"))),
+        summary=_text(fields.get("summary", b"")),
+        summary_through=_parse_iso(summary_through) if summary_through else None,
+        through=_parse_iso(_text(fields["through"])),
+        complete=_text(fields.get("complete", b"0")) == "1",
+        turns=[turn_load(fields[name]) for name in names],
+        source="cache",
+    )
+
+
+def _entry_fields(history: History) -> list[str]:
+    """HSET field/value pairs (flat) for a history."""
+    pairs = [
+        "v", FORMAT,
+        "owner_id", str(history.owner_id),
+        "summary", history.summary,
+        "summary_through", iso(history.summary_through) if history.summary_through else "",
+        "through", iso(history.through),
+        "complete", "1" if history.complete else "0",
+    ]  # fmt: skip
+    for turn in history.turns:
+        pairs += [turn_field(turn), turn_dump(turn)]
+    return pairs
+
+
+# --- reads --------------------------------------------------------------------------------------
+
+_DOWN = object()
+
+
+def history_get(conversation_id: UUID) -> History | None:
+    """The cached entry of a conversation, promoted (its TTL refreshed); None if there is none,
+    it has another format, or Redis is unavailable. No staleness check: see :func:`history`."""
+    found = _read(conversation_id)
+    return None if found is _DOWN else found
+
+
+def _read(conversation_id: UUID):
+    key = cache_key(conversation_id)
+
+    def read(client):
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(key)
+            pipe.expire(key, _ttl())
+            entry, _ = pipe.execute()
+        return entry
+
+    entry = redis_guard.call(PART, read, default=_DOWN, fallback=_FALLBACK)
+    if entry is _DOWN:
+        return _DOWN
+    return _entry_history(conversation_id, entry)
+
+
+def history_load(conversation_id: UUID) -> History | None:
+    """A conversation's History from PostgreSQL (its newest N turns): None if the conversation
+    does not exist. Does not touch Redis."""
+    conversation = (
+        Conversation.objects.filter(pk=conversation_id)
+        .only("owner_id", "org_id", "summary", "summary_through", "last_turn_at")
+        .first()
+    )
+    if conversation is None:
+        return None
+    # The row first, then the turns: ``through`` may understate what the turns hold, never
+    # overstate it (a turn appended in between is simply also there).
+    limit = int(settings.CHAT_HOT_CACHE_TURNS)
+    rows = list(
+        Turn.objects.filter(conversation_id=conversation_id).order_by("-created_at", "-turn_id")[
+            : limit + 1
+        ]
+    )
+    turns = rows[:limit][::-1]
+    through = conversation.last_turn_at
+    if turns and turns[-1].created_at > through:
+        through = turns[-1].created_at
+    return History(
+        conversation_id=conversation_id,
+        owner_id=conversation.owner_id,
+        summary=conversation.summary,
+        summary_through=conversation.summary_through,
+        through=through,
+        complete=len(rows) <= limit,
+        turns=turns,
+        source="postgres",
+        org_id=conversation.org_id,
+    )
+
+
+def _refill(history: History) -> None:
+    """Create the entry from ``history`` unless one exists (a newer writer's wins)."""
+    if history.org_id is not None:
+        from accounts.models import Organisation  # noqa: PLC0415
+
+        if Organisation.objects.filter(pk=history.org_id, zero_retention=True).exists():
+            return  # never cached: its turns may not outlive CHAT_ZDR_TTL_S
+    args = [str(_ttl()), *_entry_fields(history)]
+    redis_guard.call(
+        PART,
+        lambda r: r.eval(_FILL, 1, cache_key(history.conversation_id), *args),
+        default=None,
+        fallback=_FALLBACK,
+    )
+
+
+def _drop(conversation_id: UUID) -> None:
+    redis_guard.call(
+        PART, lambda r: r.delete(cache_key(conversation_id)), default=None, fallback=_FALLBACK
+    )
+
+
+def history(
+    conversation_id: UUID,
+    *,
+    last_turn_at: datetime | None = None,
+    holding: UUID | None = None,
+) -> History | None:
+    """A conversation's newest turns and summary: from the cache when it is current, else from
+    PostgreSQL (refilling the cache). None if the conversation does not exist.
+
+    Current means: ``through >= last_turn_at`` (pass the conversation row's ``last_turn_at``
+    when you have it) and, if ``holding`` is given, the entry holds that turn (the question a
+    prompt is built for). A stale entry is deleted. Counted in ``chat_hot_cache_reads_total``.
+    Callers check the user's access first (module docstring).
+    """
+    found = _read(conversation_id)
+    if found is _DOWN:
+        metrics.HOT_CACHE_READS.labels(result="down").inc()
+        return history_load(conversation_id)
+    if found is not None:
+        stale = (last_turn_at is not None and found.through < last_turn_at) or (
+            holding is not None and not found.holds(holding)
+        )
+        if not stale:
+            metrics.HOT_CACHE_READS.labels(result="hit").inc()
+            return found
+        metrics.HOT_CACHE_READS.labels(result="stale").inc()
+        _drop(conversation_id)
+    else:
+        metrics.HOT_CACHE_READS.labels(result="miss").inc()
+    loaded = history_load(conversation_id)
+    if loaded is not None:
+        _refill(loaded)
+    return loaded
+
+
+ahistory = sync_to_async(history)
+
+
+def recent_turns(
+    conversation_id: UUID, *, limit: int | None = None, upto: Turn | None = None
+) -> list[Turn]:
+    """The newest ``limit`` turns (default ``settings.CHAT_HOT_CACHE_TURNS``) of a conversation,
+    oldest first, ending with ``upto`` if given (turns after it are left out); from the cache,
+    else from PostgreSQL. Each has ``turn_id``, ``role``, ``content``, ``status``,
+    ``reply_to_id``, ``replaces_id``, ``created_at`` (all Turn fields). Turns held for
+    write-back are *not* merged here (the selectors do that). ``[]`` for no such conversation.
+    """
+    limit = int(settings.CHAT_HOT_CACHE_TURNS) if limit is None else limit
+    found = history(conversation_id, holding=upto.turn_id if upto is not None else None)
+    if found is None:
+        return []
+    turns = found.turns
+    if upto is not None:
+        turns = [t for t in turns if _order(t) <= _order(upto)]
+    if len(turns) >= limit or found.complete:
+        return turns[-limit:] if limit else []
+    query = Turn.objects.filter(conversation_id=conversation_id)
+    if upto is not None:
+        query = query.filter(created_at__lte=upto.created_at)
+    rows = [t for t in query.order_by("-created_at", "-turn_id")[: limit + 1]]
+    if upto is not None:
+        rows = [t for t in rows if _order(t) <= _order(upto)]
+    return rows[:limit][::-1]
+
+
+arecent_turns = sync_to_async(recent_turns)
+
+
+# --- writes -------------------------------------------------------------------------------------
+
+
+def _upsert_args(turn: Turn, after: datetime | None) -> list[str]:
+    return [
+        FORMAT,
+        iso(after) if after is not None else "",
+        turn_field(turn),
+        turn_dump(turn),
+        str(turn.turn_id),
+        iso(turn.created_at),
+        str(int(settings.CHAT_HOT_CACHE_TURNS)),
+        str(_ttl()),
+    ]
+
+
+async def aturn_cached(turn: Turn, *, after: datetime | None) -> int | None:
+    """Write-through: put ``turn`` (new, or a new state of a cached turn: same ``turn_id``) into
+    its conversation's entry, if there is one, trimming the entry to the newest N turns.
+
+    ``after``: the conversation's last turn time before ``turn`` was appended (for an answer:
+    its question's ``created_at``); if the entry is not complete up to it, the entry is stale
+    and is deleted instead. Returns 1 (updated), 0 (no entry: the next read fills it from
+    PostgreSQL), -1 (stale, deleted) or None (Redis unavailable: skipped, logged, counted).
+    Never raises for Redis errors.
+    """
+    args = _upsert_args(turn, after)
+    key = cache_key(turn.conversation_id)
+    return await redis_guard.acall(
+        PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
+    )
+
+
+def turn_cached(turn: Turn, *, after: datetime | None) -> int | None:
+    """:func:`aturn_cached` for synchronous code (Celery tasks, services)."""
+    args = _upsert_args(turn, after)
+    key = cache_key(turn.conversation_id)
+    return redis_guard.call(
+        PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
+    )
+
+
+def summary_set(
+    *, conversation_id: UUID, summary: str, summary_through: datetime | None
+) -> int | None:
+    """Write-through of a stored running summary (call after it is committed to PostgreSQL).
+    Returns 1 (updated), 0 (no entry) or None (Redis unavailable). Never raises for Redis
+    errors. A summary missed while Redis was down only makes prompts longer: the entry's older
+    summary still covers what it says it covers."""
+    args = [FORMAT, summary, iso(summary_through) if summary_through else "", str(_ttl())]
+    return redis_guard.call(
+        PART,
+        lambda r: r.eval(_SUMMARY, 1, cache_key(conversation_id), *args),
+        default=None,
+        fallback=_FALLBACK,
+    )
+
+
+def forget(conversation_id: UUID) -> None:
+    """Delete a conversation's entry (the conversation was deleted or purged). Never raises for
+    Redis errors; an entry left behind expires within ``CHAT_HOT_CACHE_TTL_S`` and is never read
+    (every read path checks the conversation row first)."""
+    _drop(conversation_id)
