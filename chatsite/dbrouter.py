@@ -14,10 +14,11 @@ global cluster; each region with a database of its own has one more.
   was written, that user's reads go to the primary, and so does every read inside a transaction
   on the primary.
 
-Which cluster: the model instance a query starts from (``conversation.turns...``, ``save()``,
-related managers: Django passes it as the ``instance`` hint), else the :func:`pinned` cluster of
-the calling selector or service (a context variable, so it follows ``sync_to_async`` and the
-tasks a request starts), else the default region's cluster.
+Which cluster: a manager bound to one (``regions.manager``: the ``primary`` hint), else the model
+instance a query starts from (``conversation.turns...``, ``save()``, related managers: Django
+passes it as the ``instance`` hint), else the :func:`pinned` cluster of the calling selector or
+service (a context variable, so it follows ``sync_to_async`` and the tasks a request starts),
+else the default region's cluster.
 
 Read-your-writes is tracked per user, because a user is who reads their conversations back, from
 any gateway process and from any device: a write marks ``chat:ryw:{user_id}`` in Redis with the
@@ -188,8 +189,9 @@ def forget_writes() -> None:
 # --- the router ---
 
 
-def _is_regional(model) -> bool:
-    return model._meta.app_label in settings.CHAT_REGIONAL_APPS
+def _is_regional(model_or_instance) -> bool:
+    # ``._meta`` and not ``type(x)._meta``: ``request.user`` is a SimpleLazyObject.
+    return model_or_instance._meta.app_label in settings.CHAT_REGIONAL_APPS
 
 
 class PrimaryReplicaRouter:
@@ -200,9 +202,11 @@ class PrimaryReplicaRouter:
         from conversations import regions  # noqa: PLC0415 - the router loads before apps
 
         pin = _pin.get()
+        if hints.get("primary"):  # a manager from conversations.regions.manager()
+            return primary_of(hints["primary"]), hints.get("user_id"), None
         instance = hints.get("instance")
         user_id = pin.user_id if pin is not None else None
-        if instance is not None and _is_regional(type(instance)):
+        if instance is not None and _is_regional(instance):
             owner = regions.instance_owner(instance)
             if owner is not None:
                 user_id = owner
@@ -235,7 +239,7 @@ class PrimaryReplicaRouter:
     def allow_relation(self, obj1, obj2, **hints) -> bool | None:
         """Global rows may be referenced from any cluster (by id, no FK constraint); regional
         rows only from their own cluster."""
-        if not (_is_regional(type(obj1)) and _is_regional(type(obj2))):
+        if not (_is_regional(obj1) and _is_regional(obj2)):
             return True
         db1, db2 = obj1._state.db, obj2._state.db
         if db1 is None or db2 is None:

@@ -293,25 +293,49 @@ def routed(fn: Callable) -> Callable:
 
 
 def atomic(fn: Callable) -> Callable:
-    """Decorate a service (instead of ``transaction.atomic``): like :func:`routed`, and the call
-    is one transaction on that conversation's database (a transaction on ``default`` would not
-    cover writes to another database, and ``select_for_update`` needs one where it runs)."""
+    """Decorate a service, under its ``@transaction.atomic``: like :func:`routed`, and the call
+    is one transaction on that conversation's database too (the one on ``default`` does not
+    cover writes to another database, and ``select_for_update`` needs one where it runs).
+
+    Order: ``@transaction.atomic`` outside, this inside. The conversation's database commits
+    first, then ``default``'s, so ``transaction.on_commit`` callbacks (registered on
+    ``default``) run only after the conversation's writes are committed. When the conversation
+    is in ``default`` this joins the outer transaction (no savepoint)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         db, user_id = _target(kwargs)
         db = db or default_db()
-        with dbrouter.pinned(db, user_id), transaction.atomic(using=db):
+        with dbrouter.pinned(db, user_id), transaction.atomic(using=db, savepoint=False):
             return fn(*args, **kwargs)
 
     return wrapper
 
 
-def merged(querysets: Iterable[QuerySet], *, key: Callable, reverse: bool = False) -> "Merged":
-    """One lazy, ordered sequence over querysets from several databases, each already ordered
-    by ``key`` (``reverse``: descending). Evaluated on first iteration (so it can be built in
-    async code and iterated in a thread, like a QuerySet)."""
-    return Merged(list(querysets), key, reverse)
+def manager(model, db: str, *, user_id: int | None = None):
+    """``model.objects`` bound to the cluster of primary alias ``db`` (reads: a replica, or the
+    primary under read-your-writes for ``user_id``), decided when a query runs, so querysets
+    from it can be built in async code and evaluated later in a thread."""
+    return model.objects.db_manager(hints={"primary": db, "user_id": user_id})
+
+
+def managers(model, *, user) -> list:
+    """:func:`manager` for each regional database, the default region's first: the pieces of a
+    listing of ``user``'s conversations. A user's conversations may be in any region (their
+    organisation's, or their own before it changed), so every region is asked; with one
+    database that is one query, as before."""
+    return [manager(model, db, user_id=getattr(user, "pk", None)) for db in region_dbs()]
+
+
+def merged(querysets: Iterable[QuerySet], *, key: Callable, reverse: bool = False):
+    """One ordered sequence over querysets from several databases, each already ordered by
+    ``key`` (``reverse``: descending): the queryset itself when there is one, else a lazy
+    :class:`Merged` (evaluated on first use, so it can be built in async code and iterated in a
+    thread, like a QuerySet)."""
+    querysets = list(querysets)
+    if len(querysets) == 1:
+        return querysets[0]
+    return Merged(querysets, key, reverse)
 
 
 class Merged:
@@ -339,16 +363,3 @@ class Merged:
 
     def __bool__(self) -> bool:
         return bool(self._fetch())
-
-
-def conversation_querysets(user, base: Callable[[str], QuerySet]) -> list[QuerySet]:
-    """``base(db)`` for each regional database (each bound to a read alias of its cluster on
-    behalf of ``user``): the pieces of a listing of ``user``'s conversations across regions.
-    A user's conversations may be in any region (their organisation's, or their own before it
-    changed), so every region is asked; with one database it is one query, as before."""
-    querysets = []
-    for db in region_dbs():
-        with dbrouter.pinned(db, getattr(user, "pk", None)):
-            qs = base(db)
-            querysets.append(qs.using(router.db_for_read(qs.model)))
-    return querysets
