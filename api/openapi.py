@@ -46,6 +46,13 @@ PAGING = [
      "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
 ]  # fmt: skip
 CONVERSATION_ID = {"name": "conversation_id", "in": "path", "required": True, "schema": UUID_PARAM}
+SEARCH = {
+    "name": "q", "in": "query", "required": False,
+    "schema": {"type": "string", "maxLength": 200},
+    "description": "Full-text search over your conversations' titles and turn text (web-search "
+                   "syntax: words, \"quoted phrases\", or, -word; English stemming). The matches "
+                   "come most recently active first, in one page: `next_cursor` is null.",
+}  # fmt: skip
 
 
 def _body(model: str) -> dict:
@@ -130,10 +137,10 @@ def build_document() -> dict:
         "/v1/conversations": {
             "get": {
                 "operationId": "listConversations",
-                "parameters": PAGING,
+                "parameters": [*PAGING, SEARCH],
                 "responses": {
                     "200": _json(REF.format(model="ConversationList")),
-                    "400": _error("Bad `before` or `limit`."),
+                    "400": _error("Bad `before`, `limit` or `q` (or `before` with `q`)."),
                     **COMMON,
                 },
             },

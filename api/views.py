@@ -66,7 +66,10 @@ def _conversation_json(conversation: Conversation) -> dict:
 async def conversations(request: HttpRequest) -> HttpResponse:
     """``POST``: create a conversation -> 201 ``{"conversation_id", "region"}``.
     ``GET``: the caller's conversations, newest first, keyset-paginated
-    (``?before=<cursor>&limit=1..100``) -> ``{"conversations": [...], "next_cursor"}``."""
+    (``?before=<cursor>&limit=1..100``) -> ``{"conversations": [...], "next_cursor"}``.
+    ``GET ?q=<words>``: full-text search over the caller's conversations (titles and turn
+    text; selectors.conversation_search), most recently active first, at most ``limit``, in
+    one page (``next_cursor`` null; ``before`` is refused). 400 for a ``q`` over 200 characters."""
     user = request.api_user
     if request.method == "POST":
         body = parse_json(request, schemas.ConversationCreate)
@@ -81,6 +84,17 @@ async def conversations(request: HttpRequest) -> HttpResponse:
             status=201,
         )
     limit = query_int(request, "limit", 20, 1, PAGE_MAX)
+    try:
+        search = selectors.search_query_clean(request.GET.get("q", ""))
+    except ValidationError as exc:
+        raise ApiError(400, "invalid_request", f"'q': {exc.messages[0]}") from None
+    if search:
+        if request.GET.get("before"):
+            raise ApiError(
+                400, "invalid_request", "'before' cannot be combined with 'q': a search is one page."
+            )
+        found = await sync_to_async(selectors.conversation_search)(user=user, q=search, limit=limit)
+        return JsonResponse({"conversations": [_conversation_json(c) for c in found], "next_cursor": None})
     before = _cursor_load("conversations", request.GET.get("before"))
     page, more = await sync_to_async(selectors.conversation_page)(
         user=user, before=before, limit=limit

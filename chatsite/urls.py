@@ -17,6 +17,7 @@ urlpatterns = [
     path("c/<uuid:conversation_id>/turns/<uuid:turn_id>/stop", views.turn_stop, name="turn-stop"),
     path("c/<uuid:conversation_id>/rename", views.conversation_rename, name="conversation-rename"),
     path("c/<uuid:conversation_id>/delete", views.conversation_delete, name="conversation-delete"),
+    path("search", views.conversation_search, name="conversation-search"),
     path("accounts/signup/", account_views.signup, name="signup"),
     path("settings/api-keys/", account_views.api_keys, name="api-keys"),
     path("settings/api-keys/<int:key_id>/revoke", account_views.api_key_revoke, name="api-key-revoke"),

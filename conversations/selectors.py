@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
+from django.contrib.postgres.search import SearchQuery, SearchVector
+from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
@@ -146,11 +149,42 @@ def conversation_page(
     return rows[:limit], len(rows) > limit
 
 
+# Clock skew allowed between the servers that write a conversation and its turns (see
+# _turn_time_range): a turn's created_at may precede its conversation's by at most this much.
+TURN_TIME_MARGIN = timedelta(minutes=5)
+
+
+def _turn_time_range(conversation: Conversation) -> tuple[datetime, datetime]:
+    """The span of ``created_at`` the conversation's stored turns can have, for partition
+    pruning (the turn log is partitioned by month on created_at, migration 0004): from the
+    conversation's creation to its ``last_turn_at`` (read afresh: every append raises it to at
+    least the new turn's created_at under the conversation's lock, services.py), widened by
+    TURN_TIME_MARGIN."""
+    last = (
+        Conversation.objects.filter(pk=conversation.pk)
+        .values_list("last_turn_at", flat=True)
+        .first()
+    )
+    last = max(last or conversation.last_turn_at, conversation.last_turn_at)
+    return conversation.created_at - TURN_TIME_MARGIN, last + TURN_TIME_MARGIN
+
+
 def turn_page(*, conversation: Conversation, before: tuple | None, limit: int) -> tuple[list[Turn], bool]:
     """The newest ``limit`` turns strictly before the keyset ``before`` = (created_at, turn_id),
     returned oldest first, and whether older ones remain. Stable under concurrent appends
-    (new turns are newer than any cursor)."""
-    query = Turn.objects.filter(conversation=conversation)
+    (new turns are newer than any cursor).
+
+    One index range scan (``turn_conv_keyset``) whatever the page's depth, and only the monthly
+    partitions the page can lie in: created_at is bounded below by the conversation's creation
+    and above by its last turn or the cursor (:func:`_turn_time_range`), so PostgreSQL prunes
+    the others, DEFAULT included, when planning (tests/integration/test_partition_pruning.py).
+    """
+    lowest, highest = _turn_time_range(conversation)
+    if before is not None:
+        highest = min(highest, before[0])
+    query = Turn.objects.filter(
+        conversation=conversation, created_at__gte=lowest, created_at__lte=highest
+    )
     if before is not None:
         query = query.filter(_keyset_before("created_at", "turn_id", before))
     rows = list(query.order_by("-created_at", "-turn_id")[: limit + 1])
@@ -163,3 +197,59 @@ def turn_page(*, conversation: Conversation, before: tuple | None, limit: int) -
     page = rows[:limit]
     page.reverse()
     return page, len(rows) > limit
+
+
+# Full-text search: the text search configuration of the GIN index turn_content_fts (migration
+# 0005); the query must use the same expression, SearchVector("content", config=...), for the
+# index to serve it.
+SEARCH_CONFIG = "english"
+SEARCH_MAX_CHARS = 200
+
+
+def search_query_clean(q: str) -> str:
+    """A search query with runs of whitespace collapsed ("" for a blank one). Raises
+    ValidationError (code ``too_long`` over SEARCH_MAX_CHARS characters, ``nul`` for U+0000,
+    which PostgreSQL text cannot hold)."""
+    if len(q) > SEARCH_MAX_CHARS:
+        raise ValidationError(
+            f"A search can be at most {SEARCH_MAX_CHARS} characters long.", code="too_long"
+        )
+    if "\x00" in q:
+        raise ValidationError("A search cannot contain the NUL character (U+0000).", code="nul")
+    return " ".join(q.split())
+
+
+def conversation_search(*, user: User, q: str, limit: int = 20) -> list[Conversation]:
+    """The user's conversations whose title or any stored turn's text matches ``q``, most
+    recently active first, at most ``limit``. Never another user's: only conversations the user
+    owns are searched.
+
+    ``q`` is web-search syntax (PostgreSQL ``websearch_to_tsquery``: words, "quoted phrases",
+    ``or``, ``-word``), matched with English stemming ("running" finds "runs"); a title also
+    matches if it contains ``q`` as typed (case-insensitive), so partly typed words find titles.
+    Turn text is matched through the GIN index turn_content_fts on every partition. A blank
+    ``q`` matches nothing ([]). Raises ValidationError for a bad ``q`` (see
+    :func:`search_query_clean`).
+    """
+    text = search_query_clean(q)
+    if not text:
+        return []
+    query = SearchQuery(text, search_type="websearch", config=SEARCH_CONFIG)
+    # The user's turns that match, as one uncorrelated subquery: PostgreSQL picks the GIN index
+    # (few matches overall) or the user's conversations' turns (a common word), and hashes it.
+    matching_turns = (
+        Turn.objects.filter(conversation__owner=user)
+        .annotate(document=SearchVector("content", config=SEARCH_CONFIG))
+        .filter(document=query)
+        .values("conversation_id")
+    )
+    return list(
+        Conversation.objects.filter(owner=user)
+        .annotate(title_document=SearchVector("title", config=SEARCH_CONFIG))
+        .filter(
+            Q(title_document=query)
+            | Q(title__icontains=text)
+            | Q(conversation_id__in=matching_turns)
+        )
+        .order_by("-last_turn_at", "-created_at")[:limit]
+    )

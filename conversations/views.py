@@ -230,6 +230,35 @@ def conversation_rename(request: HttpRequest, conversation_id: UUID) -> HttpResp
     return redirect("conversation", conversation_id=conversation.conversation_id)
 
 
+# Most matches the sidebar search lists.
+SIDEBAR_SEARCH_LIMIT = 50
+
+
+@require_GET
+@login_required
+def conversation_search(request: HttpRequest) -> HttpResponse:
+    """``GET ?q=``: the sidebar's conversation list, filtered by a full-text search over the
+    user's own conversations (selectors.conversation_search); a blank ``q``: all of them.
+    htmx gets the list fragment; a plain request the chat page with the filtered sidebar.
+    400 (the list fragment with the message) for a bad ``q`` (over 200 characters, NUL)."""
+    q = request.GET.get("q", "")
+    context = {"q": q}
+    try:
+        if selectors.search_query_clean(q):
+            conversations = selectors.conversation_search(
+                user=request.user, q=q, limit=SIDEBAR_SEARCH_LIMIT
+            )
+        else:
+            conversations = selectors.conversation_list(user=request.user)
+    except ValidationError as exc:
+        context.update(conversations=[], search_error=exc.messages[0])
+        return render(request, "chat/_conversation_list.html", context, status=400)
+    context["conversations"] = conversations
+    if _is_htmx(request):
+        return render(request, "chat/_conversation_list.html", context)
+    return render(request, "chat/page.html", {**_page_context(request, None), **context})
+
+
 @require_POST
 @login_required
 def conversation_delete(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
