@@ -280,7 +280,12 @@ def _read(conversation_id: UUID):
     entry = redis_guard.call(PART, read, default=_DOWN, fallback=_FALLBACK)
     if entry is _DOWN:
         return _DOWN
-    return _entry_history(conversation_id, entry)
+    try:
+        return _entry_history(conversation_id, entry)
+    except (ValueError, KeyError, TypeError) as exc:
+        logger.warning("unreadable hot cache entry of %s (%s): dropped", conversation_id, exc)
+        _drop(conversation_id)
+        return None
 
 
 def history_load(conversation_id: UUID) -> History | None:
@@ -434,20 +439,30 @@ async def aturn_cached(turn: Turn, *, after: datetime | None) -> int | None:
     PostgreSQL), -1 (stale, deleted) or None (Redis unavailable: skipped, logged, counted).
     Never raises for Redis errors.
     """
-    args = _upsert_args(turn, after)
     key = cache_key(turn.conversation_id)
-    return await redis_guard.acall(
-        PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
-    )
+    try:
+        args = _upsert_args(turn, after)
+        return await redis_guard.acall(
+            PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
+        )
+    except Exception:  # noqa: BLE001 - a cache must never fail the turn that writes through
+        logger.exception("hot cache write-through of turn %s failed", turn.turn_id)
+        await redis_guard.acall(PART, lambda r: r.delete(key), default=None)
+        return None
 
 
 def turn_cached(turn: Turn, *, after: datetime | None) -> int | None:
     """:func:`aturn_cached` for synchronous code (Celery tasks, services)."""
-    args = _upsert_args(turn, after)
     key = cache_key(turn.conversation_id)
-    return redis_guard.call(
-        PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
-    )
+    try:
+        args = _upsert_args(turn, after)
+        return redis_guard.call(
+            PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
+        )
+    except Exception:  # noqa: BLE001 - a cache must never fail the write it follows
+        logger.exception("hot cache write-through of turn %s failed", turn.turn_id)
+        _drop(turn.conversation_id)
+        return None
 
 
 def summary_set(

@@ -364,3 +364,68 @@ def test_idempotency_keys_are_kept_in_process_while_redis_is_down(own_redis):
     assert first is None
     assert retry == idempotency.Replay(conversation_id, answer_id)
     assert after == idempotency.Replay(conversation_id, answer_id)
+
+
+# --- the read paths use it --------------------------------------------------------------------
+
+
+def test_the_next_prompt_sees_a_written_through_answer_before_postgres_has_it(make_user):
+    """The prompt for the next turn is built from the cache: an answer written through (its
+    write-back to PostgreSQL still pending) is part of the history."""
+    from conversations import selectors  # noqa: PLC0415
+
+    conversation = conversation_with_turns(make_user, exchanges=1)
+    question = services.turn_append_user(conversation=conversation, content="question 1")
+    cache.history(conversation.pk)
+    answer = unsaved_answer(conversation, question, "only in the cache")
+    cache.turn_cached(answer, after=question.created_at)
+    before = conversation.last_turn_at
+    conversation.refresh_from_db()
+    follow_up = services.turn_append_user(conversation=conversation, content="question 2")
+    cache.turn_cached(follow_up, after=before)
+
+    context = selectors.prompt_context(conversation_id=conversation.pk, question=follow_up)
+
+    assert context.exchanges[-1] == ("question 1", "only in the cache")
+
+
+def test_the_first_history_page_comes_from_the_cache_and_falls_back_when_evicted(
+    make_user, test_redis
+):
+    """GET /v1/conversations/{id}'s first page (selectors.turn_page) is served from conv:{id};
+    with the key evicted it is read from PostgreSQL."""
+    from conversations import selectors  # noqa: PLC0415
+
+    conversation = conversation_with_turns(make_user, exchanges=1)
+    question = services.turn_append_user(conversation=conversation, content="question 1")
+    conversation.refresh_from_db()
+    cache.history(conversation.pk)
+    cache.turn_cached(unsaved_answer(conversation, question, "cached only"), after=question.created_at)
+
+    cached_page, cached_more = selectors.turn_page(conversation=conversation, before=None, limit=2)
+    test_redis.delete(cache.cache_key(conversation.pk))
+    pg_page, _ = selectors.turn_page(conversation=conversation, before=None, limit=2)
+
+    assert [t.content for t in cached_page] == ["question 1", "cached only"]
+    assert cached_more is True
+    assert [t.content for t in pg_page] == ["answer 0", "question 1"]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_resume_that_needs_redis_gets_503_while_it_is_down(make_user, own_redis):
+    """Answers cannot be resumed while Redis is down: a resume of a turn this process does not
+    hold gets a clear 503 with Retry-After (not a 404, not a 500); with Redis up it is 404."""
+    from tests.test_api import api_client, new_conversation  # noqa: PLC0415
+
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    url = f"/v1/conversations/{conversation_id}/turns/{uuid.uuid4()}/events"
+    up = await client.get(url, headers={"Last-Event-ID": "3"})
+    own_redis.stop()
+
+    down = await client.get(url, headers={"Last-Event-ID": "3"})
+
+    assert up.status_code == 404
+    assert down.status_code == 503
+    assert down.json()["error"]["type"] == "unavailable"
+    assert int(down["Retry-After"]) >= 1
