@@ -13,6 +13,7 @@ from django.utils.dateparse import parse_datetime
 from api import idempotency, schemas
 from api.errors import ApiError
 from api.http import api_view, parse_json, query_int
+from chatsite import redis_guard
 from conversations import selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.sse import last_event_id, release_db_connection, sse_response
@@ -186,6 +187,8 @@ async def _replay(replay: idempotency.Replay) -> HttpResponse:
         body = streaming.follow_remote_sse(replay.answer_id)
     else:
         answer = await Turn.objects.filter(turn_id=replay.answer_id).afirst()
+        if answer is None and not redis_guard.available():
+            raise _resume_unavailable()
         if answer is None:
             raise ApiError(409, "conflict", "The earlier request with this Idempotency-Key is gone; use a new key.")
         body = streaming.stored_answer_sse(answer)
@@ -213,9 +216,23 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
     answer = await Turn.objects.filter(
         conversation_id=conversation.conversation_id, turn_id=turn_id, role=Turn.Role.ASSISTANT
     ).afirst()
+    if answer is None and not redis_guard.available():
+        raise _resume_unavailable()  # it may be generating in another process: we cannot tell
     if answer is None:
         raise ApiError(404, "not_found", "No such turn in this conversation.")
     return sse_response(streaming.stored_answer_sse(answer))
+
+
+def _resume_unavailable() -> ApiError:
+    """503 for a resume that needs Redis while it is unavailable (degraded mode,
+    chatsite/redis_guard.py): the turn's events are only in another process."""
+    retry_s = max(1, round(redis_guard.breaker.open_s))
+    return ApiError(
+        503, "unavailable",
+        "This stream cannot be resumed right now (the event store is unavailable). The answer is "
+        "stored when it finishes: read it with GET /v1/conversations/{id}, or retry shortly.",
+        headers={"Retry-After": str(retry_s)},
+    )  # fmt: skip
 
 
 @api_view("POST")

@@ -24,6 +24,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from chatsite import redis_guard
 from conversations import retention, selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
@@ -164,6 +165,10 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
         elif remote_answer_id and await turnlog.exists(remote_answer_id):
             # Being written by another server process: follow its Redis event log.
             body = streaming.follow_remote_sse(remote_answer_id, after=last_event_id(request))
+        elif not redis_guard.available():
+            # Degraded mode (chatsite/redis_guard.py): it may be generating in another process,
+            # whose events only Redis carries; starting it again here could answer it twice.
+            body = _single_error(RESUME_UNAVAILABLE)
         else:
             # Unanswered and not generating (e.g. the server restarted mid-answer): answer now.
             try:
@@ -182,6 +187,12 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
         body = streaming.follow_sse(stream, after=last_event_id(request))
     await release_db_connection()
     return sse_response(body)
+
+
+RESUME_UNAVAILABLE = (
+    "This answer cannot be shown live right now. It is saved when it is finished: reload the "
+    "page in a moment."
+)
 
 
 async def _single_error(message: str):
@@ -276,13 +287,20 @@ def conversation_delete(request: HttpRequest, conversation_id: UUID) -> HttpResp
 
 async def healthz(request: HttpRequest) -> HttpResponse:
     """Readiness: 200 once the engine is warmed up, 503 while it starts (the first call starts
-    it). JSON ``{"ready", "unfinished_requests"}``, for load balancers and operators."""
+    it). JSON ``{"ready", "unfinished_requests", "redis"}``, for load balancers and operators.
+    ``redis`` is "ok" or "degraded" (chatsite/redis_guard.py); a Redis outage is a degraded
+    mode, not unreadiness, so it does not change the status."""
     engine = get_engine()
     engine.check_health()
     if not engine.ready:
         task = asyncio.get_running_loop().create_task(engine.ensure_started())
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    redis_ok = await redis_guard.aping()
     return JsonResponse(
-        {"ready": engine.ready, "unfinished_requests": engine.num_unfinished_requests()},
+        {
+            "ready": engine.ready,
+            "unfinished_requests": engine.num_unfinished_requests(),
+            "redis": "ok" if redis_ok else "degraded",
+        },
         status=200 if engine.ready else 503,
     )
