@@ -344,7 +344,16 @@ for _region, _urls in CHAT_REGION_DATABASE_URLS.items():
         DATABASE_REPLICAS[_alias].append(f"{_alias}_replica_{_i}")
 if CHAT_REGION_DATABASES:
     CHAT_REGION_DATABASES.setdefault(CHAT_DEFAULT_REGION, "default")
-CHAT_REGIONS = tuple(dict.fromkeys((*CHAT_REGIONS, *CHAT_REGION_DATABASES)))
+# The regions users and organisations may be in (CHAT_REGIONS, comma-separated, adds to them).
+CHAT_REGIONS = tuple(
+    dict.fromkeys(
+        (
+            *CHAT_REGIONS,
+            *(r.strip() for r in os.environ.get("CHAT_REGIONS", "").split(",") if r.strip()),
+            *CHAT_REGION_DATABASES,
+        )
+    )
+)
 # Apps whose rows live in a region's database; everything else (accounts, organisations, API
 # keys, sessions, auth) is global and lives in `default`.
 CHAT_REGIONAL_APPS = ("conversations",)

@@ -1,0 +1,454 @@
+"""Real PostgreSQL clusters for tests and benchmarks, and a real app process to drive.
+
+- :func:`clusters`: a context manager that makes primaries (``initdb``) and streaming replicas
+  (``pg_basebackup -R``) on loopback ports, and stops every one of them when the block exits,
+  also when a test fails. The binaries are the PostgreSQL 16 that the ``pgserver`` wheel ships
+  (``pgserver/pginstall/bin``). PostgreSQL refuses to run as root; as root the clusters run as
+  the ``pgserver`` system user, as pgserver itself does.
+- :class:`AppProcess`: this project in a subprocess, configured only by its environment
+  (``DATABASE_URL``, ``DATABASE_REPLICA_URLS``, ``CHAT_REGION_DATABASE_URLS``, ...) as a gateway
+  or worker is, driven by JSON lines over stdin/stdout. Each op calls the real services and
+  selectors, then reports which servers its queries ran on (``inet_server_port()`` and
+  ``pg_is_in_recovery()`` asked on the very connections the router picked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pg_bin() -> Path:
+    """The folder of PostgreSQL's binaries in the pgserver wheel."""
+    import pgserver  # noqa: PLC0415
+
+    return Path(pgserver.__file__).parent / "pginstall" / "bin"
+
+
+def _run_as() -> str | None:
+    """The system user to run PostgreSQL as: None (ourselves) unless we are root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("pgserver")
+    except KeyError:
+        from pgserver.utils import ensure_user_exists  # noqa: PLC0415
+
+        ensure_user_exists("pgserver")
+    return "pgserver"
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Cluster:
+    """One PostgreSQL server (a data directory and a port on 127.0.0.1)."""
+
+    name: str
+    data_dir: Path
+    port: int
+    user: str | None
+    running: bool = False
+
+    def _pg(self, program: str, *args: str, timeout: float = 60) -> str:
+        result = subprocess.run(
+            [str(pg_bin() / program), *args],
+            user=self.user, capture_output=True, text=True, timeout=timeout, cwd="/",
+        )  # fmt: skip
+        if result.returncode != 0:
+            log = self.data_dir / "server.log"
+            tail = log.read_text()[-3000:] if log.exists() else ""
+            raise RuntimeError(f"{program} {' '.join(args)} failed:\n{result.stderr}\n{tail}")
+        return result.stdout
+
+    def start(self) -> None:
+        self._pg("pg_ctl", "start", "-w", "-D", str(self.data_dir), "-l", str(self.data_dir / "server.log"))
+        self.running = True
+
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop -m mode`` (``immediate``: like a crash, no shutdown checkpoint)."""
+        if self.running:
+            self._pg("pg_ctl", "stop", "-w", "-m", mode, "-D", str(self.data_dir))
+            self.running = False
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster if it is still there (teardown of last resort)."""
+        pid_file = self.data_dir / "postmaster.pid"
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        self.running = False
+
+    def promote(self) -> None:
+        """Promote this standby to a primary; returns once it accepts writes."""
+        self._pg("pg_ctl", "promote", "-w", "-D", str(self.data_dir))
+
+    def url(self, dbname: str = "chat") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def connect(self, dbname: str = "chat") -> psycopg.Connection:
+        return psycopg.connect(self.url(dbname), autocommit=True, connect_timeout=5)
+
+    def query(self, sql: str, params: tuple = (), dbname: str = "chat") -> list[tuple]:
+        """Rows of ``sql`` run directly on this server (not through the app)."""
+        with self.connect(dbname) as conn:
+            cursor = conn.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def pause_replay(self) -> None:
+        """On a standby: stop applying WAL (it keeps receiving it), so it falls behind."""
+        self.query("SELECT pg_wal_replay_pause()")
+
+    def resume_replay(self) -> None:
+        self.query("SELECT pg_wal_replay_resume()")
+
+
+@dataclass
+class Clusters:
+    """The clusters made in one :func:`clusters` block."""
+
+    base_dir: Path
+    user: str | None
+    made: list[Cluster] = field(default_factory=list)
+
+    def _dir(self, name: str) -> Path:
+        path = self.base_dir / name
+        path.mkdir(mode=0o700)
+        if self.user:
+            shutil.chown(path, self.user, self.user)
+        return path
+
+    def primary(self, name: str, *, synchronous_standby: bool = False, databases=("chat",)) -> Cluster:
+        """A new, started primary with the given (empty) databases. ``synchronous_standby``:
+        commits wait until a standby has flushed them (``synchronous_standby_names = '*'``), so
+        a failover loses no committed transaction."""
+        cluster = Cluster(name, self._dir(name), _free_port(), self.user)
+        self.made.append(cluster)
+        cluster._pg("initdb", "-D", str(cluster.data_dir), "-U", "postgres", "--auth=trust",
+                    "--no-sync", "-E", "UTF8", "--locale=C")  # fmt: skip
+        settings = {
+            "port": cluster.port,
+            "listen_addresses": "'127.0.0.1'",
+            "unix_socket_directories": "''",
+            "wal_level": "replica",
+            "wal_keep_size": "'256MB'",  # a replica that falls behind can still catch up
+            "max_wal_senders": 10,
+            "max_connections": 60,
+            "shared_buffers": "'32MB'",
+            "fsync": "off",  # test data: a killed server is restarted from its files, no OS crash
+            "full_page_writes": "off",
+            "synchronous_standby_names": "'*'" if synchronous_standby else "''",
+        }
+        with (cluster.data_dir / "postgresql.conf").open("a") as conf:
+            conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+        cluster.start()
+        for dbname in databases:
+            cluster.query(f'CREATE DATABASE "{dbname}"', dbname="postgres")
+        return cluster
+
+    def replica(self, primary: Cluster, name: str) -> Cluster:
+        """A new, started streaming replica of ``primary`` (``pg_basebackup -R``: it connects
+        back to the primary and replays its WAL), caught up when this returns."""
+        cluster = Cluster(name, self._dir(name), _free_port(), self.user)
+        self.made.append(cluster)
+        cluster._pg("pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                    "-D", str(cluster.data_dir), "-R", "-X", "stream", "-c", "fast",
+                    "--no-sync")  # fmt: skip
+        with (cluster.data_dir / "postgresql.auto.conf").open("a") as conf:
+            conf.write(f"port = {cluster.port}\n")
+            # Named in the primary's pg_stat_replication; '*' in synchronous_standby_names
+            # accepts any name.
+            conf.write(f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user=postgres "
+                       f"application_name={name}'\n")  # fmt: skip
+        cluster.start()
+        wait_replayed(primary, cluster)
+        return cluster
+
+
+def wait_replayed(primary: Cluster, replica: Cluster, timeout: float = 30) -> None:
+    """Wait until ``replica`` has replayed everything ``primary`` has written so far."""
+    target = primary.query("SELECT pg_current_wal_lsn()::text", dbname="postgres")[0][0]
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(psycopg.OperationalError):
+            done = replica.query(
+                "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,), dbname="postgres"
+            )[0][0]
+            if done:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{replica.name} did not replay up to {target} in {timeout} s")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def clusters() -> Iterator[Clusters]:
+    """Make clusters inside the block; every one is stopped (then killed if need be) and its
+    files removed when the block exits, however it exits."""
+    user = _run_as()
+    # Short path (Unix socket paths are short too) under /tmp, which every user can traverse.
+    base_dir = Path(tempfile.mkdtemp(prefix="pgc-"))
+    base_dir.chmod(0o755)
+    made = Clusters(base_dir, user)
+    try:
+        yield made
+    finally:
+        for cluster in reversed(made.made):
+            try:
+                cluster.stop("immediate")
+            except Exception:  # noqa: BLE001 - teardown: make sure it is gone anyway
+                cluster.kill()
+        shutil.rmtree(base_dir, ignore_errors=True)
+
+
+# --- the app in a subprocess ---------------------------------------------------------------
+
+
+class AppError(RuntimeError):
+    """An op failed in the app process; ``kind`` is the exception's class name."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+@dataclass
+class Reply:
+    """An op's result (``value``) and, per database alias its queries used (in order of first
+    use), the server that answered: ``{"alias", "port", "in_recovery"}``."""
+
+    value: object
+    servers: list[dict]
+
+    @property
+    def ports(self) -> set[int]:
+        """The ports of the servers that answered the op's conversation queries (the user
+        lookup by name that ops start with is not counted)."""
+        return {s["port"] for s in self.servers}
+
+
+class AppProcess:
+    """This project in a subprocess, configured by ``env`` (added to a clean test env)."""
+
+    def __init__(self, env: dict[str, str]):
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.pgcluster"],
+            env={
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
+                "DB_POOL_MAX": "4",
+                "CELERY_TASK_ALWAYS_EAGER": "1",
+                **env,
+            },
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+            text=True,
+        )  # fmt: skip
+
+    def call(self, op: str, **kwargs) -> Reply:
+        """Run ``op`` (``op_<name>`` below) in the app; return its result and the servers its
+        queries ran on. Raises AppError if it raised there."""
+        self.proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self._stderr.seek(0)
+            raise RuntimeError(f"the app process died:\n{self._stderr.read().decode()[-4000:]}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise AppError(reply["error"], reply["message"])
+        return Reply(reply["result"]["value"], reply["result"]["servers"])
+
+    def close(self) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> AppProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# Ops, run inside the app process (Django set up from the environment). Each returns JSON.
+
+
+_recording = {"on": True}
+
+
+@contextlib.contextmanager
+def _unrecorded() -> Iterator[None]:
+    """Queries in the block are left out of the op's report of servers."""
+    _recording["on"] = False
+    try:
+        yield
+    finally:
+        _recording["on"] = True
+
+
+def _user(username: str):
+    """The user named ``username`` (a lookup in ``default``, left out of the report)."""
+    from django.contrib.auth import get_user_model  # noqa: PLC0415
+
+    with _unrecorded():
+        return get_user_model().objects.get(username=username)
+
+
+def op_migrate(database: str = "default") -> None:
+    from django.core.management import call_command  # noqa: PLC0415
+
+    call_command("migrate", database=database, verbosity=0)
+
+
+def op_user_create(username: str, region: str) -> int:
+    from django.contrib.auth import get_user_model  # noqa: PLC0415
+
+    return get_user_model().objects.create_user(username=username, password="x", region=region).pk
+
+
+def op_org_join(username: str, slug: str, region: str) -> int:
+    from accounts.models import Membership, Organisation  # noqa: PLC0415
+
+    org, _ = Organisation.objects.get_or_create(slug=slug, defaults={"name": slug, "region": region})
+    Membership.objects.create(organisation=org, user=_user(username))
+    return org.pk
+
+
+def op_conversation_create(username: str) -> dict:
+    from conversations import services  # noqa: PLC0415
+
+    conversation = services.conversation_create(owner=_user(username))
+    return {"conversation_id": str(conversation.pk), "region": conversation.region}
+
+
+def op_turn_append_user(username: str, conversation_id: str, content: str) -> str:
+    """Append a user turn; the report covers the write (services.turn_append_user), not the
+    conversation's lookup before it."""
+    from conversations import selectors, services  # noqa: PLC0415
+
+    user = _user(username)
+    with _unrecorded():
+        conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
+    return str(services.turn_append_user(conversation=conversation, content=content).turn_id)
+
+
+def op_turn_append_assistant(conversation_id: str, reply_to_id: str, content: str) -> str:
+    import uuid  # noqa: PLC0415
+
+    from conversations import services  # noqa: PLC0415
+
+    turn = services.turn_append_assistant(
+        conversation_id=conversation_id, turn_id=uuid.uuid4(), reply_to_id=reply_to_id,
+        content=content, status="complete", prompt_tokens=1, completion_tokens=1,
+    )  # fmt: skip
+    return str(turn.turn_id)
+
+
+def op_history(username: str, conversation_id: str, limit: int = 100) -> list[str]:
+    """The ids of a conversation's newest turns (the /v1 history page's selector)."""
+    from conversations import selectors  # noqa: PLC0415
+
+    conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=_user(username))
+    turns, _ = selectors.turn_page(conversation=conversation, before=None, limit=limit)
+    return [str(t.turn_id) for t in turns]
+
+
+def op_conversation_list(username: str) -> list[str]:
+    from conversations import selectors  # noqa: PLC0415
+
+    return [str(c.pk) for c in selectors.conversation_list(user=_user(username))]
+
+
+def op_conversation_page(username: str, limit: int) -> list[str]:
+    from conversations import selectors  # noqa: PLC0415
+
+    page, _ = selectors.conversation_page(user=_user(username), before=None, limit=limit)
+    return [str(c.pk) for c in page]
+
+
+OPS = {name[3:]: fn for name, fn in dict(globals()).items() if name.startswith("op_")}
+
+
+def _serve() -> None:
+    """The app process's loop: one JSON op per stdin line, one JSON reply per stdout line:
+    ``{"result": ..., "servers": [{"alias", "port", "in_recovery"}...]}`` or an error."""
+    import django  # noqa: PLC0415
+
+    django.setup()
+    from django.db import connections  # noqa: PLC0415
+
+    out = sys.stdout
+    sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = OPS[request.pop("op")]
+        used: list[str] = []
+        try:
+            with contextlib.ExitStack() as stack:
+                for alias in connections:
+                    stack.enter_context(
+                        connections[alias].execute_wrapper(_recorder(alias, used))
+                    )
+                result = op(**request)
+            reply = {"result": {"value": result, "servers": _servers(used)}}
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            traceback.print_exc()
+            reply = {"error": type(exc).__name__, "message": str(exc)}
+        finally:
+            connections.close_all()  # as at the end of a request
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+def _recorder(alias: str, used: list[str]):
+    def record(execute, sql, params, many, context):
+        if _recording["on"] and alias not in used:
+            used.append(alias)
+        return execute(sql, params, many, context)
+
+    return record
+
+
+def _servers(aliases: list[str]) -> list[dict]:
+    """Which server each connection used by the op is on, asked on that same connection."""
+    from django.db import connections  # noqa: PLC0415
+
+    servers = []
+    for alias in aliases:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT inet_server_port(), pg_is_in_recovery()")
+            port, in_recovery = cursor.fetchone()
+        servers.append({"alias": alias, "port": port, "in_recovery": in_recovery})
+    return servers
+
+
+if __name__ == "__main__":
+    _serve()
