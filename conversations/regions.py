@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import heapq
+import inspect
 import os
 import uuid
 from collections import OrderedDict
@@ -272,15 +273,25 @@ def _target(kwargs: dict) -> tuple[str | None, int | None]:
     return None, user_id
 
 
+def _arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+    if not args:
+        return kwargs
+    try:
+        return signature.bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return kwargs  # the call itself will raise
+
+
 def routed(fn: Callable) -> Callable:
     """Decorate a selector: its queries go to the cluster of the conversation named by its
-    keyword arguments (``conversation``, a turn as ``turn``/``upto``/``question``/``answer``,
-    or ``conversation_id``), on behalf of its owner (read-your-writes). A QuerySet it returns
-    is bound to the database chosen now, so it stays right when evaluated later."""
+    arguments (``conversation``, a turn as ``turn``/``upto``/``question``/``answer``, or
+    ``conversation_id``), on behalf of its owner (read-your-writes). A QuerySet it returns is
+    bound to the database chosen now, so it stays right when evaluated later."""
+    signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        db, user_id = _target(kwargs)
+        db, user_id = _target(_arguments(signature, args, kwargs))
         if db is None:
             return fn(*args, **kwargs)
         with dbrouter.pinned(db, user_id):
@@ -302,9 +313,11 @@ def atomic(fn: Callable) -> Callable:
     ``default``) run only after the conversation's writes are committed. When the conversation
     is in ``default`` this joins the outer transaction (no savepoint)."""
 
+    signature = inspect.signature(fn)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        db, user_id = _target(kwargs)
+        db, user_id = _target(_arguments(signature, args, kwargs))
         db = db or default_db()
         with dbrouter.pinned(db, user_id), transaction.atomic(using=db, savepoint=False):
             return fn(*args, **kwargs)
