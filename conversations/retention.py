@@ -28,6 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Organisation, User
+from conversations import regions
 from conversations.models import Conversation
 
 logger = logging.getLogger(__name__)
@@ -70,42 +71,59 @@ def _batches(ids: Iterable, size: int = BATCH) -> Iterator[list]:
 
 
 def _purge(conversations, *, owner_ids=None, org_ids=None, cutoff: datetime) -> int:
-    """Delete (with their turns) ``conversations`` (a queryset) of these owners or
-    organisations whose last turn is before ``cutoff``; returns how many conversations."""
+    """Delete (with their turns) the conversations in ``conversations`` (a queryset on one
+    database) of these owners or organisations whose last turn is before ``cutoff``, then their
+    copies in Redis; returns how many conversations."""
     query = conversations.filter(last_turn_at__lt=cutoff)
     if owner_ids is not None:
         query = query.filter(org__isnull=True, owner_id__in=owner_ids)
     if org_ids is not None:
         query = query.filter(org_id__in=org_ids)
-    with transaction.atomic(using=query.db):
-        _, by_model = query.delete()
-    return by_model.get(Conversation._meta.label, 0)
+    with transaction.atomic(using=conversations.db):
+        # Locked: a turn appended meanwhile (it locks the row too) waits, then finds it gone;
+        # none is appended to a conversation after it was judged expired.
+        ids = list(query.select_for_update().values_list("pk", flat=True))
+        if ids:
+            conversations.filter(pk__in=ids).delete()
+    for conversation_id in ids:
+        _forget_copies(conversation_id)
+    return len(ids)
+
+
+def _forget_copies(conversation_id) -> None:
+    """Drop a purged conversation's Redis copies: its hot-cache entry and held turns."""
+    from conversations import cache, writeback  # noqa: PLC0415 - both import services
+
+    cache.forget(conversation_id)
+    writeback.conversation_held_forget(conversation_id)
 
 
 def conversations_purge_expired(*, now: datetime | None = None) -> int:
     """Delete every conversation (and its turns) whose last turn is older than its retention
-    period (module docstring) at ``now`` (default: the current time; tests pass a moved clock).
+    period (module docstring) at ``now`` (default: the current time; tests pass a moved clock),
+    in every region's database, and its copies in Redis (hot cache, held turns).
     Returns the number of conversations deleted. Safe to run at any time and more than once.
     """
     now = now or timezone.now()
-    conversations = Conversation.objects.all()
-    purged = 0
     # Organisations' conversations, grouped by period so each period is one batch of deletes.
     org_ids_by_days: dict[int, list[int]] = defaultdict(list)
     for organisation in Organisation.objects.only("pk", "tier", "retention_days"):
         days = organisation_retention_days(organisation)
         if days is not None:
             org_ids_by_days[days].append(organisation.pk)
-    for days, org_ids in org_ids_by_days.items():
-        for batch in _batches(org_ids):
-            purged += _purge(conversations, org_ids=batch, cutoff=now - timedelta(days=days))
-    # Everyone else's, by the owner's tier.
-    for tier, days in settings.CHAT_RETENTION_DAYS_BY_TIER.items():
-        if days is None:
-            continue
-        owner_ids = User.objects.filter(tier=tier).values_list("pk", flat=True).iterator(BATCH)
-        for batch in _batches(owner_ids):
-            purged += _purge(conversations, owner_ids=batch, cutoff=now - timedelta(days=days))
+    purged = 0
+    for alias in regions.region_dbs():
+        conversations = Conversation.objects.using(alias)
+        for days, org_ids in org_ids_by_days.items():
+            for batch in _batches(org_ids):
+                purged += _purge(conversations, org_ids=batch, cutoff=now - timedelta(days=days))
+        # Everyone else's, by the owner's tier.
+        for tier, days in settings.CHAT_RETENTION_DAYS_BY_TIER.items():
+            if days is None:
+                continue
+            owners = User.objects.filter(tier=tier).values_list("pk", flat=True).iterator(BATCH)
+            for batch in _batches(owners):
+                purged += _purge(conversations, owner_ids=batch, cutoff=now - timedelta(days=days))
     if purged:
         logger.info("retention: purged %d conversation(s)", purged)
     return purged

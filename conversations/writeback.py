@@ -220,6 +220,23 @@ def held_turns(conversation_id: UUID | str) -> list[Turn]:
     return turns
 
 
+def conversation_held_forget(conversation_id: UUID | str) -> None:
+    """Drop every turn a (deleted or purged) conversation holds in Redis. Never raises for
+    Redis errors: held records expire on their own, and a write-back of a conversation that is
+    gone drops its record (:func:`answer_write_back`)."""
+    client = redis_sync()
+    try:
+        ids = client.smembers(conversation_key(conversation_id))
+        with client.pipeline(transaction=True) as pipe:
+            for turn_id in ids:
+                pipe.delete(record_key(turn_id))
+                pipe.zrem(DUE_KEY, turn_id)
+            pipe.delete(conversation_key(conversation_id))
+            pipe.execute()
+    except (RedisError, OSError) as exc:
+        logger.warning("held turns of %s not dropped (Redis: %s)", conversation_id, exc)
+
+
 # pending_answers: the name the issue's brief uses for the same read.
 pending_answers = held_turns
 

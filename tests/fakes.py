@@ -9,6 +9,8 @@ aborts and counts unfinished requests the way the real engine does.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +33,13 @@ class ScriptedEngine:
 
     @classmethod
     def from_settings(cls) -> ScriptedEngine:
-        return cls()
+        """A fresh double; in a server subprocess, ``CHAT_SCRIPTED_ENGINE_SCRIPT`` (a JSON list
+        of steps: text deltas and pauses in seconds) replaces the default script."""
+        double = cls()
+        script = os.environ.get("CHAT_SCRIPTED_ENGINE_SCRIPT")
+        if script:
+            double.default_script = json.loads(script)
+        return double
 
     async def ensure_started(self) -> None:
         self.started += 1

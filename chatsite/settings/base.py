@@ -279,6 +279,10 @@ CHAT_ZDR_TTL_S = env_int("CHAT_ZDR_TTL_S", 600)
 # A zero-retention turn's event log lingers this long after the turn ends, so a reader on
 # another server process still gets the end of the stream, then it is gone.
 CHAT_ZDR_STREAM_LINGER_S = env_int("CHAT_ZDR_STREAM_LINGER_S", 5)
+# kombu's Redis transport looks for messages a dead worker took (older than the visibility
+# timeout) every this many seconds (its default: every 100 s); write-back wants them back soon.
+CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"] = env_int("CHAT_CELERY_RESTORE_INTERVAL_S", 10)
+CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_throttle"] = 1
 CELERY_BEAT_SCHEDULE["conversations.turn_write_back_sweep"] = {
     "task": "conversations.turn_write_back_sweep",
     "schedule": float(CHAT_WRITEBACK_SWEEP_S),
