@@ -34,7 +34,6 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import redis
 from asgiref.sync import sync_to_async
 from celery import shared_task
 from django.conf import settings
@@ -43,7 +42,8 @@ from django.utils import timezone
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from conversations import services, turnlog
+from chatsite import redis_guard
+from conversations import services
 from conversations.models import Conversation, Turn
 
 logger = logging.getLogger(__name__)
@@ -148,52 +148,59 @@ def _queue_hold(pipe, record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
         pipe.zadd(DUE_KEY, {turn_id: time.time()})
 
 
-# --- Redis clients ------------------------------------------------------------------------------
+# --- Redis (through chatsite/redis_guard.py: short timeouts, circuit breaker, counted) ----------
 
-_sync_client: redis.Redis | None = None
+PART = "writeback"
+_FALLBACK = "finished answers are inserted synchronously"
 
 
-def redis_sync() -> redis.Redis:
-    """This process's synchronous Redis client (Celery tasks, sync services and selectors).
-    Short timeouts: a dead Redis costs a read about a second, not a hang."""
-    global _sync_client
-    if _sync_client is None:
-        _sync_client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=1, decode_responses=True
-        )
-    return _sync_client
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def hold(record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
     """Hold ``record`` in Redis for ``ttl_s`` seconds (synchronous). ``due``: list it for the
-    sweeper (answers awaiting write-back; never zero-retention turns). Raises RedisError/OSError
-    when Redis is unreachable."""
-    with redis_sync().pipeline(transaction=True) as pipe:
-        _queue_hold(pipe, record, ttl_s=ttl_s, due=due)
-        pipe.execute()
+    sweeper (answers awaiting write-back; never zero-retention turns). Raises RedisError
+    (``redis_guard.RedisUnavailable``) when Redis is unreachable or known to be down."""
+
+    def run(client):
+        with client.pipeline(transaction=True) as pipe:
+            _queue_hold(pipe, record, ttl_s=ttl_s, due=due)
+            pipe.execute()
+
+    redis_guard.call(PART, run, fallback=_FALLBACK)
 
 
 async def ahold(record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
     """:func:`hold` for the event loop (the loop's asyncio client)."""
-    async with turnlog.redis_client().pipeline(transaction=True) as pipe:
-        _queue_hold(pipe, record, ttl_s=ttl_s, due=due)
-        await pipe.execute()
+
+    async def run(client):
+        async with client.pipeline(transaction=True) as pipe:
+            _queue_hold(pipe, record, ttl_s=ttl_s, due=due)
+            await pipe.execute()
+
+    await redis_guard.acall(PART, run, fallback=_FALLBACK)
 
 
 def record_get(turn_id: UUID | str) -> dict[str, Any] | None:
     """The held record of ``turn_id``, or None (never held, written and released, or expired).
-    Raises RedisError/OSError when Redis is unreachable."""
-    raw = redis_sync().get(record_key(turn_id))
+    Raises RedisError when Redis is unreachable (the task retries)."""
+    raw = redis_guard.call(PART, lambda client: client.get(record_key(turn_id)))
     return json.loads(raw) if raw else None
 
 
 def release(*, turn_id: UUID | str, conversation_id: UUID | str) -> None:
-    """Forget a held turn: its record, its index entry and its sweeper entry."""
-    with redis_sync().pipeline(transaction=True) as pipe:
-        pipe.delete(record_key(turn_id))
-        pipe.srem(conversation_key(conversation_id), str(turn_id))
-        pipe.zrem(DUE_KEY, str(turn_id))
-        pipe.execute()
+    """Forget a held turn: its record, its index entry and its sweeper entry. Raises
+    RedisError when Redis is unreachable."""
+
+    def run(client):
+        with client.pipeline(transaction=True) as pipe:
+            pipe.delete(record_key(turn_id))
+            pipe.srem(conversation_key(conversation_id), str(turn_id))
+            pipe.zrem(DUE_KEY, str(turn_id))
+            pipe.execute()
+
+    redis_guard.call(PART, run)
 
 
 def held_turns(conversation_id: UUID | str) -> list[Turn]:
@@ -202,20 +209,19 @@ def held_turns(conversation_id: UUID | str) -> list[Turn]:
     zero-retention conversation still within its TTL. Reads merge these (selectors.py) so an
     answer is visible from the moment its ``done`` event is sent. ``[]`` when Redis is down
     (reads then show what PostgreSQL has)."""
-    client = redis_sync()
-    try:
-        ids = client.smembers(conversation_key(conversation_id))
+
+    def run(client) -> list:
+        ids = sorted(_text(i) for i in client.smembers(conversation_key(conversation_id)))
         if not ids:
             return []
-        ids = sorted(ids)
         raws = client.mget([record_key(i) for i in ids])
         gone = [i for i, raw in zip(ids, raws, strict=True) if raw is None]
         if gone:  # released or expired: tidy the index
             client.srem(conversation_key(conversation_id), *gone)
-    except (RedisError, OSError) as exc:
-        logger.warning("held turns of %s unreadable (Redis: %s)", conversation_id, exc)
-        return []
-    turns = [record_turn(json.loads(raw)) for raw in raws if raw is not None]
+        return [raw for raw in raws if raw is not None]
+
+    raws = redis_guard.call(PART, run, default=[], fallback="reads show what PostgreSQL has")
+    turns = [record_turn(json.loads(raw)) for raw in raws]
     turns.sort(key=lambda t: (t.created_at, str(t.turn_id)))
     return turns
 
@@ -224,17 +230,17 @@ def conversation_held_forget(conversation_id: UUID | str) -> None:
     """Drop every turn a (deleted or purged) conversation holds in Redis. Never raises for
     Redis errors: held records expire on their own, and a write-back of a conversation that is
     gone drops its record (:func:`answer_write_back`)."""
-    client = redis_sync()
-    try:
-        ids = client.smembers(conversation_key(conversation_id))
+
+    def run(client):
+        ids = [_text(i) for i in client.smembers(conversation_key(conversation_id))]
         with client.pipeline(transaction=True) as pipe:
             for turn_id in ids:
                 pipe.delete(record_key(turn_id))
                 pipe.zrem(DUE_KEY, turn_id)
             pipe.delete(conversation_key(conversation_id))
             pipe.execute()
-    except (RedisError, OSError) as exc:
-        logger.warning("held turns of %s not dropped (Redis: %s)", conversation_id, exc)
+
+    redis_guard.call(PART, run, default=None, fallback="held turns expire on their own")
 
 
 # pending_answers: the name the issue's brief uses for the same read.
@@ -297,22 +303,33 @@ def held_answers_requeue(*, now: float | None = None) -> int:
     """Queue the write-back again for every answer held longer than
     ``settings.CHAT_WRITEBACK_REQUEUE_AFTER_S`` since it was held or last queued (its task was
     lost: a broker outage, a message dropped after max retries). ``now``: epoch seconds.
-    Returns how many were queued. Records that vanished leave the due set."""
-    client = redis_sync()
+    Returns how many were queued. Records that vanished leave the due set. Raises RedisError
+    when Redis is unreachable (the next sweep tries again)."""
     now = time.time() if now is None else now
-    due = client.zrangebyscore(DUE_KEY, "-inf", now - settings.CHAT_WRITEBACK_REQUEUE_AFTER_S)
-    queued = 0
+    cutoff = now - settings.CHAT_WRITEBACK_REQUEUE_AFTER_S
+
+    def take_due(client) -> list[str]:
+        due = [_text(t) for t in client.zrangebyscore(DUE_KEY, "-inf", cutoff)]
+        if not due:
+            return []
+        held = client.mget([record_key(t) for t in due])
+        gone = [t for t, raw in zip(due, held, strict=True) if raw is None]
+        live = [t for t, raw in zip(due, held, strict=True) if raw is not None]
+        with client.pipeline(transaction=True) as pipe:
+            if gone:
+                pipe.zrem(DUE_KEY, *gone)
+            if live:  # next look in another REQUEUE_AFTER_S, not at every sweep
+                pipe.zadd(DUE_KEY, dict.fromkeys(live, now))
+            pipe.execute()
+        return live
+
+    due = redis_guard.call(PART, take_due)
     for turn_id in due:
-        if not client.exists(record_key(turn_id)):
-            client.zrem(DUE_KEY, turn_id)
-            continue
-        client.zadd(DUE_KEY, {turn_id: now})
         turn_write_back.delay(turn_id)
-        queued += 1
-    if queued:
-        REQUEUED.inc(queued)
-        logger.warning("queued the write-back of %d held answer(s) again", queued)
-    return queued
+    if due:
+        REQUEUED.inc(len(due))
+        logger.warning("queued the write-back of %d held answer(s) again", len(due))
+    return len(due)
 
 
 @shared_task(name="conversations.turn_write_back_sweep", acks_late=True)
@@ -356,8 +373,8 @@ async def answer_finish(*, record: dict[str, Any]) -> str:
     try:
         await ahold(record, ttl_s=settings.CHAT_WRITEBACK_HOLD_TTL_S, due=True)
     except (RedisError, OSError) as exc:
-        SYNC_FALLBACKS.inc()
-        logger.warning("Redis cannot hold answer %s (%s): inserting it now", record["turn_id"], exc)
+        SYNC_FALLBACKS.inc()  # the outage itself is logged once by redis_guard
+        logger.info("Redis cannot hold answer %s (%s): inserting it now", record["turn_id"], exc)
         await _in_thread(services.turn_append_assistant, **_append_kwargs(record))
         return "stored"
     try:

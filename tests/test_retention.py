@@ -13,6 +13,7 @@ from django.utils import timezone
 from accounts.models import Organisation
 from conversations import retention, services, writeback
 from conversations.models import Conversation, Turn
+from tests.test_writeback import plain_redis
 
 pytestmark = pytest.mark.django_db
 
@@ -111,4 +112,4 @@ def test_a_purged_conversation_leaves_no_held_turns_in_redis(make_user):
     writeback.hold(record, ttl_s=600, due=True)
     assert retention.conversations_purge_expired(now=NOW) == 1
     assert writeback.record_get(record["turn_id"]) is None
-    assert not writeback.redis_sync().exists(writeback.conversation_key(conversation.pk))
+    assert not plain_redis().exists(writeback.conversation_key(conversation.pk))

@@ -5,7 +5,9 @@ tests/integration/test_writeback_worker.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -13,14 +15,17 @@ import uuid
 
 import psycopg
 import pytest
-import redis.asyncio as aioredis
+import redis
+import redis.asyncio
 from asgiref.sync import sync_to_async
 from celery.signals import task_prerun
+from django.conf import settings
 from django.db import connection, transaction
 from prometheus_client import REGISTRY
 
+from chatsite import redis_guard
 from chatsite.celery import app
-from conversations import selectors, services, turnlog, writeback
+from conversations import selectors, services, writeback
 from conversations.models import Conversation, Turn
 from tests.processes import database_url
 from tests.test_api import api_client, new_conversation, post_json
@@ -29,6 +34,12 @@ from tests.test_views import parse_sse, read_stream
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BROKER_QUEUE = "celery"  # kombu's Redis transport keeps the default queue in this list
+
+
+@functools.cache
+def plain_redis() -> redis.Redis:
+    """A client of the test Redis of its own (strings decoded), for looking at what is there."""
+    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
 
 
 @contextlib.contextmanager
@@ -54,7 +65,7 @@ def tasks_queued_not_run():
         yield
     finally:
         app.conf.task_always_eager = True
-        writeback.redis_sync().delete(BROKER_QUEUE)
+        plain_redis().delete(BROKER_QUEUE)
 
 
 @contextlib.contextmanager
@@ -82,7 +93,7 @@ def sessions_waiting_on_a_lock() -> int:
 
 
 def broker_messages() -> list[dict]:
-    return [json.loads(raw) for raw in writeback.redis_sync().lrange(BROKER_QUEUE, 0, -1)]
+    return [json.loads(raw) for raw in plain_redis().lrange(BROKER_QUEUE, 0, -1)]
 
 
 async def one_turn(client, conversation_id: str, content: str = "hi") -> list:
@@ -115,7 +126,7 @@ async def test_a_finished_answer_is_written_by_the_write_back_task(make_user, en
     assert name == "done"
     assert started == ["conversations.turn_write_back"]
     assert (await Turn.objects.aget(turn_id=done["turn_id"])).content == "Hello, world."
-    assert writeback.redis_sync().get(writeback.record_key(done["turn_id"])) is None
+    assert plain_redis().get(writeback.record_key(done["turn_id"])) is None
 
 
 async def test_the_answer_is_held_in_redis_before_done_and_only_its_id_is_queued(make_user, engine_double):
@@ -234,11 +245,11 @@ def test_the_sweeper_queues_again_an_answer_whose_task_was_lost(make_user, setti
     """Given held answers whose task never ran (lost), one held long ago and one just now, when
     the sweeper runs, then only the old one is queued (and written); the new one waits."""
     settings.CHAT_WRITEBACK_REQUEUE_AFTER_S = 120
-    writeback.redis_sync().delete(writeback.DUE_KEY)
+    plain_redis().delete(writeback.DUE_KEY)
     conversation = services.conversation_create(owner=make_user())
     old = a_held_answer(conversation, services.turn_append_user(conversation=conversation, content="a"))
     new = a_held_answer(conversation, services.turn_append_user(conversation=conversation, content="b"))
-    writeback.redis_sync().zadd(writeback.DUE_KEY, {old["turn_id"]: time.time() - 300})
+    plain_redis().zadd(writeback.DUE_KEY, {old["turn_id"]: time.time() - 300})
     queued = writeback.held_answers_requeue()
     assert queued == 1
     assert Turn.objects.filter(turn_id=old["turn_id"]).exists()
@@ -263,19 +274,23 @@ def test_a_held_answer_of_a_deleted_conversation_is_dropped(make_user):
 
 @pytest.fixture
 def redis_down(tmp_path, monkeypatch):
-    """Every Redis client of the product points at a socket nobody listens on."""
+    """Every Redis client of the product (chatsite/redis_guard.py) points at a socket nobody
+    listens on; the circuit breaker is closed again afterwards."""
     dead = f"unix://{tmp_path}/no-redis.sock"
-    monkeypatch.setattr(writeback, "_sync_client", writeback.redis.Redis.from_url(dead, socket_connect_timeout=1))
-    clients: dict = {}
+    sync_dead = redis.Redis.from_url(dead, socket_connect_timeout=1)
+    async_dead: dict = {}
 
-    def dead_client():
-        loop = __import__("asyncio").get_running_loop()
-        if loop not in clients:
-            clients[loop] = aioredis.Redis.from_url(dead, socket_connect_timeout=1, decode_responses=True)
-        return clients[loop]
+    def async_client():
+        loop = asyncio.get_running_loop()
+        if loop not in async_dead:
+            async_dead[loop] = redis.asyncio.Redis.from_url(dead, socket_connect_timeout=1, decode_responses=True)
+        return async_dead[loop]
 
-    monkeypatch.setattr(turnlog, "redis_client", dead_client)
-    return dead
+    monkeypatch.setattr(redis_guard, "sync_client", lambda: sync_dead)
+    monkeypatch.setattr(redis_guard, "async_client", async_client)
+    redis_guard.breaker.reset()
+    yield dead
+    redis_guard.breaker.reset()
 
 
 async def test_with_redis_down_the_answer_is_inserted_synchronously(make_user, engine_double, redis_down):

@@ -14,6 +14,7 @@ from conversations import services, streaming, writeback
 from conversations.models import Conversation, Turn
 from tests.test_api import api_client, new_conversation, post_json
 from tests.test_views import events_url_of, parse_sse, post_message, read_stream, signed_in
+from tests.test_writeback import plain_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,7 +48,7 @@ async def zdr_turn(client, conversation_id: str, content: str = SECRET) -> tuple
 def redis_copies(*needles: str) -> dict[str, int]:
     """Every Redis key whose name or value mentions one of ``needles`` -> its TTL in seconds
     (-1: no expiry)."""
-    client = writeback.redis_sync()
+    client = plain_redis()
     found = {}
     for key in client.scan_iter(count=1000):
         kind = client.type(key)
@@ -98,7 +99,7 @@ async def test_zero_retention_copies_in_redis_expire_within_ten_minutes(make_use
     assert copies, "the history for the next turn should be in Redis"
     assert all(0 < ttl <= 600 for ttl in copies.values()), copies
     assert 0 < copies[f"chat:turn:{answer_id}"] <= 5  # the turn's event log: gone in seconds
-    assert writeback.redis_sync().llen("celery") == 0
+    assert plain_redis().llen("celery") == 0
 
 
 async def test_the_next_zero_retention_turn_sees_the_history_from_redis(make_user, engine_double):

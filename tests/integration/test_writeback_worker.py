@@ -25,7 +25,7 @@ from chatsite.celery import app
 from conversations import retention, services, writeback
 from conversations.models import Conversation, Turn
 from tests.processes import celery_worker_process, daphne_process
-from tests.test_writeback import conversation_row_locked, sessions_waiting_on_a_lock
+from tests.test_writeback import conversation_row_locked, plain_redis, sessions_waiting_on_a_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +50,7 @@ def queued_to_real_workers():
         yield
     finally:
         app.conf.task_always_eager = True
-        client = writeback.redis_sync()
+        client = plain_redis()
         client.delete("celery", "unacked", "unacked_index", "unacked_mutex")
 
 
