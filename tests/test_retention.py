@@ -113,3 +113,19 @@ def test_a_purged_conversation_leaves_no_held_turns_in_redis(make_user):
     assert retention.conversations_purge_expired(now=NOW) == 1
     assert writeback.record_get(record["turn_id"]) is None
     assert not plain_redis().exists(writeback.conversation_key(conversation.pk))
+
+
+def test_beat_purges_daily_and_sweeps_held_answers_every_minute(settings):
+    """The beat schedule runs the purge once a day and the write-back sweeper every
+    CHAT_WRITEBACK_SWEEP_S (60 s), both as tasks the workers know."""
+    from celery.schedules import crontab  # noqa: PLC0415
+
+    from chatsite.celery import app  # noqa: PLC0415
+
+    app.loader.import_default_modules()
+    purge = settings.CELERY_BEAT_SCHEDULE["conversations.conversations_purge_expired"]
+    sweep = settings.CELERY_BEAT_SCHEDULE["conversations.turn_write_back_sweep"]
+    assert isinstance(purge["schedule"], crontab)
+    assert len(purge["schedule"].hour) == len(purge["schedule"].minute) == 1  # once a day
+    assert sweep["schedule"] == settings.CHAT_WRITEBACK_SWEEP_S == 60
+    assert {purge["task"], sweep["task"]} <= set(app.tasks)
