@@ -13,7 +13,7 @@ from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import User
-from conversations import writeback
+from conversations import cache, writeback
 from conversations.models import Conversation, Turn
 
 
@@ -52,8 +52,13 @@ def _with_held(conversation_id: UUID, turns: list[Turn], keep=None) -> list[Turn
 
 
 def turn_list(*, conversation: Conversation) -> list[Turn]:
-    """All turns of a conversation in the order they were written (held ones included)."""
-    turns = list(conversation.turns.order_by("created_at", "turn_id"))
+    """All turns of a conversation in the order they were written (held ones included); from
+    the hot cache (conversations/cache.py) when its entry is current and holds them all."""
+    history = cache.history(conversation.conversation_id, last_turn_at=conversation.last_turn_at)
+    if history is not None and history.complete:
+        turns = list(history.turns)
+    else:
+        turns = list(conversation.turns.order_by("created_at", "turn_id"))
     return _with_held(conversation.conversation_id, turns)
 
 
@@ -169,6 +174,20 @@ def _turn_time_range(conversation: Conversation) -> tuple[datetime, datetime]:
     return conversation.created_at - TURN_TIME_MARGIN, last + TURN_TIME_MARGIN
 
 
+def _first_page_cached(conversation: Conversation, limit: int) -> tuple[list[Turn], bool] | None:
+    """:func:`turn_page`'s first page from the hot cache (conversations/cache.py), held answers
+    merged; None when the cache cannot serve it (a longer page than the entry holds)."""
+    history = cache.history(conversation.conversation_id, last_turn_at=conversation.last_turn_at)
+    newest = history.newest(limit) if history is not None else None
+    if newest is None:
+        return None
+    rows, older = newest  # newest first
+    rows = _with_held(conversation.conversation_id, rows[::-1])[::-1][: limit + 1]
+    page = rows[:limit]
+    page.reverse()
+    return page, len(rows) > limit or older
+
+
 def turn_page(*, conversation: Conversation, before: tuple | None, limit: int) -> tuple[list[Turn], bool]:
     """The newest ``limit`` turns strictly before the keyset ``before`` = (created_at, turn_id),
     returned oldest first, and whether older ones remain. Stable under concurrent appends
@@ -179,6 +198,10 @@ def turn_page(*, conversation: Conversation, before: tuple | None, limit: int) -
     and above by its last turn or the cursor (:func:`_turn_time_range`), so PostgreSQL prunes
     the others, DEFAULT included, when planning (tests/integration/test_partition_pruning.py).
     """
+    if before is None:
+        cached = _first_page_cached(conversation, limit)
+        if cached is not None:
+            return cached
     lowest, highest = _turn_time_range(conversation)
     if before is not None:
         highest = min(highest, before[0])

@@ -93,11 +93,12 @@ def conversation_rename(*, conversation: Conversation, title: str) -> Conversati
 def conversation_delete(*, conversation: Conversation) -> None:
     """Remove a conversation and all of its turns for good (and, once committed, the turns it
     holds in Redis: conversations/writeback.py)."""
-    from conversations import writeback  # noqa: PLC0415 - writeback imports this module
+    from conversations import cache, writeback  # noqa: PLC0415 - writeback imports this module
 
     conversation_id = conversation.pk
     conversation.delete()
     transaction.on_commit(lambda: writeback.conversation_held_forget(conversation_id))
+    transaction.on_commit(lambda: cache.forget(conversation_id))  # its hot cache entry
 
 
 @transaction.atomic

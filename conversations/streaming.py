@@ -29,7 +29,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from conversations import retention, selectors, services, turnlog, writeback
+from conversations import cache, retention, selectors, services, turnlog, writeback
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.sse import sse_comment, sse_event
@@ -291,9 +291,12 @@ async def turn_submit(
         if not await turnlog.conversation_lock(conversation_id, answer_id):
             raise ConversationBusy(BUSY_MESSAGE)
         try:
+            previous_turn_at = conversation.last_turn_at  # the append moves it
             question = await sync_to_async(services.turn_append_user)(
                 conversation=conversation, content=content
             )
+            # Write-through to the hot cache (conversations/cache.py); never raises.
+            await cache.aturn_cached(question, after=previous_turn_at)
             zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
             stream = generation_start(
                 conversation_id=conversation_id,
@@ -462,20 +465,23 @@ async def _finish(
 
     Durable means held in Redis with its write-back queued, or inserted at once when Redis is
     down (conversations/writeback.py); only then is ``done`` sent."""
-    store = writeback.answer_finish(
-        record=writeback.answer_record(
-            conversation_id=stream.conversation_id,
-            turn_id=stream.answer_id,
-            reply_to_id=question.turn_id,
-            content=text,
-            status=status,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            zero_retention=stream.zero_retention,
-        )
+    record = writeback.answer_record(
+        conversation_id=stream.conversation_id,
+        turn_id=stream.answer_id,
+        reply_to_id=question.turn_id,
+        content=text,
+        status=status,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        zero_retention=stream.zero_retention,
     )
+    store = writeback.answer_finish(record=record)
     try:
         await _despite_cancellation(store)
+        # Write-through: the next prompt and the page see the answer before PostgreSQL has it
+        # (conversations/cache.py); never raises.
+        answer = writeback.record_turn(record)
+        await _despite_cancellation(cache.aturn_cached(answer, after=question.created_at))
     except Exception:  # noqa: BLE001
         logger.exception("could not store answer %s", stream.answer_id)
         error = error or "The answer could not be saved. Try again."
