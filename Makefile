@@ -24,6 +24,7 @@ test-fast: install
 bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.state_bench
 
 install: $(STAMP)
 
