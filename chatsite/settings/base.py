@@ -369,7 +369,7 @@ DATABASE_ROUTERS = ["chatsite.dbrouter.PrimaryReplicaRouter"]
 # --- Redis hot cache and degraded mode (conversations/cache.py, chatsite/redis_guard.py) ---
 # `conv:{conversation_id}` holds a conversation's newest turns and its running summary
 # (DESIGN.md: "last N turns + running summary, 24 h TTL, promoted on read").
-CHAT_HOT_CACHE_TURNS = env_int("CHAT_HOT_CACHE_TURNS", 50)
+CHAT_HOT_CACHE_TURNS = env_int("CHAT_HOT_CACHE_TURNS", 50)  # 0: the hot cache is off
 CHAT_HOT_CACHE_TTL_S = env_int("CHAT_HOT_CACHE_TTL_S", 86400)
 # A dead Redis must not stall a turn: give up connecting / waiting for a reply after these many
 # seconds, then skip Redis for CHAT_REDIS_BREAKER_OPEN_S before trying again (circuit breaker).

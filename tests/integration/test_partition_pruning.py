@@ -109,14 +109,34 @@ def test_the_log_holds_a_million_turns_over_twelve_monthly_partitions(turn_log):
 
 
 @pytest.mark.django_db
-def test_the_newest_page_reads_only_the_partitions_the_conversation_spans(turn_log):
+def test_the_newest_page_reads_only_the_partitions_the_conversation_spans(turn_log, settings):
     """Given a conversation that lives in May and June; when its newest page of 50 is read;
     then the query plans scans of the May and June partitions only (not the other 10 months,
     not DEFAULT, not the months made ahead), and the page is its last 50 turns, in order."""
+    settings.CHAT_HOT_CACHE_TURNS = 0  # the hot cache off: turn_page's own query
     conversation = Conversation.objects.get(pk=number_uuid(TARGET))
 
     page, more, scanned = page_and_plan(conversation, before=None)
 
+    assert scanned == {f"conversations_turn_y{YEAR}m05", f"conversations_turn_y{YEAR}m06"}
+    first = TARGET * TURNS_EACH
+    assert turn_numbers(page) == list(range(first + 950, first + 1000))
+    assert more is True
+
+
+@pytest.mark.django_db
+def test_the_hot_cache_fill_reads_only_the_partitions_the_conversation_spans(turn_log):
+    """Given the same conversation with no hot cache entry; when its newest page is read (the
+    cache fills conv:{id} from PostgreSQL, conversations/cache.py); then that one turn query
+    scans the May and June partitions only, and the page is its last 50 turns."""
+    from conversations import cache  # noqa: PLC0415
+
+    conversation = Conversation.objects.get(pk=number_uuid(TARGET))
+    cache.forget(conversation.pk)
+
+    page, more, scanned = page_and_plan(conversation, before=None)
+
+    cache.forget(conversation.pk)
     assert scanned == {f"conversations_turn_y{YEAR}m05", f"conversations_turn_y{YEAR}m06"}
     first = TARGET * TURNS_EACH
     assert turn_numbers(page) == list(range(first + 950, first + 1000))
