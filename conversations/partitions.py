@@ -30,6 +30,27 @@ ADVISORY_LOCK_KEY = 0x7475726E70617274
 LOCK_TIMEOUT = "10s"
 
 
+# Clock skew allowed between the servers that write a conversation and its turns: a turn's
+# created_at may precede its conversation's created_at (or exceed the last_turn_at another
+# server wrote) by at most this much.
+TURN_TIME_MARGIN = dt.timedelta(minutes=5)
+
+
+def turn_created_range(
+    *, created_at: dt.datetime, last_turn_at: dt.datetime
+) -> tuple[dt.datetime, dt.datetime]:
+    """(lowest, highest) ``created_at`` a stored turn of a conversation can have, given the
+    conversation's ``created_at`` and a ``last_turn_at`` read from its row: every append raises
+    last_turn_at to at least the new turn's created_at under the conversation's row lock
+    (services.py; tests/test_partitions.py checks it), widened by TURN_TIME_MARGIN.
+
+    Filtering turns by ``created_at__range`` of this lets PostgreSQL prune every monthly
+    partition outside the conversation's lifetime, DEFAULT included, when planning. A turn
+    appended after ``last_turn_at`` was read is outside the range: read the row first and treat
+    the result as of that moment."""
+    return created_at - TURN_TIME_MARGIN, last_turn_at + TURN_TIME_MARGIN
+
+
 def month_start(moment: dt.datetime) -> dt.datetime:
     """The first instant (UTC) of the calendar month containing ``moment`` (aware datetime)."""
     moment = moment.astimezone(dt.UTC)

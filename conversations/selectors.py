@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -14,6 +14,7 @@ from django.http import Http404
 
 from accounts.models import User
 from conversations import cache, writeback
+from conversations import partitions  # noqa: I001 - turn_created_range
 from conversations.models import Conversation, Turn
 
 
@@ -154,24 +155,22 @@ def conversation_page(
     return rows[:limit], len(rows) > limit
 
 
-# Clock skew allowed between the servers that write a conversation and its turns (see
-# _turn_time_range): a turn's created_at may precede its conversation's by at most this much.
-TURN_TIME_MARGIN = timedelta(minutes=5)
+# Clock skew allowed between the servers that write a conversation and its turns
+# (partitions.turn_created_range).
+TURN_TIME_MARGIN = partitions.TURN_TIME_MARGIN
 
 
 def _turn_time_range(conversation: Conversation) -> tuple[datetime, datetime]:
     """The span of ``created_at`` the conversation's stored turns can have, for partition
-    pruning (the turn log is partitioned by month on created_at, migration 0004): from the
-    conversation's creation to its ``last_turn_at`` (read afresh: every append raises it to at
-    least the new turn's created_at under the conversation's lock, services.py), widened by
-    TURN_TIME_MARGIN."""
+    pruning (the turn log is partitioned by month on created_at, migration 0004):
+    partitions.turn_created_range with ``last_turn_at`` read afresh from the row."""
     last = (
         Conversation.objects.filter(pk=conversation.pk)
         .values_list("last_turn_at", flat=True)
         .first()
     )
     last = max(last or conversation.last_turn_at, conversation.last_turn_at)
-    return conversation.created_at - TURN_TIME_MARGIN, last + TURN_TIME_MARGIN
+    return partitions.turn_created_range(created_at=conversation.created_at, last_turn_at=last)
 
 
 def _first_page_cached(conversation: Conversation, limit: int) -> tuple[list[Turn], bool] | None:
