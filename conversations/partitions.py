@@ -148,10 +148,22 @@ def _partition_create(start: dt.datetime, end: dt.datetime, *, using: str) -> bo
         return True
 
 
+def turn_log_databases() -> list[str]:
+    """The database aliases that hold a turn log: every region's primary (replicas follow
+    their primary), ``["default"]`` in a single-region deployment (conversations/regions.py)."""
+    from conversations import regions  # noqa: PLC0415 - regions imports the models
+
+    return regions.region_dbs()
+
+
 @shared_task(name="conversations.turn_partitions_ensure")
-def turn_partitions_ensure_task(months_ahead: int | None = None) -> list[str]:
+def turn_partitions_ensure_task(months_ahead: int | None = None) -> dict[str, list[str]]:
     """Celery beat task (daily, settings.CELERY_BEAT_SCHEDULE): create the turn log's coming
-    monthly partitions, ``months_ahead`` (default ``settings.CHAT_TURN_PARTITIONS_AHEAD``)
-    months ahead. Idempotent, so a redelivered message is harmless."""
+    monthly partitions in every region's database, ``months_ahead`` (default
+    ``settings.CHAT_TURN_PARTITIONS_AHEAD``) months ahead. Returns {alias: names created}.
+    Idempotent, so a redelivered message is harmless."""
     ahead = settings.CHAT_TURN_PARTITIONS_AHEAD if months_ahead is None else months_ahead
-    return turn_partitions_ensure(months_ahead=ahead)
+    return {
+        alias: turn_partitions_ensure(months_ahead=ahead, using=alias)
+        for alias in turn_log_databases()
+    }

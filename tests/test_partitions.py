@@ -4,11 +4,16 @@ command, Celery task on a real worker), and the invariants that replace a unique
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from io import StringIO
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.core.management import call_command
@@ -26,7 +31,7 @@ from conversations.partitions import (
     partition_name,
     turn_partitions_ensure,
 )
-from tests.processes import celery_worker_process
+from tests.processes import celery_worker_process, database_url, stack_env
 
 UTC = dt.UTC
 
@@ -201,8 +206,8 @@ def test_the_management_command_creates_partitions_ahead(monkeypatch):
     out = StringIO()
     call_command("turn_partitions", "--months-ahead", "1", stdout=out)
 
-    assert "created conversations_turn_y2044m03" in out.getvalue()
-    assert "created conversations_turn_y2044m04" in out.getvalue()
+    assert "default: created conversations_turn_y2044m03" in out.getvalue()
+    assert "default: created conversations_turn_y2044m04" in out.getvalue()
     assert {"conversations_turn_y2044m03", "conversations_turn_y2044m04"} <= set(
         partitions.turn_partitions_list()
     )
@@ -284,3 +289,39 @@ def test_every_append_keeps_last_turn_at_at_or_after_its_turns(make_user):
     newest = Turn.objects.filter(conversation=conversation).order_by("-created_at").first()
     assert conversation.last_turn_at >= newest.created_at == finished
     assert conversation.created_at <= question.created_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_creates_partitions_in_every_regions_database(drop_partitions_afterwards):
+    """With a second region's database configured (CHAT_REGION_DATABASE_URLS), ``manage.py
+    turn_partitions`` (run as its own process, as cron or an operator would) creates the months
+    ahead in both turn logs."""
+    default_name = connection.settings_dict["NAME"]
+    region_name = f"{default_name}_us_east"
+    region_url = database_url().replace(f"/{default_name}", f"/{region_name}", 1)
+    wanted = partition_name(month_add(month_start(timezone.now()), 9))
+    drop_partitions_afterwards.append(wanted)
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP DATABASE IF EXISTS "{region_name}" WITH (FORCE)')
+        cursor.execute(f'CREATE DATABASE "{region_name}"')
+    try:
+        env = stack_env({"CHAT_REGION_DATABASE_URLS": json.dumps({"us-east": region_url})})
+        manage = [sys.executable, "manage.py"]
+        run = functools.partial(
+            subprocess.run, env=env, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=120
+        )
+        migrated = run([*manage, "migrate", "--database", "region_us-east", "-v", "0"])
+        assert migrated.returncode == 0, migrated.stderr[-3000:]
+
+        made = run([*manage, "turn_partitions", "--months-ahead", "9"])
+
+        assert made.returncode == 0, made.stderr[-3000:]
+        assert f"default: created {wanted}" in made.stdout
+        assert f"region_us-east: created {wanted}" in made.stdout
+        assert wanted in partitions.turn_partitions_list()
+        with psycopg.connect(region_url) as region:
+            found = region.execute("SELECT to_regclass(%s) IS NOT NULL", [wanted]).fetchone()[0]
+        assert found
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{region_name}" WITH (FORCE)')
