@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import pwd
+import select
 import shutil
 import signal
 import subprocess
@@ -116,6 +117,20 @@ class Cluster:
             cursor = conn.execute(sql, params)
             return cursor.fetchall() if cursor.description else []
 
+    def require_synchronous_standby(self) -> None:
+        """On a primary with a standby: from now on a commit returns only once a standby has
+        flushed it (``synchronous_standby_names = '*'``), so a failover loses no committed
+        transaction. (Not before the standby exists: commits would wait for it forever.)"""
+        self.query("ALTER SYSTEM SET synchronous_standby_names = '*'", dbname="postgres")
+        self.query("SELECT pg_reload_conf()", dbname="postgres")
+        deadline = time.monotonic() + 30
+        while not self.query(
+            "SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'", dbname="postgres"
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no synchronous standby of {self.name}")
+            time.sleep(0.05)
+
     def pause_replay(self) -> None:
         """On a standby: stop applying WAL (it keeps receiving it), so it falls behind."""
         self.query("SELECT pg_wal_replay_pause()")
@@ -139,10 +154,8 @@ class Clusters:
             shutil.chown(path, self.user, self.user)
         return path
 
-    def primary(self, name: str, *, synchronous_standby: bool = False, databases=("chat",)) -> Cluster:
-        """A new, started primary with the given (empty) databases. ``synchronous_standby``:
-        commits wait until a standby has flushed them (``synchronous_standby_names = '*'``), so
-        a failover loses no committed transaction."""
+    def primary(self, name: str, *, databases=("chat",)) -> Cluster:
+        """A new, started primary with the given (empty) databases."""
         cluster = Cluster(name, self._dir(name), _free_port(), self.user)
         self.made.append(cluster)
         cluster._pg("initdb", "-D", str(cluster.data_dir), "-U", "postgres", "--auth=trust",
@@ -158,7 +171,6 @@ class Clusters:
             "shared_buffers": "'32MB'",
             "fsync": "off",  # test data: a killed server is restarted from its files, no OS crash
             "full_page_writes": "off",
-            "synchronous_standby_names": "'*'" if synchronous_standby else "''",
         }
         with (cluster.data_dir / "postgresql.conf").open("a") as conf:
             conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
@@ -267,11 +279,16 @@ class AppProcess:
             text=True,
         )  # fmt: skip
 
-    def call(self, op: str, **kwargs) -> Reply:
+    def call(self, op: str, timeout: float = 120, **kwargs) -> Reply:
         """Run ``op`` (``op_<name>`` below) in the app; return its result and the servers its
-        queries ran on. Raises AppError if it raised there."""
+        queries ran on. Raises AppError if it raised there, TimeoutError (and kills the app)
+        if it has not answered after ``timeout`` seconds."""
         self.proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
         self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.proc.kill()
+            raise TimeoutError(f"the app process did not answer {op} within {timeout} s")
         line = self.proc.stdout.readline()
         if not line:
             self._stderr.seek(0)
