@@ -313,14 +313,15 @@ def _database_pooled_like_default(url: str, test: dict) -> dict:
     return db
 
 
+def database_urls(value: str) -> list[str]:
+    """URLs from a comma-separated list. A comma followed by a scheme (``postgresql://``)
+    starts the next URL; other commas belong to a multi-host URL (``host1:5432,host2:5432``)."""
+    return [u.strip() for u in re.split(r",(?=\s*[a-z][a-z0-9+.-]*://)", value) if u.strip()]
+
+
 # Read replicas of `default`: a comma-separated list of URLs, aliases replica_1, replica_2, ...
-# (a comma followed by a scheme starts the next URL; others belong to a multi-host URL).
 # In tests each one mirrors the test database (Django's TEST MIRROR for replicas).
-DATABASE_REPLICA_URLS = [
-    u.strip()
-    for u in re.split(r",(?=\s*[a-z][a-z0-9+.-]*://)", os.environ.get("DATABASE_REPLICA_URLS", ""))
-    if u.strip()
-]
+DATABASE_REPLICA_URLS = database_urls(os.environ.get("DATABASE_REPLICA_URLS", ""))
 # Primary alias -> its replica aliases. The router reads conversation data from these.
 DATABASE_REPLICAS: dict[str, list[str]] = {"default": []}
 for _i, _url in enumerate(DATABASE_REPLICA_URLS, 1):
