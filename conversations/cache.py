@@ -54,6 +54,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from chatsite import metrics, redis_guard
+from conversations import regions
 from conversations.models import Conversation, Turn
 
 logger = logging.getLogger(__name__)
@@ -291,6 +292,7 @@ def _read(conversation_id: UUID):
         return None
 
 
+@regions.routed  # the conversation region's database (conversations/regions.py)
 def history_load(conversation_id: UUID) -> History | None:
     """A conversation's History from PostgreSQL (its newest N turns): None if the conversation
     does not exist. Does not touch Redis. ``CHAT_HOT_CACHE_TURNS = 0`` (the cache off): no turn
@@ -398,6 +400,7 @@ def history(
 ahistory = sync_to_async(history)
 
 
+@regions.routed
 def recent_turns(
     conversation_id: UUID, *, limit: int | None = None, upto: Turn | None = None
 ) -> list[Turn]:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import connections
 from django.http import HttpRequest, StreamingHttpResponse
 
 SSE_HEADERS = {
@@ -54,8 +54,9 @@ async def release_db_connection() -> None:
 
 
 def _close_connection() -> None:
-    # `connection` resolves per thread: look it up here, in the worker thread that owns it.
-    connection.close()
+    # Connections resolve per thread: close them here, in the worker thread that owns them;
+    # every alias it used (replicas, regions: chatsite/dbrouter.py).
+    connections.close_all()
 
 
 def last_event_id(request: HttpRequest) -> int:

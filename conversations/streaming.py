@@ -27,7 +27,7 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection
+from django.db import connections
 
 from conversations import cache, retention, selectors, services, turnlog, writeback
 from conversations.models import Turn
@@ -379,7 +379,7 @@ async def _db(fn, /, **kwargs):
         try:
             return fn(**kwargs)
         finally:
-            connection.close()
+            connections.close_all()  # every alias this thread used (replicas, regions)
 
     return await sync_to_async(call, thread_sensitive=False)()
 

@@ -29,7 +29,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, transaction
 
-from conversations import retention, selectors, services
+from conversations import regions, retention, selectors, services
 from conversations.models import Conversation
 from inference.engine import get_engine
 from inference.prompts import AssembledPrompt, chat_messages, largest_fitting
@@ -103,6 +103,7 @@ def _summarise(summary: str, exchanges: list[tuple[str, str]], fits) -> str:
     return text
 
 
+@regions.routed  # the conversation region's database (conversations/regions.py)
 def summary_update(*, conversation_id: UUID) -> bool:
     """Fold the conversation's older exchanges into its running summary (module docstring).
 

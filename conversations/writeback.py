@@ -37,7 +37,7 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from celery import shared_task
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, connection, transaction
+from django.db import DatabaseError, InterfaceError, connections, transaction
 from django.utils import timezone
 from prometheus_client import Counter
 from redis.exceptions import RedisError
@@ -349,7 +349,7 @@ async def _in_thread(fn, /, **kwargs):
         try:
             return fn(**kwargs)
         finally:
-            connection.close()
+            connections.close_all()  # every alias this thread used (replicas, regions)
 
     return await sync_to_async(call, thread_sensitive=False)()
 
