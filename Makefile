@@ -25,6 +25,7 @@ bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.state_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.replica_bench
 
 install: $(STAMP)
 

@@ -52,6 +52,7 @@ class Pin:
     primary: str
     user_id: int | None = None
     wrote: bool = False  # this pinned call wrote: its later reads go to the primary
+    recent: bool | None = None  # whether user_id wrote recently, asked once per pinned call
 
 
 _pin: contextvars.ContextVar[Pin | None] = contextvars.ContextVar("db_pin", default=None)
@@ -103,8 +104,15 @@ def _read_alias(primary: str, user_id: int | None, pin: Pin | None) -> str:
         return primary
     if connections[primary].in_atomic_block or (pin is not None and pin.wrote):
         return primary  # a transaction (or call) reads what it wrote
-    if user_id is not None and wrote_recently(user_id):
-        return primary
+    if user_id is not None:
+        if pin is not None and pin.user_id == user_id:
+            if pin.recent is None:  # one Redis question per selector or service call
+                pin.recent = wrote_recently(user_id)
+            recent = pin.recent
+        else:
+            recent = wrote_recently(user_id)
+        if recent:
+            return primary
     return replicas[next(_round_robin) % len(replicas)]
 
 
