@@ -26,6 +26,7 @@ bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.state_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.replica_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.context_bench
 
 install: $(STAMP)
 
