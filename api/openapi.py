@@ -68,6 +68,7 @@ def build_document() -> dict:
         [
             (schemas.ConversationCreate, "validation"),
             (schemas.TurnCreate, "validation"),
+            (schemas.TurnRegenerate, "validation"),
             (schemas.ChatCompletionCreate, "validation"),
             (schemas.CompletionCreate, "validation"),
         ],
@@ -100,6 +101,10 @@ def build_document() -> dict:
             "status": {"enum": ["complete", "cancelled", "failed"]},
             "token_count": {"type": "integer"},
             "reply_to": {"anyOf": [UUID_PARAM, {"type": "null"}]},
+            # The turn this one edits (user) or regenerates (assistant); null for an original.
+            "replaces": {"anyOf": [UUID_PARAM, {"type": "null"}]},
+            # Assistant turns: earlier exchanges its prompt left out or took from the summary.
+            "context_trimmed": {"type": "integer", "minimum": 0},
             "moderation_verdict": {"type": "object"},
             "created_at": {"type": "string", "format": "date-time"},
         },
@@ -208,6 +213,26 @@ def build_document() -> dict:
                 "responses": {
                     "200": SSE,
                     "404": _error("No such assistant turn in this conversation."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/conversations/{conversation_id}/turns/{turn_id}/regenerate": {
+            "parameters": [
+                CONVERSATION_ID,
+                {"name": "turn_id", "in": "path", "required": True, "schema": UUID_PARAM},
+            ],
+            "post": {
+                "operationId": "regenerateTurn",
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": {"$ref": REF.format(model="TurnRegenerate")}}},
+                },
+                "responses": {
+                    "200": SSE,
+                    **BODY_ERRORS,
+                    "404": _error("No such assistant turn in this conversation (or not yours)."),
+                    "409": _error("An answer is still being written in this conversation."),
                     **COMMON,
                 },
             },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -29,6 +30,12 @@ class ConversationCreate(Strict):
 class TurnCreate(Strict):
     role: Literal["user"]
     content: Text = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    # Edit: the id of the user turn this message replaces (append-only; the old one is kept).
+    replaces: UUID | None = None
+
+
+class TurnRegenerate(Strict):
     max_tokens: int | None = Field(default=None, ge=1)
 
 

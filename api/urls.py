@@ -11,6 +11,11 @@ urlpatterns = [
         views.turn_events,
         name="v1-turn-events",
     ),
+    path(
+        "conversations/<uuid:conversation_id>/turns/<uuid:turn_id>/regenerate",
+        views.turn_regenerate,
+        name="v1-turn-regenerate",
+    ),
     path("conversations/<uuid:conversation_id>/cancel", views.cancel, name="v1-cancel"),
     path("chat/completions", completions.chat_completions, name="v1-chat-completions"),
     path("completions", completions.completions, name="v1-completions"),

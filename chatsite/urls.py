@@ -15,6 +15,17 @@ urlpatterns = [
         name="turn-events",
     ),
     path("c/<uuid:conversation_id>/turns/<uuid:turn_id>/stop", views.turn_stop, name="turn-stop"),
+    path("c/<uuid:conversation_id>/turns/<uuid:turn_id>/edit", views.turn_edit, name="turn-edit"),
+    path(
+        "c/<uuid:conversation_id>/turns/<uuid:turn_id>/regenerate",
+        views.answer_regenerate,
+        name="answer-regenerate",
+    ),
+    path(
+        "c/<uuid:conversation_id>/turns/<uuid:turn_id>/version",
+        views.answer_version,
+        name="answer-version",
+    ),
     path("c/<uuid:conversation_id>/rename", views.conversation_rename, name="conversation-rename"),
     path("c/<uuid:conversation_id>/delete", views.conversation_delete, name="conversation-delete"),
     path("search", views.conversation_search, name="conversation-search"),

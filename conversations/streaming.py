@@ -29,12 +29,12 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from conversations import cache, retention, selectors, services, turnlog, writeback
+from conversations import cache, retention, selectors, services, summaries, turnlog, writeback
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.sse import sse_comment, sse_event
 from inference.engine import EngineUnavailable, GenerationOptions, get_engine
-from inference.prompts import PromptTooLong, prompt_fit
+from inference.prompts import PromptTooLong, prompt_assemble
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,10 @@ class TurnStream:
     answer_id: UUID = field(default_factory=uuid.uuid4)
     # Zero-retention conversation (conversations/retention.py): short-lived Redis copies only.
     zero_retention: bool = False
+    # The answer this one regenerates (conversations/versions.py), and how many earlier
+    # exchanges its prompt left out or took from the summary (Turn.context_trimmed).
+    replaces_id: UUID | None = None
+    context_trimmed: int = 0
     events: list[StreamEvent] = field(default_factory=list)
     finished: bool = False
     status: str | None = None
@@ -273,9 +277,12 @@ def max_tokens_for(tier: str, requested: int | None = None) -> int:
 
 
 async def turn_submit(
-    *, conversation, content: str, max_tokens: int | None = None
+    *, conversation, content: str, max_tokens: int | None = None, replaces: Turn | None = None
 ) -> tuple[Turn, TurnStream]:
     """Store a user message and start answering it; returns (user turn, answer stream).
+
+    ``replaces``: the user turn this message edits (a user turn of this conversation, checked
+    by the caller); the edit is a new turn in its place (conversations/versions.py).
 
     The conversation is claimed *before* the user turn is written (check and claim with no
     await between them, so atomic in the event loop): of two messages sent at the same moment
@@ -293,7 +300,7 @@ async def turn_submit(
         try:
             previous_turn_at = conversation.last_turn_at  # the append moves it
             question = await sync_to_async(services.turn_append_user)(
-                conversation=conversation, content=content
+                conversation=conversation, content=content, replaces=replaces
             )
             # Write-through to the hot cache (conversations/cache.py); never raises.
             await cache.aturn_cached(question, after=previous_turn_at)
@@ -315,6 +322,47 @@ async def turn_submit(
     return question, stream
 
 
+async def answer_regenerate(
+    *, conversation, answer: Turn, max_tokens: int | None = None
+) -> tuple[Turn, TurnStream]:
+    """Answer ``answer``'s question again; returns (that question, the new answer's stream).
+
+    Append-only (conversations/versions.py): the new answer is a new assistant turn with
+    ``replaces`` = ``answer`` and the same ``reply_to``; the old one stays as an earlier
+    version. The conversation is claimed as in :func:`turn_submit` (PF-P1). ``answer`` must be
+    an assistant turn of ``conversation`` (checked by the caller). Raises ConversationBusy while
+    an answer is written, Http404 if its question is gone.
+    """
+    conversation_id = conversation.conversation_id
+    ensure_idle(conversation_id)
+    _claimed.add(conversation_id)
+    answer_id = uuid.uuid4()
+    try:
+        if not await turnlog.conversation_lock(conversation_id, answer_id):
+            raise ConversationBusy(BUSY_MESSAGE)
+        try:
+            question = await sync_to_async(selectors.user_turn_get)(
+                conversation=conversation, turn_id=answer.reply_to_id
+            )
+            zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
+            stream = generation_start(
+                conversation_id=conversation_id,
+                question=question,
+                system_prompt=conversation.system_prompt,
+                max_tokens=max_tokens,
+                answer_id=answer_id,
+                zero_retention=zero_retention,
+                replaces_id=answer.turn_id,
+                _claimed_by_caller=True,
+            )
+        except BaseException:
+            await turnlog.conversation_unlock(conversation_id, answer_id)
+            raise
+    finally:
+        _claimed.discard(conversation_id)
+    return question, stream
+
+
 def generation_start(
     *,
     conversation_id: UUID,
@@ -323,13 +371,15 @@ def generation_start(
     max_tokens: int | None = None,
     answer_id: UUID | None = None,
     zero_retention: bool = False,
+    replaces_id: UUID | None = None,
     _claimed_by_caller: bool = False,
 ) -> TurnStream:
     """Start answering ``question`` (a stored user turn) as a background task; return its stream.
 
     ``system_prompt`` (blank: ``settings.CHAT_SYSTEM_PROMPT``) leads the prompt; ``max_tokens``
     (None: ``settings.CHAT_MAX_TOKENS``) caps the answer. ``zero_retention``: the conversation
-    keeps nothing in PostgreSQL and only short-lived copies in Redis. Must be called from the
+    keeps nothing in PostgreSQL and only short-lived copies in Redis. ``replaces_id``: the
+    answer the new one regenerates (stored as its ``replaces``). Must be called from the
     server's event loop. Raises ConversationBusy if the conversation is already generating. The task holds the
     stream in the registry until its answer is stored.
     """
@@ -341,6 +391,7 @@ def generation_start(
         question_id=question.turn_id,
         answer_id=answer_id or uuid.uuid4(),
         zero_retention=zero_retention,
+        replaces_id=replaces_id,
     )
     _streams[question.turn_id] = stream
     _by_answer[stream.answer_id] = stream
@@ -393,18 +444,26 @@ async def _generate(
     prompt_tokens = completion_tokens = 0
     status = Turn.Status.FAILED
     error: str | None = None
+    want_summary = False
     try:
         await engine.ensure_started()
-        messages = await _db(
-            selectors.prompt_history, conversation_id=stream.conversation_id, upto=question
+        context = await _db(
+            selectors.prompt_context, conversation_id=stream.conversation_id, question=question
         )
-        fitted = prompt_fit(
+        # Stable first, changing last (inference/prompts.py): system, memory, summary, turns.
+        fitted = prompt_assemble(
             system_prompt=system_prompt,
-            messages=messages,
+            memory="",  # the user-memory block (issue 7) goes here
+            summary=context.summary,
+            exchanges=context.exchanges,
+            question=question.content,
             encode_chat=engine.encode_chat,
             max_model_len=settings.CHAT_MAX_MODEL_LEN,
             max_tokens=max_tokens,
         )
+        stream.context_trimmed = context.summarised + fitted.dropped_exchanges
+        # Outgrowing the budget: summarise the older turns, once this answer is stored.
+        want_summary = not stream.zero_retention and summaries.summary_wanted(fitted)
         prompt_tokens = len(fitted.token_ids)
         earlier_tokens = 0  # completion tokens of attempts before an engine restart
         for attempt in range(settings.CHAT_ENGINE_RESUME_ATTEMPTS + 1):
@@ -437,6 +496,8 @@ async def _generate(
         logger.exception("generation failed for turn %s", stream.answer_id)
         error = "Something went wrong while writing the answer. Try again."
     await _finish(stream, question, "".join(parts), status, error, prompt_tokens, completion_tokens)
+    if want_summary:
+        await _db(summaries.summary_request, conversation_id=stream.conversation_id)
 
 
 async def _despite_cancellation(awaitable) -> object:
@@ -474,6 +535,8 @@ async def _finish(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         zero_retention=stream.zero_retention,
+        replaces_id=stream.replaces_id,
+        context_trimmed=stream.context_trimmed,
     )
     store = writeback.answer_finish(record=record)
     try:

@@ -46,8 +46,19 @@ def _page_context(request: HttpRequest, conversation: Conversation | None) -> di
     }
 
 
-def _exchange_context(conversation: Conversation, exchange: selectors.Exchange) -> dict:
+def _exchange_context(
+    conversation: Conversation,
+    exchange: selectors.Exchange,
+    *,
+    answer_id: UUID | None = None,
+    versions: dict | None = None,
+) -> dict:
+    """Template context of one exchange. ``answer_id``: the id the answer being streamed will
+    have (its actions appear when it is done); ``versions``: the ``< i/n >`` state of an answer
+    being streamed (:func:`_versions`); a stored answer's comes from ``exchange.answers``."""
     answer = exchange.answer
+    if answer is not None:
+        versions = _versions(exchange.answers or (answer,), answer)
     return {
         "conversation": conversation,
         "question": exchange.question,
@@ -55,6 +66,23 @@ def _exchange_context(conversation: Conversation, exchange: selectors.Exchange) 
         "answer_html": markdown_to_safe_html(answer.content) if answer else "",
         # Unanswered: the page (re)attaches to the live stream, or starts it after a restart.
         "streaming": answer is None,
+        "answer_id": answer_id,
+        "versions": versions,
+    }
+
+
+def _versions(answers, answer: Turn) -> dict:
+    """``< i/n >`` of ``answer`` among ``answers`` (its versions, oldest first): 1-based
+    ``index``, ``total``, and the ids of the ``prev`` / ``next`` versions (None at the ends)."""
+    ids = [a.turn_id for a in answers]
+    if answer.turn_id not in ids:
+        ids.append(answer.turn_id)
+    i = ids.index(answer.turn_id)
+    return {
+        "index": i + 1,
+        "total": len(ids),
+        "prev": ids[i - 1] if i > 0 else None,
+        "next": ids[i + 1] if i + 1 < len(ids) else None,
     }
 
 
@@ -110,7 +138,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         )
         created = False
     try:
-        question, _ = await streaming.turn_submit(
+        question, stream = await streaming.turn_submit(
             conversation=conversation,
             content=content,
             max_tokens=streaming.max_tokens_for(user.tier),
@@ -121,7 +149,11 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     if not _is_htmx(request):
         return HttpResponseRedirect(url, status=303)
     context = {
-        **_exchange_context(conversation, selectors.Exchange(question=question, answer=None)),
+        **_exchange_context(
+            conversation,
+            selectors.Exchange(question=question, answer=None),
+            answer_id=stream.answer_id,
+        ),
         "created": created,
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
     }
@@ -135,6 +167,97 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     if created:
         response["HX-Push-Url"] = url
     return response
+
+
+@require_POST
+@login_required
+async def turn_edit(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
+    """Edit user message ``turn_id``: append the new text as a new user turn that replaces it
+    (append-only; conversations/versions.py) and stream its answer. Responds with the exchange
+    fragment (htmx: it takes the old exchange's place) or redirects. 400 for an empty or
+    over-long message, 404 for a turn or conversation that is not the user's, 409 while an
+    answer is still being written; nothing is stored in those cases."""
+    user = await request.auser()
+    content = request.POST.get("content", "")
+    try:
+        services.message_clean(content)
+    except ValidationError as exc:
+        return _error_response(request, exc.messages[0], 400)
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=user
+    )
+    original = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=turn_id)
+    try:
+        question, stream = await streaming.turn_submit(
+            conversation=conversation,
+            content=content,
+            max_tokens=streaming.max_tokens_for(user.tier),
+            replaces=original,
+        )
+    except streaming.ConversationBusy as exc:
+        return _error_response(request, str(exc), 409)
+    if not _is_htmx(request):
+        return redirect("conversation", conversation_id=conversation.conversation_id)
+    context = {
+        **_exchange_context(
+            conversation, selectors.Exchange(question=question, answer=None), answer_id=stream.answer_id
+        ),
+        "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+    }
+    return HttpResponse(
+        await sync_to_async(render_to_string)("chat/_exchange.html", context, request=request)
+    )
+
+
+@require_POST
+@login_required
+async def answer_regenerate(
+    request: HttpRequest, conversation_id: UUID, turn_id: UUID
+) -> HttpResponse:
+    """Regenerate answer ``turn_id``: a new assistant turn that replaces it, with the same
+    question (append-only). Responds with the streaming answer fragment (htmx: in place of the
+    old answer; ``< n/n >`` once done) or redirects. 404 for an answer or conversation that is
+    not the user's, 409 while an answer is still being written."""
+    user = await request.auser()
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=user
+    )
+    answer = await sync_to_async(selectors.answer_get)(conversation=conversation, turn_id=turn_id)
+    earlier = await sync_to_async(selectors.answer_versions)(answer=answer)
+    try:
+        question, stream = await streaming.answer_regenerate(
+            conversation=conversation, answer=answer, max_tokens=streaming.max_tokens_for(user.tier)
+        )
+    except streaming.ConversationBusy as exc:
+        return _error_response(request, str(exc), 409)
+    if not _is_htmx(request):
+        return redirect("conversation", conversation_id=conversation.conversation_id)
+    total = len(earlier) + 1
+    context = {
+        **_exchange_context(
+            conversation,
+            selectors.Exchange(question=question, answer=None),
+            answer_id=stream.answer_id,
+            versions={"index": total, "total": total, "prev": earlier[-1].turn_id, "next": None},
+        ),
+    }
+    return HttpResponse(
+        await sync_to_async(render_to_string)("chat/_answer_streaming.html", context, request=request)
+    )
+
+
+@require_GET
+@login_required
+def answer_version(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
+    """One version of an answer, as the answer fragment with its ``< i/n >`` controls (what the
+    version buttons swap in). 404 if it is not an answer in the user's conversation."""
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    answer = selectors.answer_get(conversation=conversation, turn_id=turn_id)
+    answers = selectors.answer_versions(answer=answer)
+    exchange = selectors.Exchange(question=None, answer=answer, answers=tuple(answers))
+    return render(request, "chat/_answer.html", _exchange_context(conversation, exchange))
 
 
 @login_required

@@ -84,6 +84,9 @@ def turn_record(turn: Turn, *, zero_retention: bool = False) -> dict[str, Any]:
         "token_count": turn.token_count,
         "prompt_tokens": turn.prompt_tokens,
         "reply_to_id": str(turn.reply_to_id) if turn.reply_to_id else None,
+        # Versions and context trimming (issue 4; conversations/versions.py, inference/prompts.py).
+        "replaces_id": str(turn.replaces_id) if turn.replaces_id else None,
+        "context_trimmed": turn.context_trimmed,
         "created_at": turn.created_at.isoformat(),
         "zero_retention": zero_retention,
     }
@@ -100,6 +103,8 @@ def record_turn(record: dict[str, Any]) -> Turn:
         token_count=record["token_count"],
         prompt_tokens=record["prompt_tokens"],
         reply_to_id=UUID(record["reply_to_id"]) if record["reply_to_id"] else None,
+        replaces_id=UUID(record["replaces_id"]) if record.get("replaces_id") else None,
+        context_trimmed=record.get("context_trimmed") or 0,
         created_at=datetime.fromisoformat(record["created_at"]),
     )
 
@@ -114,12 +119,16 @@ def answer_record(
     prompt_tokens: int,
     completion_tokens: int,
     zero_retention: bool = False,
+    replaces_id: UUID | None = None,
+    context_trimmed: int = 0,
 ) -> dict[str, Any]:
-    """The record of an answer that finished now (tokens: counts; ``status``: Turn.Status)."""
+    """The record of an answer that finished now (tokens: counts; ``status``: Turn.Status;
+    ``replaces_id``: the answer it regenerates; ``context_trimmed``: Turn.context_trimmed)."""
     turn = Turn(
         turn_id=turn_id, conversation_id=conversation_id, role=Turn.Role.ASSISTANT,
         content=content, status=status, token_count=completion_tokens,
         prompt_tokens=prompt_tokens, reply_to_id=reply_to_id, created_at=timezone.now(),
+        replaces_id=replaces_id, context_trimmed=context_trimmed,
     )  # fmt: skip
     return turn_record(turn, zero_retention=zero_retention)
 
@@ -135,6 +144,8 @@ def _append_kwargs(record: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": record["prompt_tokens"] or 0,
         "completion_tokens": record["token_count"],
         "created_at": datetime.fromisoformat(record["created_at"]),
+        "replaces_id": UUID(record["replaces_id"]) if record.get("replaces_id") else None,
+        "context_trimmed": record.get("context_trimmed") or 0,
     }
 
 

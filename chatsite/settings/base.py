@@ -367,6 +367,23 @@ CHAT_REGIONAL_APPS = ("conversations",)
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
 DATABASE_ROUTERS = ["chatsite.dbrouter.PrimaryReplicaRouter"]
 
+# --- Context assembly and summarisation (inference/prompts.py, conversations/summaries.py) ---
+# A turn whose prompt had to leave out earlier exchanges, or fills at least this fraction of its
+# token budget (CHAT_MAX_MODEL_LEN - max_tokens), queues the summarisation task.
+CHAT_SUMMARY_TRIGGER_FRACTION = float(os.environ.get("CHAT_SUMMARY_TRIGGER_FRACTION", "0.75"))
+# The summariser keeps verbatim the newest exchanges that fit in this fraction of the budget and
+# folds everything older into the running summary (summaries of summaries as it grows).
+CHAT_SUMMARY_KEEP_FRACTION = float(os.environ.get("CHAT_SUMMARY_KEEP_FRACTION", "0.5"))
+CHAT_SUMMARY_MAX_TOKENS = env_int("CHAT_SUMMARY_MAX_TOKENS", 256)  # longest summary, tokens
+# Background jobs reach the model through this server's OpenAI-compatible endpoint (DESIGN.md,
+# "How background jobs reach the model"), authenticated as the service user: with
+# CHAT_SERVICE_API_KEY, or (empty) a key derived from SECRET_KEY and registered on first use.
+CHAT_INTERNAL_API_URL = os.environ.get("CHAT_INTERNAL_API_URL", "http://127.0.0.1:8000")
+CHAT_INTERNAL_API_TIMEOUT_S = float(os.environ.get("CHAT_INTERNAL_API_TIMEOUT_S", "300"))
+CHAT_SERVICE_API_KEY = os.environ.get("CHAT_SERVICE_API_KEY", "")
+# The service user's name; the colon keeps it out of reach of the sign-up form.
+CHAT_SERVICE_USERNAME = os.environ.get("CHAT_SERVICE_USERNAME", "chatsite:service")
+
 # --- Redis hot cache and degraded mode (conversations/cache.py, chatsite/redis_guard.py) ---
 # `conv:{conversation_id}` holds a conversation's newest turns and its running summary
 # (DESIGN.md: "last N turns + running summary, 24 h TTL, promoted on read").

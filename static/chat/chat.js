@@ -8,12 +8,20 @@
     try { return JSON.parse(event.data); } catch (e) { return null; }
   }
 
+  // The answer's actions (Regenerate, `< i/n >` versions) come with the streaming fragment,
+  // hidden until the answer is stored.
+  function showActions(article) {
+    var actions = article.querySelector("[data-stream-actions]");
+    if (actions) actions.hidden = false;
+  }
+
   function finish(article, source, payload) {
     source.close();
     article.classList.remove("streaming");
     article.removeAttribute("sse-connect");
     var stop = article.querySelector("button.stop");
     if (stop) stop.remove();
+    showActions(article);
     var note = article.querySelector("[data-stream-note]");
     if (payload && payload.turn_id) article.id = "turn-" + payload.turn_id;
     if (payload && typeof payload.html === "string") {
@@ -37,6 +45,7 @@
     article.removeAttribute("sse-connect");
     var stop = article.querySelector("button.stop");
     if (stop) stop.remove();
+    showActions(article);
     var note = article.querySelector("[data-stream-note]");
     if (note) {
       note.textContent = message || "The answer failed. Send your message again.";
