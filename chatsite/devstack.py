@@ -181,6 +181,9 @@ def run(port: int, host: str) -> int:
     exit status (daphne's)."""
     with stack_env() as env:
         python = sys.executable
+        # Background jobs (summaries) reach the model through this server's /v1 on loopback.
+        loopback = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        env.setdefault("CHAT_INTERNAL_API_URL", f"http://{loopback}:{port}")
         subprocess.run([python, "manage.py", "migrate", "--noinput"], env=env, check=True, cwd=ROOT)
         server = subprocess.Popen(
             [python, "-m", "chatsite.serve", "-b", host, "-p", str(port), "chatsite.asgi:application"],
