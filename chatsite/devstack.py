@@ -183,6 +183,7 @@ def run(port: int, host: str) -> int:
         python = sys.executable
         # Background jobs (summaries) reach the model through this server's /v1 on loopback.
         loopback = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        loopback = f"[{loopback}]" if ":" in loopback else loopback
         env.setdefault("CHAT_INTERNAL_API_URL", f"http://{loopback}:{port}")
         subprocess.run([python, "manage.py", "migrate", "--noinput"], env=env, check=True, cwd=ROOT)
         server = subprocess.Popen(
