@@ -53,6 +53,7 @@ class Pin:
     user_id: int | None = None
     wrote: bool = False  # this pinned call wrote: its later reads go to the primary
     recent: bool | None = None  # whether user_id wrote recently, asked once per pinned call
+    outer: Pin | None = None  # the pin this one is nested in
 
 
 _pin: contextvars.ContextVar[Pin | None] = contextvars.ContextVar("db_pin", default=None)
@@ -62,8 +63,15 @@ _pin: contextvars.ContextVar[Pin | None] = contextvars.ContextVar("db_pin", defa
 def pinned(primary: str, user_id: int | None = None) -> Iterator[Pin]:
     """Send regional queries without an instance hint to ``primary``'s cluster for the block,
     on behalf of ``user_id`` (for read-your-writes). ``primary`` is a primary alias (a replica
-    alias is mapped to its primary)."""
-    token = _pin.set(Pin(primary=primary_of(primary), user_id=user_id))
+    alias is mapped to its primary). Nested in a pin of the same cluster, it keeps the outer
+    pin's user (when it names none) and what that pin knows: a helper that only has an id
+    (``cache.history_load(conversation_id)``) reads for the same user as its caller."""
+    primary = primary_of(primary)
+    outer = _pin.get()
+    pin = Pin(primary=primary, user_id=user_id, outer=outer)
+    if outer is not None and outer.primary == primary and user_id in (None, outer.user_id):
+        pin.user_id, pin.wrote, pin.recent = outer.user_id, outer.wrote, outer.recent
+    token = _pin.set(pin)
     try:
         yield _pin.get()
     finally:
@@ -161,6 +169,11 @@ def note_write(user_id: int | None) -> None:
     if window <= 0 or not any(getattr(settings, "DATABASE_REPLICAS", {}).values()):
         return
     now = time.monotonic()
+    if len(_local_writes) > 10_000:  # forget writes whose window is over
+        for uid, at in list(_local_writes.items()):
+            if now - at >= window:
+                _local_writes.pop(uid, None)
+                _redis_marked.pop(uid, None)
     _local_writes[user_id] = now
     # One SET per quarter window per user and process is enough: the key lives a whole window
     # from the last SET, and this process also remembers the write itself.
@@ -239,8 +252,10 @@ class PrimaryReplicaRouter:
         if not _is_regional(model):
             return DEFAULT_DB_ALIAS
         primary, user_id, pin = self._route(model, hints)
-        if pin is not None and pin.primary == primary:
-            pin.wrote = True
+        while pin is not None:  # this call and the calls it is nested in read what they wrote
+            if pin.primary == primary:
+                pin.wrote = True
+            pin = pin.outer
         note_write(user_id)
         return primary
 

@@ -33,7 +33,7 @@ import hashlib
 import heapq
 import inspect
 import os
-import uuid
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from uuid import UUID
@@ -122,6 +122,7 @@ def home_region(*, owner, org=None) -> tuple[str, object | None]:
 # --- ids that carry their region ---
 
 
+@functools.lru_cache(maxsize=256)
 def region_tag(region: str) -> int:
     """The 12-bit tag of ``region`` in conversation ids (first 12 bits of SHA-256 of its name)."""
     digest = hashlib.sha256(region.encode()).digest()
@@ -156,6 +157,7 @@ def region_of_id(conversation_id: UUID) -> str | None:
 
 
 _located: OrderedDict[UUID, str] = OrderedDict()  # untagged id -> primary alias, LRU
+_located_lock = threading.Lock()
 _LOCATED_MAX = 10_000
 
 
@@ -177,9 +179,10 @@ def db_for_conversation_id(conversation_id: UUID, *, user=None) -> str:
     if len(dbs) == 1:
         return dbs[0]
     key = UUID(str(conversation_id))
-    if key in _located:
-        _located.move_to_end(key)
-        return _located[key]
+    with _located_lock:
+        if key in _located:
+            _located.move_to_end(key)
+            return _located[key]
     from conversations.models import Conversation  # noqa: PLC0415
 
     if user is not None:
@@ -190,9 +193,10 @@ def db_for_conversation_id(conversation_id: UUID, *, user=None) -> str:
             pass
     for db in dbs:
         if Conversation.objects.using(db).filter(pk=key).exists():
-            _located[key] = db
-            if len(_located) > _LOCATED_MAX:
-                _located.popitem(last=False)
+            with _located_lock:
+                _located[key] = db
+                if len(_located) > _LOCATED_MAX:
+                    _located.popitem(last=False)
             return db
     return dbs[0]
 

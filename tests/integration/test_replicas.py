@@ -38,6 +38,10 @@ def app_env(servers, **extra: str) -> dict[str, str]:
         "DATABASE_REPLICA_URLS": servers.replica.url(),
         "REDIS_URL": settings.REDIS_URL,
         "CHAT_READ_YOUR_WRITES_S": str(WINDOW_S),
+        # The hot cache off: a Redis copy would answer some history reads, and what these tests
+        # look at is which database answers (with it on, the cache's own fall-through reads take
+        # the same route: regions.routed, nested pins).
+        "CHAT_HOT_CACHE_TURNS": "0",
         **extra,
     }
 
