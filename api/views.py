@@ -7,7 +7,7 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.core import signing
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils.dateparse import parse_datetime
 
 from api import idempotency, schemas
@@ -47,6 +47,9 @@ def _turn_json(turn: Turn) -> dict:
         "status": turn.status,
         "token_count": turn.token_count,
         "reply_to": str(turn.reply_to_id) if turn.reply_to_id else None,
+        # Versions: the turn this one edits or regenerates (conversations/versions.py).
+        "replaces": str(turn.replaces_id) if turn.replaces_id else None,
+        "context_trimmed": turn.context_trimmed,
         "moderation_verdict": turn.moderation_verdict,
         "created_at": turn.created_at.isoformat(),
     }
@@ -145,7 +148,9 @@ async def conversation_detail(request: HttpRequest, conversation_id: UUID) -> Ht
 async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     """Append a user turn and stream the answer as SSE (``token`` / ``done`` / ``error``, each
     with an ``id:``). The answer's turn id is in the ``X-Turn-Id`` header, for resuming at
-    ``GET .../turns/{turn_id}/events``. 409 while another answer is being written."""
+    ``GET .../turns/{turn_id}/events``. 409 while another answer is being written.
+    ``replaces``: edit that user turn (the new one takes its place; 400 if it is not a user
+    turn of this conversation)."""
     user = request.api_user
     body = parse_json(request, schemas.TurnCreate)
     key = idempotency.key_from_header(request.headers.get("Idempotency-Key"))
@@ -153,24 +158,74 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
         conversation_id=conversation_id, user=user
     )
     if key is not None:
-        fingerprint = idempotency.request_fingerprint(conversation_id, body.model_dump())
+        fingerprint = idempotency.request_fingerprint(conversation_id, body.model_dump(mode="json"))
         replay = await idempotency.claim(user.pk, key, fingerprint)
         if replay is not None:
             return await _replay(replay)
     try:
+        replaces = await _replaced_user_turn(conversation, body.replaces)
         question, stream = await streaming.turn_submit(
             conversation=conversation,
             content=body.content,
             max_tokens=streaming.max_tokens_for(user.tier, body.max_tokens),
+            replaces=replaces,
         )
-    except (ValidationError, streaming.ConversationBusy) as exc:
+    except (ValidationError, streaming.ConversationBusy, ApiError) as exc:
         if key is not None:
             await idempotency.release(user.pk, key)
+        if isinstance(exc, ApiError):
+            raise
         if isinstance(exc, ValidationError):
             raise ApiError(400, "invalid_request", exc.messages[0]) from None
         raise ApiError(409, "conflict", str(exc)) from None
     if key is not None:
         await idempotency.record(user.pk, key, fingerprint, conversation_id, stream.answer_id)
+    await release_db_connection()
+    response = sse_response(streaming.follow_sse(stream))
+    response["X-Turn-Id"] = str(stream.answer_id)
+    response["X-User-Turn-Id"] = str(question.turn_id)
+    return response
+
+
+async def _replaced_user_turn(conversation: Conversation, turn_id: UUID | None) -> Turn | None:
+    """The user turn an edit replaces, or None. Raises ApiError 400 if ``turn_id`` is not a
+    user turn of ``conversation``."""
+    if turn_id is None:
+        return None
+    try:
+        return await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=turn_id)
+    except Http404:
+        raise ApiError(
+            400, "invalid_request", "'replaces' must be the id of a user turn of this conversation."
+        ) from None
+
+
+@api_view("POST")
+async def turn_regenerate(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
+    """Answer again the question that assistant turn ``turn_id`` answered: a new assistant turn
+    with ``replaces`` = ``turn_id`` and the same ``reply_to`` (append-only), streamed as SSE like
+    a new turn (header ``X-Turn-Id``: the new answer). Optional JSON body ``{"max_tokens"}``.
+    404 if ``turn_id`` is not an assistant turn of the caller's conversation, 409 while another
+    answer is being written."""
+    user = request.api_user
+    body = schemas.TurnRegenerate()
+    if request.body:
+        body = parse_json(request, schemas.TurnRegenerate)
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=user
+    )
+    try:
+        answer = await sync_to_async(selectors.answer_get)(conversation=conversation, turn_id=turn_id)
+    except Http404:
+        raise ApiError(404, "not_found", "No such assistant turn in this conversation.") from None
+    try:
+        question, stream = await streaming.answer_regenerate(
+            conversation=conversation,
+            answer=answer,
+            max_tokens=streaming.max_tokens_for(user.tier, body.max_tokens),
+        )
+    except streaming.ConversationBusy as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
     await release_db_connection()
     response = sse_response(streaming.follow_sse(stream))
     response["X-Turn-Id"] = str(stream.answer_id)

@@ -13,7 +13,7 @@ from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import User
-from conversations import cache, writeback
+from conversations import cache, versions, writeback
 from conversations import partitions  # noqa: I001 - turn_created_range
 from conversations.models import Conversation, Turn
 
@@ -79,34 +79,140 @@ def user_turn_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
 def reply_get(*, turn: Turn) -> Turn | None:
     """The assistant answer to a user turn (stored, or held awaiting write-back), or None if
     it has none yet."""
+    # The newest answer: a regenerated answer (conversations/versions.py) replaces the one shown.
     stored = (
         Turn.objects.filter(conversation_id=turn.conversation_id, reply_to_id=turn.turn_id)
-        .order_by("created_at")
+        .order_by("-created_at", "-turn_id")
         .first()
     )
-    if stored is not None:
-        return stored
     held = [t for t in writeback.held_turns(turn.conversation_id) if t.reply_to_id == turn.turn_id]
-    return held[0] if held else None
+    candidates = ([stored] if stored is not None else []) + held
+    return max(candidates, key=_turn_order) if candidates else None
 
 
 @dataclass(frozen=True)
 class Exchange:
-    """A user turn and the assistant's answer to it (None while it is being generated)."""
+    """A user turn and the assistant's answer to it (None while it is being generated).
+
+    ``answers``: every version of the answer, oldest first (``answer`` is the newest); empty
+    when there is none (conversations/versions.py)."""
 
     question: Turn
     answer: Turn | None
+    answers: tuple[Turn, ...] = ()
 
 
 def exchange_list(*, conversation: Conversation) -> list[Exchange]:
-    """The conversation as question/answer pairs, oldest first, for rendering."""
-    turns = turn_list(conversation=conversation)
-    answers = {t.reply_to_id: t for t in turns if t.role == Turn.Role.ASSISTANT}
+    """The conversation as question/answer pairs, oldest first, for rendering: one per position
+    (conversations/versions.py), with the newest version of the message and of its answer."""
+    positions = versions.positions_build(turn_list(conversation=conversation))
     return [
-        Exchange(question=t, answer=answers.get(t.turn_id))
-        for t in turns
-        if t.role == Turn.Role.USER
+        Exchange(question=p.question, answer=p.answer, answers=tuple(p.answers)) for p in positions
     ]
+
+
+def answer_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
+    """An assistant turn of this conversation (stored, or held awaiting write-back). Raises
+    Http404 if there is none with that id."""
+    try:
+        return conversation.turns.get(turn_id=turn_id, role=Turn.Role.ASSISTANT)
+    except Turn.DoesNotExist:
+        pass
+    for held in writeback.held_turns(conversation.conversation_id):
+        if held.turn_id == turn_id and held.role == Turn.Role.ASSISTANT:
+            return held
+    raise Http404("No such answer in this conversation.")
+
+
+def answer_versions(*, answer: Turn) -> list[Turn]:
+    """Every version of ``answer`` (the answers to its question), oldest first."""
+    stored = list(
+        Turn.objects.filter(
+            conversation_id=answer.conversation_id,
+            reply_to_id=answer.reply_to_id,
+            role=Turn.Role.ASSISTANT,
+        ).order_by("created_at", "turn_id")
+    )
+    return versions.answer_versions(_with_held(answer.conversation_id, stored), answer)
+
+
+@dataclass(frozen=True)
+class PromptContext:
+    """What a conversation's prompt is assembled from (inference/prompts.py prompt_assemble).
+
+    ``summary``: the running summary to use ("" for none). ``exchanges``: (question, answer)
+    texts after the part the summary covers and before the question's position, oldest first.
+    ``summarised``: how many exchanges the summary stands for."""
+
+    summary: str
+    exchanges: list[tuple[str, str]]
+    summarised: int
+
+
+def _turns_after(conversation_id: UUID, after) -> list[Turn]:
+    query = Turn.objects.filter(conversation_id=conversation_id)
+    if after is not None:
+        query = query.filter(created_at__gt=after)
+    turns = list(
+        query.order_by("created_at", "turn_id").only(
+            "turn_id", "conversation_id", "role", "content", "status", "reply_to_id",
+            "replaces_id", "created_at",
+        )
+    )  # fmt: skip
+    return _with_held(conversation_id, turns, keep=lambda t: after is None or t.created_at > after)
+
+
+def positions_after(*, conversation_id: UUID, after) -> list[versions.Position]:
+    """The conversation's positions whose first message was written after ``after`` (a
+    datetime; None: all), each with its versions (stored and held turns; conversations/
+    versions.py), oldest first."""
+    return versions.positions_build(_turns_after(conversation_id, after))
+
+
+def prompt_context(*, conversation_id: UUID, question: Turn) -> PromptContext:
+    """The history for answering ``question`` (a user turn, stored or held): the running
+    summary (Conversation.summary, covering the positions whose first message was written up
+    to ``summary_through``) and the positions after it and before the question's own, each
+    with its newest message version and newest usable answer (conversations/versions.py).
+
+    Read from the hot cache (conversations/cache.py) when its entry holds the question and
+    every turn after the summary, else from PostgreSQL; answers held for write-back are merged
+    either way. If the question edits a message the summary covers, the summary (which speaks
+    of later turns too) is not used and the history is read from the start.
+    Raises Conversation.DoesNotExist if the conversation is gone.
+    """
+    history = cache.history(conversation_id, holding=question.turn_id)
+    if history is None:
+        raise Conversation.DoesNotExist(f"conversation {conversation_id} is gone")
+    through = history.summary_through if history.summary else None
+    for after in ([through, None] if through is not None else [None]):
+        if history.covers_after(after):
+            turns = _with_held(
+                conversation_id,
+                history.turns_after(after),
+                keep=lambda t, after=after: after is None or t.created_at > after,
+            )
+        else:
+            turns = _turns_after(conversation_id, after)
+        if all(t.turn_id != question.turn_id for t in turns):
+            turns.append(question)
+        positions = versions.positions_build(turns)
+        index = versions.position_of(positions, question.turn_id)
+        if index is not None:
+            break
+    if index is None:  # not a position of its own (cannot happen for a stored user turn)
+        index = len(positions)
+    summarised = 0
+    if after is not None:
+        summarised = Turn.objects.filter(
+            conversation_id=conversation_id, role=Turn.Role.USER, replaces__isnull=True,
+            created_at__lte=after,
+        ).count()  # fmt: skip
+    return PromptContext(
+        summary=history.summary if after is not None else "",
+        exchanges=versions.prompt_exchanges(positions[:index]),
+        summarised=summarised,
+    )
 
 
 def prompt_history(*, conversation_id: UUID, upto: Turn) -> list[dict[str, str]]:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from accounts.models import User
-from conversations import retention
+from conversations import cache, retention
 from conversations.models import Conversation, Turn
 
 logger = logging.getLogger(__name__)
@@ -102,21 +102,28 @@ def conversation_delete(*, conversation: Conversation) -> None:
 
 
 @transaction.atomic
-def turn_append_user(*, conversation: Conversation, content: str) -> Turn:
+def turn_append_user(
+    *, conversation: Conversation, content: str, replaces: Turn | None = None
+) -> Turn:
     """Append a user turn (committed before any generation starts) and return it.
 
+    ``replaces``: the user turn this one edits (append-only edits, conversations/versions.py):
+    the new turn takes its place in the conversation; the old one stays in the log. The caller
+    checks that it is a user turn of this conversation.
     The conversation row is locked for the append so two appends to one conversation are
     serialised. The first message also names an untitled conversation.
     Raises ValidationError for an invalid message (see :func:`message_clean`); nothing is stored.
     """
     text = message_clean(content)
+    replaces_id = replaces.turn_id if replaces is not None else None
     if retention.conversation_zero_retention(conversation):
-        return _zero_retention_user_turn(conversation=conversation, text=text)
+        return _zero_retention_user_turn(conversation=conversation, text=text, replaces_id=replaces_id)
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
     now = timezone.now()
     turn = Turn.objects.create(
-        conversation=locked, role=Turn.Role.USER, content=text, created_at=now
-    )
+        conversation=locked, role=Turn.Role.USER, content=text, created_at=now,
+        replaces_id=replaces_id,
+    )  # fmt: skip
     locked.last_turn_at = now
     fields = ["last_turn_at"]
     if not locked.title:
@@ -127,7 +134,9 @@ def turn_append_user(*, conversation: Conversation, content: str) -> Turn:
     return turn
 
 
-def _zero_retention_user_turn(*, conversation: Conversation, text: str) -> Turn:
+def _zero_retention_user_turn(
+    *, conversation: Conversation, text: str, replaces_id: UUID | None = None
+) -> Turn:
     """A zero-retention conversation's user turn: never written to PostgreSQL (issue 4,
     Retention). Its only copy is a Redis record that expires after ``settings.CHAT_ZDR_TTL_S``
     (conversations/writeback.py), the history for the next turns within that window. Only the
@@ -135,7 +144,10 @@ def _zero_retention_user_turn(*, conversation: Conversation, text: str) -> Turn:
     from conversations import writeback  # noqa: PLC0415 - writeback imports this module
 
     now = timezone.now()
-    turn = Turn(conversation=conversation, role=Turn.Role.USER, content=text, created_at=now)
+    turn = Turn(
+        conversation=conversation, role=Turn.Role.USER, content=text, created_at=now,
+        replaces_id=replaces_id,
+    )  # fmt: skip
     try:
         writeback.hold(
             writeback.turn_record(turn, zero_retention=True),
@@ -160,8 +172,14 @@ def turn_append_assistant(
     prompt_tokens: int,
     completion_tokens: int,
     created_at: datetime | None = None,
+    replaces_id: UUID | None = None,
+    context_trimmed: int = 0,
 ) -> Turn:
     """Store the assistant's answer to ``reply_to_id``; idempotent on ``turn_id``.
+
+    ``replaces_id``: the answer this one regenerates (same ``reply_to``; conversations/
+    versions.py). ``context_trimmed``: how many earlier exchanges its prompt left out or took
+    from the running summary (Turn.context_trimmed; inference/prompts.py).
 
     Called once per generation when its stream ends (complete, cancelled with the partial text,
     or failed), usually by the write-back task (conversations/writeback.py). A second call with
@@ -185,7 +203,8 @@ def turn_append_assistant(
         return Turn(
             turn_id=turn_id, conversation=locked, role=Turn.Role.ASSISTANT, content=content,
             status=status, token_count=completion_tokens, prompt_tokens=prompt_tokens,
-            reply_to_id=reply_to_id, created_at=now,
+            reply_to_id=reply_to_id, created_at=now, replaces_id=replaces_id,
+            context_trimmed=context_trimmed,
         )  # fmt: skip
     turn = Turn.objects.create(
         turn_id=turn_id,
@@ -197,8 +216,41 @@ def turn_append_assistant(
         prompt_tokens=prompt_tokens,
         reply_to_id=reply_to_id,
         created_at=now,
+        replaces_id=replaces_id,
+        context_trimmed=context_trimmed,
     )
     if locked.last_turn_at is None or now > locked.last_turn_at:
         locked.last_turn_at = now
         locked.save(update_fields=["last_turn_at"])
     return turn
+
+
+@transaction.atomic
+def conversation_summary_store(
+    *, conversation_id: UUID, summary: str, through: datetime, expected_through: datetime | None
+) -> bool:
+    """Store a conversation's running summary, covering its positions up to ``through`` (the
+    ``created_at`` of the newest first message summarised; conversations/summaries.py).
+
+    Compare-and-set: stored only if ``summary_through`` is still ``expected_through`` (what the
+    summariser started from) and ``through`` moves it forward, so a late or repeated run never
+    replaces a newer summary. Returns whether it was stored. Conversation.summary is state
+    derived from the turns, not a turn: updating it leaves the turn log append-only.
+    Raises ValidationError for a blank summary.
+    """
+    text = (summary or "").replace("\x00", "").strip()
+    if not text:
+        raise ValidationError("A summary cannot be empty.", code="empty")
+    locked = Conversation.objects.select_for_update().filter(pk=conversation_id).first()
+    if locked is None or locked.summary_through != expected_through:
+        return False
+    if expected_through is not None and through <= expected_through:
+        return False
+    locked.summary = text
+    locked.summary_through = through
+    locked.save(update_fields=["summary", "summary_through"])
+    # Keep the hot cache's copy in step (conversations/cache.py), once this is committed.
+    transaction.on_commit(
+        lambda: cache.summary_set(conversation_id=conversation_id, summary=text, summary_through=through)
+    )
+    return True
