@@ -13,16 +13,25 @@ from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import User
-from conversations import cache, versions, writeback
+from conversations import cache, regions, versions, writeback
 from conversations import partitions  # noqa: I001 - turn_created_range
 from conversations.models import Conversation, Turn
 
 
-def conversation_list(*, user: User) -> QuerySet[Conversation]:
-    """The user's conversations, most recently active first."""
-    return Conversation.objects.filter(owner=user).order_by("-last_turn_at", "-created_at")
+def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
+    """The user's conversations, most recently active first (lazy; from every region's
+    database, merged: conversations/regions.py)."""
+    return regions.merged(
+        [
+            objects.filter(owner=user).order_by("-last_turn_at", "-created_at")
+            for objects in regions.managers(Conversation, user=user)
+        ],
+        key=lambda c: (c.last_turn_at, c.created_at),
+        reverse=True,
+    )
 
 
+@regions.routed
 def conversation_get_for_user(*, conversation_id: UUID, user: User) -> Conversation:
     """Return the user's conversation. Raises Http404 if missing *or* not theirs (so an id
     never reveals that someone else's conversation exists)."""
@@ -76,6 +85,7 @@ def user_turn_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
     raise Http404("No such message in this conversation.")
 
 
+@regions.routed
 def reply_get(*, turn: Turn) -> Turn | None:
     """The assistant answer to a user turn (stored, or held awaiting write-back), or None if
     it has none yet."""
@@ -124,6 +134,7 @@ def answer_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
     raise Http404("No such answer in this conversation.")
 
 
+@regions.routed
 def answer_versions(*, answer: Turn) -> list[Turn]:
     """Every version of ``answer`` (the answers to its question), oldest first."""
     stored = list(
@@ -162,6 +173,7 @@ def _turns_after(conversation_id: UUID, after) -> list[Turn]:
     return _with_held(conversation_id, turns, keep=lambda t: after is None or t.created_at > after)
 
 
+@regions.routed
 def positions_after(*, conversation_id: UUID, after) -> list[versions.Position]:
     """The conversation's positions whose first message was written after ``after`` (a
     datetime; None: all), each with its versions (stored and held turns; conversations/
@@ -169,6 +181,7 @@ def positions_after(*, conversation_id: UUID, after) -> list[versions.Position]:
     return versions.positions_build(_turns_after(conversation_id, after))
 
 
+@regions.routed
 def prompt_context(*, conversation_id: UUID, question: Turn) -> PromptContext:
     """The history for answering ``question`` (a user turn, stored or held): the running
     summary (Conversation.summary, covering the positions whose first message was written up
@@ -215,6 +228,7 @@ def prompt_context(*, conversation_id: UUID, question: Turn) -> PromptContext:
     )
 
 
+@regions.routed
 def prompt_history(*, conversation_id: UUID, upto: Turn) -> list[dict[str, str]]:
     """Chat messages ([{role, content}], oldest first) for answering ``upto``: every earlier
     user turn with its stored answer (cancelled answers keep their partial text; failed ones and
@@ -253,11 +267,16 @@ def conversation_page(
 ) -> tuple[list[Conversation], bool]:
     """A page of the user's conversations, newest created first, strictly before the keyset
     ``before`` = (created_at, conversation_id). Returns (page, whether more follow). No OFFSET:
-    the cost does not grow with the page number, and appends never shift a page."""
-    query = Conversation.objects.filter(owner=user)
-    if before is not None:
-        query = query.filter(_keyset_before("created_at", "conversation_id", before))
-    rows = list(query.order_by("-created_at", "-conversation_id")[: limit + 1])
+    the cost does not grow with the page number, and appends never shift a page. With several
+    regional databases each gives its first ``limit + 1`` and the pages are merged."""
+    pieces = []
+    for objects in regions.managers(Conversation, user=user):
+        query = objects.filter(owner=user)
+        if before is not None:
+            query = query.filter(_keyset_before("created_at", "conversation_id", before))
+        pieces.append(query.order_by("-created_at", "-conversation_id")[: limit + 1])
+    rows = regions.merged(pieces, key=lambda c: (c.created_at, c.conversation_id), reverse=True)
+    rows = list(rows)[: limit + 1]
     return rows[:limit], len(rows) > limit
 
 
@@ -293,6 +312,7 @@ def _first_page_cached(conversation: Conversation, limit: int) -> tuple[list[Tur
     return page, len(rows) > limit or older
 
 
+@regions.routed
 def turn_page(*, conversation: Conversation, before: tuple | None, limit: int) -> tuple[list[Turn], bool]:
     """The newest ``limit`` turns strictly before the keyset ``before`` = (created_at, turn_id),
     returned oldest first, and whether older ones remain. Stable under concurrent appends
@@ -371,13 +391,20 @@ def conversation_search(*, user: User, q: str, limit: int = 20) -> list[Conversa
         .filter(document=query)
         .values("conversation_id")
     )
-    return list(
-        Conversation.objects.filter(owner=user)
-        .annotate(title_document=SearchVector("title", config=SEARCH_CONFIG))
-        .filter(
-            Q(title_document=query)
-            | Q(title__icontains=text)
-            | Q(conversation_id__in=matching_turns)
-        )
-        .order_by("-last_turn_at", "-created_at")[:limit]
+    # In each regional database (the subquery runs where its outer query does), then merged.
+    found = regions.merged(
+        [
+            objects.filter(owner=user)
+            .annotate(title_document=SearchVector("title", config=SEARCH_CONFIG))
+            .filter(
+                Q(title_document=query)
+                | Q(title__icontains=text)
+                | Q(conversation_id__in=matching_turns)
+            )
+            .order_by("-last_turn_at", "-created_at")[:limit]
+            for objects in regions.managers(Conversation, user=user)
+        ],
+        key=lambda c: (c.last_turn_at, c.created_at),
+        reverse=True,
     )
+    return list(found)[:limit]

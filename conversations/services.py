@@ -12,8 +12,8 @@ from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from accounts.models import User
-from conversations import cache, retention
+from accounts.models import Organisation, User
+from conversations import cache, regions, retention
 from conversations.models import Conversation, Turn
 
 logger = logging.getLogger(__name__)
@@ -56,27 +56,40 @@ def title_from_message(text: str) -> str:
 
 @transaction.atomic
 def conversation_create(
-    *, owner: User, model: str | None = None, title: str = "", system_prompt: str = ""
+    *,
+    owner: User,
+    model: str | None = None,
+    title: str = "",
+    system_prompt: str = "",
+    org: Organisation | None = None,
 ) -> Conversation:
-    """Create an empty conversation for ``owner`` in the owner's region.
+    """Create an empty conversation for ``owner`` in its home region's database: the
+    organisation's region when it belongs to one (``org``, else the owner's first organisation),
+    else the owner's (conversations/regions.py: home_region). Its id names the region.
 
-    Raises ValidationError if ``model`` is given and is not a served model name.
+    Raises ValidationError if ``model`` is given and is not a served model name, if the owner
+    is not a member of ``org``, or (RegionUnavailable) if the home region has no database here.
     """
     if model and model != settings.CHAT_MODEL_NAME:
         raise ValidationError(
             f"Unknown model {model!r}; this server serves {settings.CHAT_MODEL_NAME!r}.",
             code="unknown_model",
         )
-    return Conversation.objects.create(
+    region, org = regions.home_region(owner=owner, org=org)
+    objects = regions.manager(Conversation, regions.db_for_region(region), user_id=owner.pk)
+    return objects.create(
+        conversation_id=regions.new_conversation_id(region),
         owner=owner,
+        org=org,
         title=title,
         model=model or settings.CHAT_MODEL_NAME,
         system_prompt=(system_prompt or "").strip(),
-        region=owner.region,
+        region=region,
     )
 
 
 @transaction.atomic
+@regions.atomic
 def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
     """Set a conversation's title. Raises ValidationError if it is blank or over 200 chars."""
     title = " ".join((title or "").replace("\x00", "").split())
@@ -90,6 +103,7 @@ def conversation_rename(*, conversation: Conversation, title: str) -> Conversati
 
 
 @transaction.atomic
+@regions.atomic
 def conversation_delete(*, conversation: Conversation) -> None:
     """Remove a conversation and all of its turns for good (and, once committed, the turns it
     holds in Redis: conversations/writeback.py)."""
@@ -102,6 +116,7 @@ def conversation_delete(*, conversation: Conversation) -> None:
 
 
 @transaction.atomic
+@regions.atomic
 def turn_append_user(
     *, conversation: Conversation, content: str, replaces: Turn | None = None
 ) -> Turn:
@@ -162,6 +177,7 @@ def _zero_retention_user_turn(
 
 
 @transaction.atomic
+@regions.atomic
 def turn_append_assistant(
     *,
     conversation_id: UUID,
@@ -226,6 +242,7 @@ def turn_append_assistant(
 
 
 @transaction.atomic
+@regions.atomic
 def conversation_summary_store(
     *, conversation_id: UUID, summary: str, through: datetime, expected_through: datetime | None
 ) -> bool:

@@ -130,7 +130,10 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     except ValidationError as exc:
         return _error_response(request, exc.messages[0], 400)
     if conversation_id is None:
-        conversation = await sync_to_async(services.conversation_create)(owner=user)
+        try:
+            conversation = await sync_to_async(services.conversation_create)(owner=user)
+        except ValidationError as exc:  # e.g. the home region has no database here
+            return _error_response(request, exc.messages[0], 400)
         created = True
     else:
         conversation = await selectors.aconversation_get_for_user(
