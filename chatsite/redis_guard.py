@@ -23,6 +23,7 @@ part           what happens while Redis is unavailable
 ``idempotency`` Idempotency-Key records are kept in this process only (api/idempotency.py).
 ``writeback``  finished answers are inserted synchronously (conversations/writeback.py).
 ``ratelimit``  (issue 5) limits fail open: :func:`rate_limit_fail_open`.
+``health``     ``/healthz`` reports ``"redis": "degraded"`` (still 200: not unready).
 ============== =====================================================================
 
 Each failure is logged (once per part per outage, so an outage does not flood the log) and
