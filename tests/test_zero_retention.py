@@ -90,16 +90,15 @@ async def test_zero_retention_copies_in_redis_expire_within_ten_minutes(make_use
     """Given a finished zero-retention turn, every Redis key that names it or holds its text has
     a TTL <= 600 s (none without expiry), its event log is about to go (<= the linger), and the
     broker holds no message for it."""
-    # An answer text no other test writes: the test Redis is shared by the whole session (other
-    # tests' ordinary conversations stay in the 24 h hot cache, conversations/cache.py).
-    engine_double.scripts = [["zero-retention ", "answer 5d1c"]]
+    question, answer = f"question {uuid.uuid4().hex}", f"answer {uuid.uuid4().hex}"
+    engine_double.scripts = [answer.split(" ", 1)]
     client, _ = await api_client(make_user)
     conversation_id = await new_conversation(client)
     await make_zero_retention(conversation_id)
-    answer_id, _ = await zdr_turn(client, conversation_id)
-    copies = redis_copies(conversation_id, answer_id, SECRET, "zero-retention answer 5d1c")
+    answer_id, _ = await zdr_turn(client, conversation_id, question)
+    copies = redis_copies(conversation_id, answer_id, question, answer.split(" ", 1)[1])
     assert copies, "the history for the next turn should be in Redis"
-    assert all(0 < ttl <= 600 for ttl in copies.values()), copies
+    assert {key: ttl for key, ttl in copies.items() if not 0 < ttl <= 600} == {}
     assert 0 < copies[f"chat:turn:{answer_id}"] <= 5  # the turn's event log: gone in seconds
     assert plain_redis().llen("celery") == 0
 
