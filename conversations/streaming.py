@@ -550,6 +550,11 @@ async def _finish(
         error = error or "The answer could not be saved. Try again."
         status = Turn.Status.FAILED
     stream.status = status
+    # The conversation is free before the client hears the end: a next message sent the moment
+    # `done` arrives must not get a 409 from a lock still held while the event log flushes.
+    if _busy.get(stream.conversation_id) is stream:
+        del _busy[stream.conversation_id]
+    await _despite_cancellation(turnlog.conversation_unlock(stream.conversation_id, stream.answer_id))
     if error is not None:
         stream.publish("error", {"turn_id": str(stream.answer_id), "message": error})
     else:
@@ -565,8 +570,6 @@ async def _finish(
         )
     stream.close()
     await _despite_cancellation(stream.log.wait_flushed())
-    if _busy.get(stream.conversation_id) is stream:
-        del _busy[stream.conversation_id]
     # Keep the finished stream briefly so a reader that connects late still gets the end.
     loop = asyncio.get_running_loop()
     loop.call_later(settings.CHAT_STREAM_RETAIN_S, _streams.pop, stream.question_id, None)

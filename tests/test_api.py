@@ -272,6 +272,30 @@ async def test_second_turn_while_streaming_gets_409_json(make_user, engine_doubl
     await read_stream(third)
 
 
+async def test_the_next_turn_is_accepted_the_moment_done_arrives(make_user, engine_double, monkeypatch):
+    """PF-P1's "a third message later works", at the earliest moment: the conversation is free
+    when `done` reaches the client, even while the turn's event log is still being written to
+    Redis (slowed down here), so the next POST gets 200, not 409."""
+    from conversations import turnlog
+
+    slow_mirror = turnlog.TurnLogWriter._mirror
+
+    async def mirror_slowly(self, fn):
+        await asyncio.sleep(0.2)
+        await slow_mirror(self, fn)
+
+    monkeypatch.setattr(turnlog.TurnLogWriter, "_mirror", mirror_slowly)
+    engine_double.scripts = [["a", "b", "c", "d"], ["next"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    first = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "one"})
+    events = parse_sse(await read_stream(first))
+    assert events[-1][0] == "done"
+    second = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "two"})
+    assert second.status_code == 200, second.content
+    assert parse_sse(await read_stream(second))[-1][0] == "done"
+
+
 async def test_cancel_aborts_at_once_and_a_second_cancel_is_a_no_op(make_user, engine_double):
     engine_double.scripts = [["partial", 30.0, "never"]]
     client, _ = await api_client(make_user)
