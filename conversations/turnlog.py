@@ -185,8 +185,10 @@ def ensure_cancel_listener(on_cancel) -> None:
                 redis_guard.failed("cancel", exc, "cancel listener reconnects every second")
                 await asyncio.sleep(1)
             finally:
-                with contextlib.suppress(*REDIS_ERRORS):
-                    await pubsub.aclose()
+                # Bounded: on cancellation (loop shutdown) closing must not wait on the read
+                # the cancelled listen() was in.
+                with contextlib.suppress(*REDIS_ERRORS, TimeoutError):
+                    await asyncio.wait_for(pubsub.aclose(), 1)
 
     _listeners[loop] = loop.create_task(listen(), name="chat-cancel-listener")
 
@@ -344,7 +346,13 @@ class _FollowHub:
                 self.positions.pop(key, None)
 
     async def _run(self) -> None:
+        me = asyncio.current_task()
         while True:
+            if me is not None and me.cancelling():
+                # A cancellation that lands inside redis-py's blocking read can come back as a
+                # connection error or an empty reply; never loop on past it (a loop that is
+                # shutting down would wait for this task forever).
+                raise asyncio.CancelledError
             if not self.positions:
                 self.wakeup.clear()
                 await self.wakeup.wait()

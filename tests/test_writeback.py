@@ -314,3 +314,25 @@ def test_reads_fall_back_to_postgresql_when_redis_is_down(make_user, redis_down)
     services.turn_append_user(conversation=conversation, content="still here")
     assert [t.content for t in selectors.turn_list(conversation=conversation)] == ["still here"]
 
+
+
+async def test_a_held_answer_whose_event_log_expired_still_resumes_as_done(make_user, engine_double):
+    """Given an answer held awaiting write-back, no longer in any process's registry and with its
+    Redis event log gone, when a client resumes its stream (GET .../turns/{id}/events), then it
+    gets the answer as one `done` event, not a 404."""
+    from conversations import streaming, turnlog
+
+    engine_double.scripts = [["Held", " answer"]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    with tasks_queued_not_run():
+        turn_id = (await one_turn(client, conversation_id))[-1][1]["turn_id"]
+        streaming._by_answer.clear()
+        streaming._streams.clear()
+        raw = redis.Redis.from_url(settings.REDIS_URL)
+        raw.delete(turnlog.stream_key(uuid.UUID(turn_id)))
+        assert not await Turn.objects.filter(turn_id=turn_id).aexists()
+        response = await client.get(f"/v1/conversations/{conversation_id}/turns/{turn_id}/events")
+        assert response.status_code == 200, response.content
+        events = parse_sse(await read_stream(response))
+    assert events[-1][0] == "done" and events[-1][1]["turn_id"] == turn_id

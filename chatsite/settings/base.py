@@ -206,7 +206,13 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # this many seconds (kombu's Redis transport); longer than any task here runs.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env_int("CHAT_CELERY_VISIBILITY_TIMEOUT_S", 600),
+    # With Redis down, queueing a task must fail within about a second, not stall the caller
+    # (the write-back then inserts synchronously; a summary is asked for again later).
+    "socket_connect_timeout": 1,
+    "socket_timeout": 5,
 }
+CELERY_BROKER_CONNECTION_TIMEOUT = 1
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Periodic tasks (celery beat). Each entry: {"task": dotted name, "schedule": seconds or crontab}.
