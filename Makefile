@@ -19,8 +19,10 @@ test: install model browser nginx
 test-fast: install
 	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest -m "not real_engine and not browser" $(PYTEST_ARGS)
 
-# Streaming benchmark (full HTTP/SSE stack vs the bare engine, same run), then the resume
-# benchmark (resume latency, concurrent open SSE streams per daphne process).
+# Streaming benchmark (full HTTP/SSE stack vs the bare engine, same run), the resume benchmark
+# (resume latency, concurrent open SSE streams per daphne process), the state tier (turn append,
+# history pages: partitioned + keyset vs plain table + OFFSET, hot cache vs PostgreSQL), replica
+# read throughput, and the prefix-cache hit rate of our prompt assembly vs a naive one.
 bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
