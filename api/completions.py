@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from accounts.services import user_is_service
 from api import schemas
 from api.errors import ApiError
 from api.http import api_view, parse_json
@@ -25,7 +26,11 @@ from inference.engine import EngineUnavailable, GenerationOptions, get_engine
 from inference.prompts import PromptTooLong, prompt_fit
 
 
-def _options(body, budget: int) -> GenerationOptions:
+def _options(body, budget: int, user=None) -> GenerationOptions:
+    """Generation options from an OpenAI-style request ``body`` with ``budget`` completion
+    tokens; requests of the service user (background jobs) run at the lowest priority
+    (settings.CHAT_BACKGROUND_PRIORITY; DESIGN.md, "How background jobs reach the model").
+    Raises ApiError 400 for an invalid response_format or more than 4 stop sequences."""
     schema = None
     if getattr(body, "response_format", None) is not None:
         if body.response_format.type == "json_schema":
@@ -45,6 +50,7 @@ def _options(body, budget: int) -> GenerationOptions:
         stop=stop,
         seed=body.seed,
         json_schema=schema,
+        priority=settings.CHAT_BACKGROUND_PRIORITY if user is not None and user_is_service(user) else 0,
     )
 
 
@@ -131,7 +137,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             400, "context_length_exceeded",
             "The messages do not fit the model's context with room for an answer; send fewer.",
         )  # fmt: skip
-    return await _respond(engine, fitted.token_ids, _options(body, fitted.max_tokens), body, "chat")
+    return await _respond(engine, fitted.token_ids, _options(body, fitted.max_tokens, request.api_user), body, "chat")
 
 
 @api_view("POST")
@@ -149,7 +155,7 @@ async def completions(request: HttpRequest) -> HttpResponse:
             f"The prompt is {len(ids)} tokens; the context holds {settings.CHAT_MAX_MODEL_LEN}.",
         )  # fmt: skip
     budget = min(max_tokens_for(request.api_user.tier, body.max_tokens), room)
-    return await _respond(engine, ids, _options(body, budget), body, "text")
+    return await _respond(engine, ids, _options(body, budget, request.api_user), body, "text")
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:

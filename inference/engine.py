@@ -49,6 +49,9 @@ class GenerationOptions:
     # A JSON schema the answer must match (vLLM structured output; the first request with a
     # new schema compiles its grammar, ~5 s on the CPU).
     json_schema: dict | None = None
+    # vLLM priority scheduling: lower runs first (ties first come, first served). User turns
+    # run at 0; background jobs at settings.CHAT_BACKGROUND_PRIORITY (DESIGN.md).
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,9 @@ class VllmEngine:
             max_num_seqs=self.max_num_seqs,
             kv_cache_memory_bytes=self.kv_cache_bytes,
             disable_log_stats=True,
+            # Requests carry a priority (GenerationOptions.priority); equal priorities are
+            # served first come, first served, as with the default policy.
+            scheduling_policy="priority",
         )
         logger.info("starting vLLM engine for %s", self.model_path)
         # Built in a worker thread: construction waits ~25 s for the EngineCore handshake, and
@@ -237,7 +243,8 @@ class VllmEngine:
         self._active.add(request_id)
         try:
             async for output in self._llm.generate(
-                {"prompt_token_ids": prompt_token_ids}, params, request_id
+                {"prompt_token_ids": prompt_token_ids}, params, request_id,
+                priority=options.priority,
             ):
                 completion = output.outputs[0]
                 completion_tokens += len(completion.token_ids)

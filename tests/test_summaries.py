@@ -305,3 +305,22 @@ def test_a_configured_service_key_is_used_as_given(settings):
 
     assert service_api_key() == "sk-remote.pool-key"
     assert not ApiKey.objects.exists()
+
+
+async def test_background_jobs_run_at_the_lowest_engine_priority(make_user, engine_double, settings):
+    """DESIGN.md, "How background jobs reach the model": requests made with the service key run
+    at settings.CHAT_BACKGROUND_PRIORITY in the engine; a user's requests run at 0."""
+    from asgiref.sync import sync_to_async
+
+    from accounts.services import api_key_create
+    from tests.test_api import BearerClient, post_json
+
+    settings.CHAT_BACKGROUND_PRIORITY = 7
+    engine_double.scripts = [["job"], ["user"]]
+    body = {"model": settings.CHAT_MODEL_NAME, "messages": [{"role": "user", "content": "hi"}]}
+    job = BearerClient(await sync_to_async(service_api_key)())
+    assert (await post_json(job, "/v1/chat/completions", body)).status_code == 200
+    user = await sync_to_async(make_user)("person")
+    issued = await sync_to_async(api_key_create)(user=user, name="k")
+    assert (await post_json(BearerClient(issued.raw), "/v1/chat/completions", body)).status_code == 200
+    assert [options.priority for _, options, _ in engine_double.requests] == [7, 0]

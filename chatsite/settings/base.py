@@ -236,6 +236,9 @@ CHAT_MAX_TOKENS = env_int("CHAT_MAX_TOKENS", 512)  # completion tokens per answe
 # Per tier: the most completion tokens one answer may have; a /v1 request may ask for up to this
 # with `max_tokens` (default CHAT_MAX_TOKENS).
 CHAT_MAX_TOKENS_CEILING_BY_TIER = {"free": 1024, "paid": 2048, "enterprise": 2048}
+# Engine priority of background jobs' requests (summaries, memory extraction): vLLM runs lower
+# values first and user turns run at 0, so jobs only use capacity users leave (DESIGN.md).
+CHAT_BACKGROUND_PRIORITY = env_int("CHAT_BACKGROUND_PRIORITY", 10)
 CHAT_TEMPERATURE = float(os.environ.get("CHAT_TEMPERATURE", "0.7"))
 # Stop strings as a JSON list, e.g. CHAT_STOP='["<|endoftext|>"]'; never part of an answer.
 CHAT_STOP = tuple(json.loads(os.environ.get("CHAT_STOP", "[]")))
