@@ -65,3 +65,23 @@ def last_event_id(request: HttpRequest) -> int:
         return max(int(request.headers.get("Last-Event-ID", "0")), 0)
     except ValueError:
         return 0
+
+
+async def run_in_db_thread(fn, /, **kwargs):
+    """Run the blocking ORM call ``fn(**kwargs)`` for work that outlives the request that
+    started it (a generation task, a write-back), and return its result.
+
+    Django closes a request's connections when the request finishes; such a task's calls would
+    otherwise open a connection per asgiref thread and never close it, until PostgreSQL refuses
+    clients (seen in the benchmark: "too many clients already" at 32 concurrent chats). So the
+    call runs on the loop's bounded default executor and closes every connection it used
+    (default, replicas, regions) afterwards. Exceptions from ``fn`` propagate.
+    """
+
+    def call():
+        try:
+            return fn(**kwargs)
+        finally:
+            connections.close_all()
+
+    return await sync_to_async(call, thread_sensitive=False)()

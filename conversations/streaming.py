@@ -17,6 +17,7 @@ All of this lives in the server process's event loop; the registry is process-lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -27,12 +28,11 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connections
 
 from conversations import cache, retention, selectors, services, summaries, turnlog, writeback
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
-from conversations.sse import sse_comment, sse_event
+from conversations.sse import run_in_db_thread, sse_comment, sse_event
 from inference.engine import EngineUnavailable, GenerationOptions, get_engine
 from inference.prompts import PromptTooLong, prompt_assemble
 
@@ -276,6 +276,29 @@ def max_tokens_for(tier: str, requested: int | None = None) -> int:
     return min(requested or settings.CHAT_MAX_TOKENS, ceiling)
 
 
+@contextlib.asynccontextmanager
+async def _claim(conversation_id: UUID, answer_id: UUID) -> AsyncIterator[None]:
+    """Claim the conversation for a new answer ``answer_id`` for the block's duration.
+
+    Checked and claimed in this process with no await in between (so atomic in the event loop),
+    then across server processes with Redis SET NX (conversations/turnlog.py): of two requests
+    at the same moment one proceeds and the other gets ConversationBusy with nothing stored
+    (PF-P1). If the block raises, the cross-process lock is released again.
+    """
+    ensure_idle(conversation_id)
+    _claimed.add(conversation_id)
+    try:
+        if not await turnlog.conversation_lock(conversation_id, answer_id):
+            raise ConversationBusy(BUSY_MESSAGE)
+        try:
+            yield
+        except BaseException:
+            await turnlog.conversation_unlock(conversation_id, answer_id)
+            raise
+    finally:
+        _claimed.discard(conversation_id)
+
+
 async def turn_submit(
     *, conversation, content: str, max_tokens: int | None = None, replaces: Turn | None = None
 ) -> tuple[Turn, TurnStream]:
@@ -290,35 +313,24 @@ async def turn_submit(
     Raises ValidationError for an invalid message, ConversationBusy while an answer is written.
     """
     conversation_id = conversation.conversation_id
-    ensure_idle(conversation_id)
-    _claimed.add(conversation_id)
     answer_id = uuid.uuid4()
-    try:
-        # Across server processes: Redis SET NX (conversations/turnlog.py).
-        if not await turnlog.conversation_lock(conversation_id, answer_id):
-            raise ConversationBusy(BUSY_MESSAGE)
-        try:
-            previous_turn_at = conversation.last_turn_at  # the append moves it
-            question = await sync_to_async(services.turn_append_user)(
-                conversation=conversation, content=content, replaces=replaces
-            )
-            # Write-through to the hot cache (conversations/cache.py); never raises.
-            await cache.aturn_cached(question, after=previous_turn_at)
-            zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
-            stream = generation_start(
-                conversation_id=conversation_id,
-                question=question,
-                system_prompt=conversation.system_prompt,
-                max_tokens=max_tokens,
-                answer_id=answer_id,
-                zero_retention=zero_retention,
-                _claimed_by_caller=True,
-            )
-        except BaseException:
-            await turnlog.conversation_unlock(conversation_id, answer_id)
-            raise
-    finally:
-        _claimed.discard(conversation_id)
+    async with _claim(conversation_id, answer_id):
+        previous_turn_at = conversation.last_turn_at  # the append moves it
+        question = await sync_to_async(services.turn_append_user)(
+            conversation=conversation, content=content, replaces=replaces
+        )
+        # Write-through to the hot cache (conversations/cache.py); never raises.
+        await cache.aturn_cached(question, after=previous_turn_at)
+        zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
+        stream = generation_start(
+            conversation_id=conversation_id,
+            question=question,
+            system_prompt=conversation.system_prompt,
+            max_tokens=max_tokens,
+            answer_id=answer_id,
+            zero_retention=zero_retention,
+            _claimed_by_caller=True,
+        )
     return question, stream
 
 
@@ -334,32 +346,22 @@ async def answer_regenerate(
     an answer is written, Http404 if its question is gone.
     """
     conversation_id = conversation.conversation_id
-    ensure_idle(conversation_id)
-    _claimed.add(conversation_id)
     answer_id = uuid.uuid4()
-    try:
-        if not await turnlog.conversation_lock(conversation_id, answer_id):
-            raise ConversationBusy(BUSY_MESSAGE)
-        try:
-            question = await sync_to_async(selectors.user_turn_get)(
-                conversation=conversation, turn_id=answer.reply_to_id
-            )
-            zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
-            stream = generation_start(
-                conversation_id=conversation_id,
-                question=question,
-                system_prompt=conversation.system_prompt,
-                max_tokens=max_tokens,
-                answer_id=answer_id,
-                zero_retention=zero_retention,
-                replaces_id=answer.turn_id,
-                _claimed_by_caller=True,
-            )
-        except BaseException:
-            await turnlog.conversation_unlock(conversation_id, answer_id)
-            raise
-    finally:
-        _claimed.discard(conversation_id)
+    async with _claim(conversation_id, answer_id):
+        question = await sync_to_async(selectors.user_turn_get)(
+            conversation=conversation, turn_id=answer.reply_to_id
+        )
+        zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
+        stream = generation_start(
+            conversation_id=conversation_id,
+            question=question,
+            system_prompt=conversation.system_prompt,
+            max_tokens=max_tokens,
+            answer_id=answer_id,
+            zero_retention=zero_retention,
+            replaces_id=answer.turn_id,
+            _claimed_by_caller=True,
+        )
     return question, stream
 
 
@@ -417,22 +419,7 @@ def _options(max_tokens: int) -> GenerationOptions:
     )
 
 
-async def _db(fn, /, **kwargs):
-    """Run an ORM call for a generation task, which outlives the request that started it.
-
-    Django closes a request's connections when the request finishes; a task's calls would
-    otherwise open a connection per asgiref thread and never close it, until PostgreSQL refuses
-    clients (seen in the benchmark: "too many clients already" at 32 concurrent chats). So the
-    call runs on the loop's bounded default executor and closes its connection afterwards.
-    """
-
-    def call():
-        try:
-            return fn(**kwargs)
-        finally:
-            connections.close_all()  # every alias this thread used (replicas, regions)
-
-    return await sync_to_async(call, thread_sensitive=False)()
+_db = run_in_db_thread
 
 
 async def _generate(

@@ -37,13 +37,14 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from celery import shared_task
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, connections, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 from django.utils import timezone
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from chatsite import redis_guard
 from conversations import services
+from conversations.sse import run_in_db_thread
 from conversations.models import Conversation, Turn
 
 logger = logging.getLogger(__name__)
@@ -352,17 +353,7 @@ def turn_write_back_sweep() -> int:
 # --- the end of a turn --------------------------------------------------------------------------
 
 
-async def _in_thread(fn, /, **kwargs):
-    """Run a blocking call off the event loop and close its database connection afterwards
-    (the thread is a pool thread the request cycle never cleans up; see streaming._db)."""
-
-    def call():
-        try:
-            return fn(**kwargs)
-        finally:
-            connections.close_all()  # every alias this thread used (replicas, regions)
-
-    return await sync_to_async(call, thread_sensitive=False)()
+_in_thread = run_in_db_thread
 
 
 async def answer_finish(*, record: dict[str, Any]) -> str:
