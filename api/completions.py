@@ -148,6 +148,12 @@ async def completions(request: HttpRequest) -> HttpResponse:
     body = parse_json(request, schemas.CompletionCreate)
     engine = await _served_engine(body.model)
     ids = list(body.prompt) if isinstance(body.prompt, list) else engine.encode_text(body.prompt)
+    vocab_size = engine.vocab_size() if hasattr(engine, "vocab_size") else None
+    if vocab_size is not None and any(not 0 <= token_id < vocab_size for token_id in ids):
+        raise ApiError(
+            400, "invalid_request",
+            f"The prompt has a token id outside the model's vocabulary (0 to {vocab_size - 1}).",
+        )  # fmt: skip
     room = settings.CHAT_MAX_MODEL_LEN - len(ids)
     if room < 1:
         raise ApiError(

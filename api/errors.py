@@ -27,3 +27,18 @@ def error_response(status: int, type: str, message: str, headers: dict | None = 
     for name, value in (headers or {}).items():
         response[name] = value
     return response
+
+
+def page_not_found(request, exception):
+    """The project's 404 handler (``handler404`` in chatsite/urls.py): a ``/v1`` path that
+    matches no route (an unknown endpoint, or an id that is not a UUID) gets the JSON error
+    shape; every other path gets Django's own 404 page."""
+    if request.path.startswith("/v1/"):
+        return error_response(
+            404, "not_found",
+            f"Nothing at {request.path}: ids are UUIDs, and the endpoints are listed in "
+            "/v1/openapi.json.",
+        )  # fmt: skip
+    from django.views.defaults import page_not_found as django_page_not_found  # noqa: PLC0415
+
+    return django_page_not_found(request, exception)

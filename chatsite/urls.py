@@ -4,6 +4,9 @@ from django.urls import include, path
 from accounts import views as account_views
 from conversations import views
 
+# /v1 answers unknown paths in its JSON error shape (api/errors.py).
+handler404 = "api.errors.page_not_found"
+
 urlpatterns = [
     path("", views.home, name="home"),
     path("chat/turns", views.turn_create, name="turn-create-new"),

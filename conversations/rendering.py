@@ -3,23 +3,39 @@
 Model output is untrusted input (PF-X1): raw HTML in it is escaped by the Markdown renderer
 (``html`` off), and the result is sanitised again with an allow-list, so no script, no event
 handler attribute and no ``javascript:`` URL survives even if a renderer bug let one through.
+
+Images are rendered as links, never loaded: an answer steered by a prompt injection could
+otherwise leak conversation text to another host through an image URL the browser fetches on its
+own. Single line breaks are kept (``breaks``), as people write poems, lists and addresses.
 """
 
 from __future__ import annotations
 
 import nh3
 from markdown_it import MarkdownIt
+from markdown_it.common.utils import escapeHtml
 
-_markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable(
+_markdown = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True}).enable(
     ["table", "strikethrough"]
 )
 
+
+def _image_as_link(self, tokens, idx, options, env) -> str:
+    """markdown-it render rule: ``![alt](src)`` -> ``<a href="src">alt</a>`` (no auto-load)."""
+    token = tokens[idx]
+    src = token.attrGet("src") or ""
+    alt = self.renderInlineAsText(token.children or [], options, env) or src
+    return f'<a href="{escapeHtml(src)}">{escapeHtml(alt)}</a>'
+
+
+_markdown.add_render_rule("image", _image_as_link)
+
 ALLOWED_TAGS = {
-    "p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "a", "img",
+    "p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "a",
     "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6",
     "table", "thead", "tbody", "tr", "th", "td",
 }  # fmt: skip
-ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "img": {"src", "alt", "title"}, "ol": {"start"}}
+ALLOWED_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}}
 ALLOWED_URL_SCHEMES = {"http", "https", "mailto"}
 
 

@@ -354,7 +354,12 @@ def conversation_rename(request: HttpRequest, conversation_id: UUID) -> HttpResp
     try:
         services.conversation_rename(conversation=conversation, title=request.POST.get("title", ""))
     except ValidationError as exc:
-        return HttpResponse(exc.messages[0], status=400, content_type="text/plain")
+        response = HttpResponse(exc.messages[0], status=400, content_type="text/plain")
+        if _is_htmx(request):
+            # The message goes beside the title box; the sidebar (the form's target) stays.
+            response["HX-Retarget"] = "#rename-error"
+            response["HX-Reswap"] = "innerHTML"
+        return response
     if _is_htmx(request):
         return render(
             request,

@@ -202,6 +202,15 @@ class VllmEngine:
         """Number of tokens ``text`` encodes to (no special tokens)."""
         return len(self.encode_text(text))
 
+    def vocab_size(self) -> int:
+        """How many token ids the model knows: valid prompt ids are ``0 <= id < vocab_size()``
+        (the larger of the tokenizer's and the model's vocabulary, as vLLM checks it)."""
+        tokenizer = self._require_tokenizer()
+        size = len(tokenizer)
+        if self._llm is not None:
+            size = max(size, self._llm.model_config.get_vocab_size())
+        return size
+
     def _require_tokenizer(self):
         if self._tokenizer is None:
             # Loading the tokenizer alone is cheap and needs no engine (prompt assembly may run

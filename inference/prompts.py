@@ -36,7 +36,8 @@ def prompt_fit(
     The oldest messages are dropped, a user/assistant pair at a time, until the templated prompt
     leaves room for ``max_tokens`` completion tokens within ``max_model_len``; if even the last
     message alone does not, the completion budget shrinks, down to ``MIN_ANSWER_TOKENS``.
-    Raises PromptTooLong if no budget of at least ``MIN_ANSWER_TOKENS`` is possible.
+    Raises PromptTooLong if no budget of at least ``MIN_ANSWER_TOKENS`` (or ``max_tokens``, if
+    smaller) is possible.
     """
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     history = list(messages)
@@ -51,7 +52,8 @@ def prompt_fit(
         history = history[step:]
         dropped += step
     budget = min(max_tokens, room)
-    if budget < MIN_ANSWER_TOKENS:
+    # A caller may ask for fewer than MIN_ANSWER_TOKENS; only a shrunk budget has that floor.
+    if budget < min(MIN_ANSWER_TOKENS, max_tokens):
         raise PromptTooLong(
             f"This message is {len(ids):,} tokens long with the instructions; the model's "
             f"context holds {max_model_len:,}. Shorten the message."
@@ -186,7 +188,7 @@ def prompt_assemble(
     base = encode(memory_in=False, summary_in=False, keep=0)
     if len(base) > budget:
         room = max_model_len - len(base)
-        if room < MIN_ANSWER_TOKENS:
+        if room < min(MIN_ANSWER_TOKENS, max_tokens):
             raise PromptTooLong(
                 f"This message is {len(base):,} tokens long with the instructions; the model's "
                 f"context holds {max_model_len:,}. Shorten the message."

@@ -45,6 +45,9 @@ class ScriptedEngine:
         self.started += 1
         self.ready = True
 
+    def vocab_size(self) -> int:
+        return 49152  # SmolLM2's
+
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         # One "token" per whitespace-separated word plus 3 per message for the template.
         ids: list[int] = []

