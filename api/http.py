@@ -69,8 +69,8 @@ def parse_json(request: HttpRequest, schema: type[BaseModel]) -> BaseModel:
     """Validate the request's JSON body against ``schema``.
 
     Raises ApiError: 415 unless the Content-Type is ``application/json``; 413 for a body over
-    ``DATA_UPLOAD_MAX_MEMORY_SIZE``; 400 for malformed JSON or a body that does not match (the
-    message names each offending field).
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE``; 400 for malformed JSON or a body that does not match,
+    including a value of the wrong JSON type (the message names each offending field).
     """
     content_type = request.content_type or ""
     if content_type != "application/json":
@@ -86,7 +86,10 @@ def parse_json(request: HttpRequest, schema: type[BaseModel]) -> BaseModel:
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_request", "The body must be a JSON object.")
     try:
-        return schema.model_validate(data)
+        # Strict: a JSON type that is wrong for the field ("5" or true for an integer, "yes"
+        # for a boolean) is an error, not coerced; JSON's own spellings (UUIDs and times as
+        # strings, integers for floats) are accepted.
+        return schema.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()

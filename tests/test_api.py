@@ -540,3 +540,24 @@ async def test_chat_completions_honour_a_small_max_tokens(make_user, engine_doub
     response = await post_json(client, "/v1/chat/completions", body)
     assert response.status_code == 200, response.content
     assert engine_double.requests[0][1].max_tokens == max_tokens
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("turns", {"role": "user", "content": "hi", "max_tokens": "5"}),
+        ("turns", {"role": "user", "content": "hi", "max_tokens": True}),
+        ("chat", {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}),
+        ("chat", {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}),
+    ],
+)
+async def test_values_of_the_wrong_json_type_are_refused_not_coerced(make_user, engine_double, url, body):
+    """"5" or true for an integer and "yes" for a boolean get a 400 naming the field; nothing is
+    stored and the engine is not asked."""
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    path = f"/v1/conversations/{conversation_id}/turns" if url == "turns" else "/v1/chat/completions"
+    response = await post_json(client, path, body)
+    assert_error(response, 400, "invalid_request")
+    assert not await Turn.objects.aexists()
+    assert engine_double.requests == []
