@@ -72,17 +72,23 @@ def turn_list(*, conversation: Conversation) -> list[Turn]:
     return _with_held(conversation.conversation_id, turns)
 
 
-def user_turn_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
-    """A user turn of this conversation (a zero-retention one from Redis). Raises Http404 if
-    there is none with that id."""
+def _turn_get(conversation: Conversation, turn_id: UUID, role: str, missing: str) -> Turn:
+    """The conversation's turn ``turn_id`` of ``role``, stored or only in Redis (held for
+    write-back, or zero-retention). Raises Http404(``missing``) if there is none."""
     try:
-        return conversation.turns.get(turn_id=turn_id, role=Turn.Role.USER)
+        return conversation.turns.get(turn_id=turn_id, role=role)
     except Turn.DoesNotExist:
         pass
     for held in writeback.held_turns(conversation.conversation_id):
-        if held.turn_id == turn_id and held.role == Turn.Role.USER:
+        if held.turn_id == turn_id and held.role == role:
             return held
-    raise Http404("No such message in this conversation.")
+    raise Http404(missing)
+
+
+def user_turn_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
+    """A user turn of this conversation (a zero-retention one from Redis). Raises Http404 if
+    there is none with that id."""
+    return _turn_get(conversation, turn_id, Turn.Role.USER, "No such message in this conversation.")
 
 
 @regions.routed
@@ -124,14 +130,7 @@ def exchange_list(*, conversation: Conversation) -> list[Exchange]:
 def answer_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
     """An assistant turn of this conversation (stored, or held awaiting write-back). Raises
     Http404 if there is none with that id."""
-    try:
-        return conversation.turns.get(turn_id=turn_id, role=Turn.Role.ASSISTANT)
-    except Turn.DoesNotExist:
-        pass
-    for held in writeback.held_turns(conversation.conversation_id):
-        if held.turn_id == turn_id and held.role == Turn.Role.ASSISTANT:
-            return held
-    raise Http404("No such answer in this conversation.")
+    return _turn_get(conversation, turn_id, Turn.Role.ASSISTANT, "No such answer in this conversation.")
 
 
 @regions.routed
