@@ -24,6 +24,8 @@ class User(AbstractUser):
 
     tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.FREE)
     region = models.CharField(max_length=32, default=default_region)
+    # Feature flags (names); a flag in settings.CHAT_FLAG_POOLS opens that pool beyond the tier.
+    feature_flags = models.JSONField(default=list, blank=True)
 
 
 class Organisation(models.Model):
@@ -39,6 +41,9 @@ class Organisation(models.Model):
     # Zero data retention: answers are given but no turn is ever stored in PostgreSQL, and the
     # transient copies in Redis expire within minutes (settings.CHAT_ZDR_TTL_S).
     zero_retention = models.BooleanField(default=False)
+    # An exact pool version every member's turn uses ("frontier@smollm2-135m-1"); blank: none.
+    # Enterprise orgs pin a version so an upgrade never changes answers under them unannounced.
+    pinned_pool = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="organisations"

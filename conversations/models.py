@@ -102,6 +102,14 @@ class Turn(models.Model):
     # For an assistant turn: how many of the oldest earlier turns were left out of (or
     # summarised for) its prompt to fit the token budget; 0: the whole history fitted.
     context_trimmed = models.PositiveIntegerField(default=0)
+    # For an assistant turn: the pool and model version that answered it (inference/pools.py),
+    # the prompt tokens the engine served from its prefix cache, and the cost in USD at the
+    # pool's prices (prompt - cached at the input price, cached at the cached-input price,
+    # completion at the output price). Blank / null on user turns and on older rows.
+    pool = models.CharField(max_length=64, blank=True)
+    model_version = models.CharField(max_length=100, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

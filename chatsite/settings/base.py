@@ -231,7 +231,9 @@ CHAT_MODEL_NAME = os.environ.get("CHAT_MODEL_NAME", "SmolLM2-135M-Instruct")
 # SmolLM2 was trained with 8k context; 4k keeps the KV cache small on a 2-core box.
 CHAT_MAX_MODEL_LEN = env_int("CHAT_MAX_MODEL_LEN", 4096)
 CHAT_KV_CACHE_BYTES = env_int("CHAT_KV_CACHE_BYTES", 1 << 30)  # 1 GiB ~ 46k tokens here
-CHAT_MAX_NUM_SEQS = env_int("CHAT_MAX_NUM_SEQS", 64)
+# Continuous-batching width: requests the engine runs at once. Beyond it requests wait in the
+# gateway's admission queue (inference/admission.py), where tiers are ordered and shed.
+CHAT_MAX_NUM_SEQS = env_int("CHAT_MAX_NUM_SEQS", 24)
 CHAT_MAX_TOKENS = env_int("CHAT_MAX_TOKENS", 512)  # completion tokens per answer (UI default)
 # Per tier: the most completion tokens one answer may have; a /v1 request may ask for up to this
 # with `max_tokens` (default CHAT_MAX_TOKENS).
@@ -245,6 +247,104 @@ CHAT_STOP = tuple(json.loads(os.environ.get("CHAT_STOP", "[]")))
 CHAT_SYSTEM_PROMPT = os.environ.get(
     "CHAT_SYSTEM_PROMPT", "You are a helpful, concise assistant."
 )
+
+# --- Model pools, routing, scheduling (issue 5; inference/pools.py, router.py, admission.py) ---
+# Pools come from a YAML file when CHAT_POOLS_FILE is set (same fields as below), else from
+# CHAT_POOLS. Validated at start (inference/pools.py); a bad entry stops the server with a message
+# naming the field. Prices are USD per 1M tokens (the design brief's). The default pools all share
+# the one shipped model (SmolLM2-135M-Instruct) in one in-process engine: they differ in
+# scheduling priority, answer and context ceilings, price and (reasoning) a system preamble.
+# A pool with its own `model_path` (local) or `url` (remote vLLM server) gets its own engine.
+CHAT_POOLS_FILE = os.environ.get("CHAT_POOLS_FILE", "")
+CHAT_POOLS: list[dict] = [
+    {
+        "name": "mini",
+        "label": "Mini (fast, economical)",
+        "version": "smollm2-135m-1",
+        "backend": "local",
+        "priority": 1,
+        "max_context": 2048,
+        "max_tokens": 512,
+        "price_input_per_m": "0.75",
+        "price_cached_input_per_m": "0.075",
+        "price_output_per_m": "4.50",
+        "tiers": ["free", "paid", "enterprise"],
+    },
+    {
+        "name": "frontier",
+        "label": "Frontier (best answers)",
+        "version": "smollm2-135m-1",
+        "backend": "local",
+        "priority": 0,
+        "max_context": 4096,
+        "max_tokens": 2048,
+        "price_input_per_m": "5.00",
+        "price_cached_input_per_m": "0.50",
+        "price_output_per_m": "30.00",
+        "tiers": ["paid", "enterprise"],
+    },
+    {
+        "name": "reasoning",
+        "label": "Reasoning (thinks step by step)",
+        "version": "smollm2-135m-1",
+        "backend": "local",
+        "priority": 0,
+        "max_context": 4096,
+        "max_tokens": 3072,
+        "system_preamble": (
+            "Think through the problem step by step before you answer. Show your reasoning, "
+            "then give the final answer on its own line."
+        ),
+        "price_input_per_m": "5.00",
+        "price_cached_input_per_m": "0.50",
+        "price_output_per_m": "30.00",
+        "tiers": ["paid", "enterprise"],
+    },
+]
+# The pool each tier gets when the user asks for none (and after a degrade: "mini").
+CHAT_TIER_DEFAULT_POOL = {"free": "mini", "paid": "frontier", "enterprise": "frontier"}
+# Canaries: a percentage of a tier's turns (by a stable hash of the user id) go to another
+# version of a pool, e.g. [{"pool": "frontier", "version": "2", "tier": "paid", "percent": 10}].
+CHAT_CANARIES: list[dict] = json.loads(os.environ.get("CHAT_CANARIES", "[]"))
+# A/B experiments: arms by a stable hash of the user id, each arm a pool name, e.g.
+# [{"name": "mini-vs-frontier", "tier": "free", "arms": {"control": 50, "frontier": 50},
+#   "pools": {"control": "mini", "frontier": "frontier"}}].
+CHAT_EXPERIMENTS: list[dict] = json.loads(os.environ.get("CHAT_EXPERIMENTS", "[]"))
+# Feature flags (User.feature_flags) that open a pool beyond the user's tier: flag -> pool name.
+CHAT_FLAG_POOLS: dict[str, str] = json.loads(os.environ.get("CHAT_FLAG_POOLS", '{"beta-frontier": "frontier"}'))
+# "priority": paid before free (vLLM priority scheduling + slots held back for paid turns);
+# "fcfs": first come, first served for everyone (the benchmark's baseline).
+CHAT_SCHEDULING = os.environ.get("CHAT_SCHEDULING", "priority")
+# Engine slots (of CHAT_MAX_NUM_SEQS) that free-tier and background requests may never take, so a
+# paid turn always finds room at once.
+CHAT_RESERVED_SLOTS = env_int("CHAT_RESERVED_SLOTS", 4)
+# Load shedding on the admission queue's depth (requests waiting for an engine slot):
+# beyond SHED_FREE free-tier turns get 503 busy; beyond DEGRADE_PAID paid turns are answered by
+# the `mini` pool; beyond REASONING_LAST reasoning turns wait behind every other user turn.
+CHAT_SHED_FREE_WAITING = env_int("CHAT_SHED_FREE_WAITING", 16)
+CHAT_DEGRADE_PAID_WAITING = env_int("CHAT_DEGRADE_PAID_WAITING", 32)
+CHAT_REASONING_LAST_WAITING = env_int("CHAT_REASONING_LAST_WAITING", 8)
+# Retry-After of a shed request, seconds (at least 1, PF-R3).
+CHAT_SHED_RETRY_AFTER_S = env_int("CHAT_SHED_RETRY_AFTER_S", 5)
+
+# --- Rate limits (issue 5; inference/ratelimit.py): Redis token buckets, RPM and TPM ---
+# Per user by tier, and per organisation (the conversation's workspace, else the user's first
+# organisation). TPM charges prompt + completion tokens (reserved as prompt + max_tokens up
+# front, the unused part refunded). None: unlimited. The service credential is never limited.
+CHAT_RATE_LIMITS_BY_TIER: dict[str, dict] = json.loads(
+    os.environ.get("CHAT_RATE_LIMITS_BY_TIER", "null")
+) or {
+    "free": {"rpm": 20, "tpm": 40_000},
+    "paid": {"rpm": 60, "tpm": 200_000},
+    "enterprise": {"rpm": 120, "tpm": 400_000},
+}
+CHAT_ORG_RATE_LIMITS_BY_TIER: dict[str, dict] = json.loads(
+    os.environ.get("CHAT_ORG_RATE_LIMITS_BY_TIER", "null")
+) or {
+    "free": {"rpm": 100, "tpm": 200_000},
+    "paid": {"rpm": 600, "tpm": 2_000_000},
+    "enterprise": {"rpm": 2_000, "tpm": 8_000_000},
+}
 
 # If the engine process dies mid-answer it is restarted; an answer waits this long for it and
 # then continues (re-prefilled with the text already sent), at most this many times.
