@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "accounts",
     "conversations",
     "api",
+    "usage",
 ]
 
 MIDDLEWARE = [
