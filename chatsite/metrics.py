@@ -17,12 +17,30 @@ counters:
 - ``chat_idempotency_local_total``: Idempotency-Key records kept in this process only, because
   Redis was unavailable (api/idempotency.py).
 
+Serving (issue 5; recorded by inference/serving.py ``pool_generate`` unless said otherwise):
+
+- ``chat_ttft_seconds{pool,tier}`` (histogram): time to first token, seconds from the call
+  (admission queue wait included) to the first delta with text.
+- ``chat_tpot_seconds{pool,tier}`` (histogram): time per output token after the first, seconds:
+  (last token time - first token time) / (completion tokens - 1); answers of < 2 tokens skip it.
+- ``chat_tokens_total{pool,tier,kind}``: tokens by ``kind``: ``prompt`` (all prompt tokens),
+  ``cached`` (the prompt tokens served from the prefix cache), ``completion``.
+- ``chat_prefix_cache_queries_total{pool}`` / ``chat_prefix_cache_hits_total{pool}``: prompt
+  tokens looked up in the engine's prefix cache / found there (tokens, like vLLM's own
+  ``prefix_cache_queries`` / ``hits``); hits / queries is the hit rate.
+- ``chat_admission_waiting{engine}`` / ``chat_admission_running{engine}`` (gauges): requests
+  queued for an engine slot / holding one (inference/admission.py).
+- ``chat_shed_total{tier,action}``: load-shedding decisions, ``action`` = ``shed`` (503 busy),
+  ``degrade`` (paid turn served by the mini pool), ``queue_last`` (inference/router.py ``shed``).
+- ``chat_rate_limited_total{scope,limit}``: requests refused by a rate limit (429), ``scope`` =
+  ``user`` | ``org``, ``limit`` = ``rpm`` | ``tpm`` (inference/ratelimit.py's callers).
+
 ``value(name, **labels)`` reads one (tests, the health endpoint).
 """
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 REDIS_UNAVAILABLE = Counter(
     "chat_redis_unavailable",
@@ -51,6 +69,60 @@ RATE_LIMIT_FAIL_OPEN = Counter(
 IDEMPOTENCY_LOCAL = Counter(
     "chat_idempotency_local",
     "Idempotency-Key records kept only in this process because Redis was unavailable.",
+)
+
+# --- serving (issue 5) ---------------------------------------------------------------------------
+# Buckets around the targets: paid TTFT p99 <= 0.8 s (the design brief), TPOT ~55 ms measured
+# for one stream here (DESIGN.md), and the long tail of a saturated CPU engine.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+
+TTFT = Histogram(
+    "chat_ttft_seconds",
+    "Time to first token (seconds from the request, admission wait included), by pool and tier.",
+    ["pool", "tier"],
+    buckets=TTFT_BUCKETS,
+)
+TPOT = Histogram(
+    "chat_tpot_seconds",
+    "Time per output token after the first (seconds), by pool and tier.",
+    ["pool", "tier"],
+    buckets=TPOT_BUCKETS,
+)
+TOKENS = Counter(
+    "chat_tokens",
+    "Tokens by pool, tier and kind (prompt, cached = prompt tokens from the prefix cache, completion).",
+    ["pool", "tier", "kind"],
+)
+PREFIX_CACHE_QUERIES = Counter(
+    "chat_prefix_cache_queries",
+    "Prompt tokens looked up in the engine's prefix cache, by pool.",
+    ["pool"],
+)
+PREFIX_CACHE_HITS = Counter(
+    "chat_prefix_cache_hits",
+    "Prompt tokens found in the engine's prefix cache (KV blocks reused), by pool.",
+    ["pool"],
+)
+ADMISSION_WAITING = Gauge(
+    "chat_admission_waiting",
+    "Requests waiting in the gateway's admission queue for an engine slot, by engine.",
+    ["engine"],
+)
+ADMISSION_RUNNING = Gauge(
+    "chat_admission_running",
+    "Requests holding an engine slot (admitted to the engine), by engine.",
+    ["engine"],
+)
+SHED = Counter(
+    "chat_shed",
+    "Load-shedding decisions by tier and action (shed, degrade, queue_last).",
+    ["tier", "action"],
+)
+RATE_LIMITED = Counter(
+    "chat_rate_limited",
+    "Requests refused by a rate limit (429), by scope (user, org) and limit (rpm, tpm).",
+    ["scope", "limit"],
 )
 
 

@@ -61,12 +61,16 @@ class Delta:
     ``text`` is the new text since the previous delta (may be empty on the final delta);
     ``prompt_tokens`` and ``completion_tokens`` are running totals for the whole request;
     ``finish_reason`` is None until the last delta, then ``"stop"`` or ``"length"``.
+    ``cached_tokens`` is how many of the prompt tokens were served from the engine's prefix
+    cache (KV blocks reused, not prefilled again): vLLM's ``RequestOutput.num_cached_tokens``,
+    read from the request's first output and repeated on every delta (0 when unknown).
     """
 
     text: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None = None
+    cached_tokens: int = 0
 
 
 class EngineProtocol(Protocol):
@@ -170,6 +174,9 @@ class VllmEngine:
             # Requests carry a priority (GenerationOptions.priority); equal priorities are
             # served first come, first served, as with the default policy.
             scheduling_policy="priority",
+            # enable_prefix_caching is left at vLLM's default, which is on for this decoder
+            # model: repeated prompt prefixes (system prompt, earlier turns) reuse their KV
+            # blocks (Delta.cached_tokens; bench/context_bench.py measures the hit rate).
         )
         logger.info("starting vLLM engine for %s", self.model_path)
         # Built in a worker thread: construction waits ~25 s for the EngineCore handshake, and
@@ -248,6 +255,7 @@ class VllmEngine:
         )
         prompt_tokens = len(prompt_token_ids)
         completion_tokens = 0
+        cached_tokens: int | None = None  # from the first output (prefill stats)
         finished = False
         self._active.add(request_id)
         try:
@@ -258,12 +266,15 @@ class VllmEngine:
                 completion = output.outputs[0]
                 completion_tokens += len(completion.token_ids)
                 finished = output.finished
+                if cached_tokens is None:
+                    cached_tokens = output.num_cached_tokens or 0
                 if completion.text or finished:
                     yield Delta(
                         text=completion.text,
                         prompt_tokens=prompt_tokens,
                         completion_tokens=completion_tokens,
                         finish_reason=completion.finish_reason if finished else None,
+                        cached_tokens=cached_tokens,
                     )
         except Exception as exc:
             if self._llm is None or self._llm.errored:

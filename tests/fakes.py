@@ -3,7 +3,8 @@
 It has the same surface as ``inference.engine.VllmEngine`` (see ``EngineProtocol``): each
 ``generate`` call plays the next script, a list of steps: a string is a text delta, a number
 is a pause in seconds before the next step, an exception instance is raised. It records
-aborts and counts unfinished requests the way the real engine does.
+aborts and counts unfinished requests the way the real engine does. ``cached_tokens`` is what
+every delta reports as prefix-cache hits (capped at the prompt's length; default 0).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class ScriptedEngine:
     requests: list[tuple[list[int], GenerationOptions, str]] = field(default_factory=list)
     unfinished: set[str] = field(default_factory=set)
     waited_ready: int = 0
+    cached_tokens: int = 0  # prompt tokens each request reports as prefix-cache hits
 
     @classmethod
     def from_settings(cls) -> ScriptedEngine:
@@ -76,6 +78,8 @@ class ScriptedEngine:
         self.unfinished.add(request_id)
         completion = 0
         finished = False
+        prompt = len(prompt_token_ids)
+        cached = min(self.cached_tokens, prompt)
         try:
             for step in script:
                 if isinstance(step, BaseException):
@@ -85,12 +89,12 @@ class ScriptedEngine:
                     continue
                 completion += 1
                 if completion >= options.max_tokens:
-                    yield Delta(step, len(prompt_token_ids), completion, "length")
+                    yield Delta(step, prompt, completion, "length", cached_tokens=cached)
                     finished = True
                     return
-                yield Delta(step, len(prompt_token_ids), completion)
+                yield Delta(step, prompt, completion, cached_tokens=cached)
             finished = True
-            yield Delta("", len(prompt_token_ids), completion, "stop")
+            yield Delta("", prompt, completion, "stop", cached_tokens=cached)
         finally:
             if not finished:
                 await self.abort(request_id)

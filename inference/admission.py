@@ -1,0 +1,222 @@
+"""The gateway's admission queue: at most ``max_num_seqs`` requests in an engine at once.
+
+vLLM schedules by priority only among requests it holds; once a request runs it keeps its batch
+slot to the end. So when free-tier streams fill every slot, a paid turn waits for a free one to
+finish, however high its priority (DESIGN.md, "Checked: scheduling_policy=priority ... only
+matters when requests wait"). The gateway therefore admits requests to the engine itself, one
+:class:`Admission` per engine:
+
+- **Slots.** At most ``max_num_seqs`` requests hold a slot (the engine's continuous-batching
+  width: ``engine.max_num_seqs`` when the engine has one, else ``settings.CHAT_MAX_NUM_SEQS``).
+  The rest wait here, where they cost nothing and can be shed (inference/router.py ``shed``).
+- **Reserved slots.** In ``"priority"`` mode (``settings.CHAT_SCHEDULING``), requests with
+  ``reserved_ok=False`` (free tier, background jobs) may hold at most
+  ``slots - settings.CHAT_RESERVED_SLOTS`` (at least 1) of them, so a paid turn finds a slot at
+  once even when free traffic saturates the engine.
+- **Order.** ``"priority"`` mode: by (priority, arrival), lower priority first (vLLM's
+  convention); ``"fcfs"`` mode: by arrival only, and no reserved slots (the baseline the
+  priority benchmark compares against, bench/priority_bench.py).
+
+A waiter cancelled while it waits (a Stop, a client gone) leaves the queue at once; one
+cancelled just after it was granted a slot gives the slot back; so no slot leaks and nobody
+behind it is stuck. Settings are read on every decision, so tests (and operators' reloads)
+take effect at once.
+
+Single event loop: one Admission serves the coroutines of one loop (the server process's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import os
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from chatsite import metrics
+
+SCHEDULING_MODES = ("priority", "fcfs")
+
+
+@dataclass(order=True)
+class _Waiter:
+    key: tuple[int, ...]
+    reserved_ok: bool = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+
+
+class Admission:
+    """The admission queue of one engine (see the module docstring).
+
+    ``slots`` overrides the slot count (default: read from settings on every decision);
+    ``label`` names the engine in ``chat_admission_waiting{engine}``.
+    """
+
+    def __init__(self, *, slots: int | None = None, label: str = "default") -> None:
+        self._slots = slots
+        self.label = label
+        self._heap: list[_Waiter] = []
+        self._arrivals = itertools.count()
+        self._running = 0
+        self._running_unreserved = 0  # slots held by reserved_ok=False requests
+        self._waiting = 0  # live (not cancelled, not granted) waiters in the heap
+        self._publish()
+
+    # --- configuration, read at decision time ----------------------------------------------
+
+    @property
+    def slots(self) -> int:
+        """How many requests may hold a slot at once (>= 1)."""
+        return max(1, int(self._slots if self._slots is not None else settings.CHAT_MAX_NUM_SEQS))
+
+    @staticmethod
+    def mode() -> str:
+        """``settings.CHAT_SCHEDULING``: ``"priority"`` or ``"fcfs"``. Raises ValueError for
+        anything else (a typo must not silently turn tier isolation off)."""
+        mode = getattr(settings, "CHAT_SCHEDULING", "priority")
+        if mode not in SCHEDULING_MODES:
+            raise ValueError(f"CHAT_SCHEDULING must be one of {SCHEDULING_MODES}, not {mode!r}")
+        return mode
+
+    def unreserved_limit(self) -> int:
+        """Slots requests with ``reserved_ok=False`` may hold: ``slots - CHAT_RESERVED_SLOTS``
+        in priority mode (at least 1, so free turns are never starved outright), all slots in
+        fcfs mode."""
+        if self.mode() == "fcfs":
+            return self.slots
+        reserved = max(0, int(getattr(settings, "CHAT_RESERVED_SLOTS", 0)))
+        return max(1, self.slots - reserved)
+
+    # --- state ------------------------------------------------------------------------------
+
+    def waiting(self) -> int:
+        """Requests queued for a slot now (all tiers)."""
+        return self._waiting
+
+    def running(self) -> int:
+        """Requests holding a slot now."""
+        return self._running
+
+    @asynccontextmanager
+    async def slot(self, *, priority: int, reserved_ok: bool) -> AsyncIterator[None]:
+        """Hold one engine slot for the body of the ``async with``.
+
+        ``priority``: lower is served first (priority mode; ignored in fcfs mode).
+        ``reserved_ok``: whether the request may take the reserved slots (paid / enterprise
+        user turns); False for free-tier turns and background jobs.
+        Waits (without limit) while no slot is available; cancelling the waiting task removes
+        it from the queue (CancelledError propagates). The slot is released however the body
+        ends (return, exception, cancellation, generator close).
+        """
+        await self._acquire(priority=priority, reserved_ok=reserved_ok)
+        try:
+            yield
+        finally:
+            self._release(reserved_ok)
+
+    async def _acquire(self, *, priority: int, reserved_ok: bool) -> None:
+        # fcfs: everyone at one priority, so arrival alone decides.
+        key = (0 if self.mode() == "fcfs" else priority, next(self._arrivals))
+        waiter = _Waiter(key, reserved_ok, asyncio.get_running_loop().create_future())
+        heapq.heappush(self._heap, waiter)
+        self._waiting += 1
+        self._dispatch()  # room now: granted here, and the await below returns at once
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                # Granted, then cancelled before it could run: give the slot back.
+                self._release(reserved_ok)
+            else:
+                waiter.future.cancel()  # marks it dead; _dispatch drops it from the heap
+                self._waiting -= 1
+                if len(self._heap) > 2 * self._waiting + 16:  # many dead entries: drop them
+                    self._heap = [w for w in self._heap if not w.future.done()]
+                    heapq.heapify(self._heap)
+                self._publish()
+                # It may have been the head holding others back; let whoever fits go now.
+                self._dispatch()
+            raise
+
+    def _fits(self, reserved_ok: bool) -> bool:
+        if self._running >= self.slots:
+            return False
+        return reserved_ok or self._running_unreserved < self.unreserved_limit()
+
+    def _take(self, reserved_ok: bool) -> None:
+        self._running += 1
+        if not reserved_ok:
+            self._running_unreserved += 1
+        self._publish()
+
+    def _release(self, reserved_ok: bool) -> None:
+        self._running -= 1
+        if not reserved_ok:
+            self._running_unreserved -= 1
+        self._publish()
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Grant slots to waiters in queue order while there is room. A waiter kept out only by
+        the reserved-slot rule is skipped (it cannot run yet), so it never blocks a paid
+        request behind it; skipped waiters keep their place."""
+        skipped: list[_Waiter] = []
+        while self._heap and self._running < self.slots:
+            waiter = heapq.heappop(self._heap)
+            if waiter.future.done():  # cancelled while waiting
+                continue
+            if not self._fits(waiter.reserved_ok):
+                skipped.append(waiter)
+                continue
+            self._take(waiter.reserved_ok)
+            self._waiting -= 1
+            waiter.future.set_result(None)
+        for waiter in skipped:
+            heapq.heappush(self._heap, waiter)
+        self._publish()
+
+    def _publish(self) -> None:
+        metrics.ADMISSION_WAITING.labels(engine=self.label).set(self._waiting)
+        metrics.ADMISSION_RUNNING.labels(engine=self.label).set(self._running)
+
+
+_admissions: dict[int, tuple[weakref.ref, Admission]] = {}
+
+
+def engine_label(engine: object) -> str:
+    """A short, stable name for an engine in metrics: its remote URL + model, its model folder's
+    name, or its class name."""
+    url = getattr(engine, "base_url", "")
+    if url:
+        return f"{url} {getattr(engine, 'model', '')}".strip()
+    path = getattr(engine, "model_path", "")
+    if path:
+        return os.path.basename(str(path).rstrip("/")) or str(path)
+    return type(engine).__name__
+
+
+def admission_for(engine: object) -> Admission:
+    """The admission queue of ``engine`` (created on first use, one per engine object, dropped
+    with the engine). Its slot count is ``engine.max_num_seqs`` when the engine has one (the
+    width it was started with), else ``settings.CHAT_MAX_NUM_SEQS`` at each decision."""
+    entry = _admissions.get(id(engine))
+    if entry is not None and entry[0]() is engine:
+        return entry[1]
+    width = getattr(engine, "max_num_seqs", None)
+    admission = Admission(
+        slots=width if isinstance(width, int) and width > 0 else None,
+        label=engine_label(engine),
+    )
+    key = id(engine)
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        if _admissions.get(key, (None,))[0] is ref:
+            del _admissions[key]
+
+    _admissions[key] = (weakref.ref(engine, forget), admission)
+    return admission

@@ -1,0 +1,147 @@
+"""Serving one routed request: admission slot, engine priority, and the serving metrics.
+
+:func:`pool_generate` is how the gateway runs a request once the router has picked its pool
+(inference/router.py ``route`` / ``shed``): it waits for a slot in the admission queue of the
+pool's engine (inference/admission.py), runs the engine at the route's priority, and records
+TTFT / TPOT histograms, token counters and prefix-cache counters (chatsite/metrics.py) by pool
+and tier. :func:`pool_waiting` is the queue depth that load shedding reads.
+
+Priorities (vLLM: lower runs first) and reserved slots:
+
+=====================================  ================  ============  ===================
+request                                engine priority   reserved_ok   admission order key
+=====================================  ================  ============  ===================
+paid / enterprise user turn            route.priority    yes           (priority, arrival)
+free user turn                         route.priority    no            (priority, arrival)
+background job (summary, memory)       CHAT_BACKGROUND   no            (priority, arrival)
+                                       _PRIORITY
+any, ``CHAT_SCHEDULING = "fcfs"``      0 (background     (no reserved  arrival
+                                       jobs keep theirs) slots)
+=====================================  ================  ============  ===================
+
+A request is a background job when its ``options.priority`` already equals
+``settings.CHAT_BACKGROUND_PRIORITY`` (api/completions.py sets it for the service credential).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from chatsite import metrics
+from inference.admission import Admission, admission_for
+from inference.engine import Delta, GenerationOptions
+from inference.pools import Pool, pool_engine
+
+if TYPE_CHECKING:
+    from inference.router import Route
+
+# Tiers whose user turns may take the reserved slots (inference/admission.py).
+RESERVED_TIERS = frozenset({"paid", "enterprise"})
+
+
+def is_background(options: GenerationOptions) -> bool:
+    """Whether ``options`` are a background job's (priority == CHAT_BACKGROUND_PRIORITY)."""
+    return options.priority == settings.CHAT_BACKGROUND_PRIORITY
+
+
+def engine_priority(route: Route, options: GenerationOptions) -> int:
+    """The vLLM priority a request runs at (lower first): a background job keeps
+    ``CHAT_BACKGROUND_PRIORITY``; in ``"fcfs"`` mode every user turn runs at 0; otherwise the
+    route's priority (the pool's, or later when shedding queues it last)."""
+    if is_background(options):
+        return options.priority
+    if Admission.mode() == "fcfs":
+        return 0
+    return route.priority
+
+
+def may_use_reserved(tier: str, options: GenerationOptions) -> bool:
+    """Paid and enterprise user turns may take the reserved slots; free turns and background
+    jobs may not."""
+    return tier in RESERVED_TIERS and not is_background(options)
+
+
+async def pool_generate(
+    route: Route,
+    prompt_token_ids: list[int],
+    options: GenerationOptions,
+    request_id: str,
+    *,
+    tier: str,
+) -> AsyncIterator[Delta]:
+    """Stream :class:`Delta` values for one request on ``route.pool``'s engine.
+
+    ``prompt_token_ids``: the assembled prompt (token ids); ``options``: sampling settings, whose
+    ``priority`` is replaced by :func:`engine_priority`; ``request_id``: the engine request id
+    (a turn id); ``tier``: the user's tier (``free`` | ``paid`` | ``enterprise``, or another
+    label such as ``service`` for background jobs), used for reserved slots and metric labels.
+
+    Starts the engine if needed, then waits for an admission slot (unbounded: callers shed
+    before calling, router.shed on :func:`pool_waiting`), then yields the engine's deltas as
+    they come. Consume it inside the task that owns the request (or wrap it in
+    ``contextlib.aclosing``) so an early exit closes it at once. Closing the iterator or cancelling the task aborts the request in the engine
+    (the engine's ``generate`` does) and frees the slot; a task cancelled while it waits for a
+    slot leaves the queue. Metrics, labelled ``pool`` = ``route.pool.name``, ``tier``:
+
+    - ``chat_ttft_seconds``: call -> first delta with text (queue wait and prefill included);
+    - ``chat_tpot_seconds``: (last token time - first token time) / (completion tokens - 1),
+      for answers of >= 2 tokens;
+    - ``chat_tokens_total{kind}``: prompt, cached, completion tokens, once per request from its
+      last delta (also for cancelled or failed requests: what the engine got through, PF-R5;
+      nothing for a request that produced no delta at all);
+    - ``chat_prefix_cache_queries_total`` / ``_hits_total``: prompt tokens / cached tokens.
+
+    Raises EngineUnavailable (from the engine) when the engine cannot start or dies.
+    """
+    started = time.perf_counter()
+    pool: Pool = route.pool
+    engine = pool_engine(pool)
+    if not engine.ready:
+        await engine.ensure_started()
+    priority = engine_priority(route, options)
+    run_options = replace(options, priority=priority)
+    first_at: float | None = None
+    last_at: float | None = None
+    last: Delta | None = None
+    async with admission_for(engine).slot(
+        priority=priority, reserved_ok=may_use_reserved(tier, options)
+    ):
+        try:
+            async for delta in engine.generate(prompt_token_ids, run_options, request_id):
+                if delta.text:
+                    last_at = time.perf_counter()
+                    if first_at is None:
+                        first_at = last_at
+                        metrics.TTFT.labels(pool=pool.name, tier=tier).observe(first_at - started)
+                last = delta
+                yield delta
+        finally:
+            if last is not None:
+                _record_usage(pool.name, tier, last)
+            if first_at is not None and last is not None and last.completion_tokens >= 2:
+                tpot = (last_at - first_at) / (last.completion_tokens - 1)
+                metrics.TPOT.labels(pool=pool.name, tier=tier).observe(tpot)
+
+
+def _record_usage(pool: str, tier: str, last: Delta) -> None:
+    """Token and prefix-cache counters for one request, once, from its last delta (the deltas
+    carry running totals)."""
+    prompt = last.prompt_tokens
+    cached = min(last.cached_tokens, prompt)
+    completion = last.completion_tokens
+    metrics.TOKENS.labels(pool=pool, tier=tier, kind="prompt").inc(prompt)
+    metrics.TOKENS.labels(pool=pool, tier=tier, kind="cached").inc(cached)
+    metrics.TOKENS.labels(pool=pool, tier=tier, kind="completion").inc(completion)
+    metrics.PREFIX_CACHE_QUERIES.labels(pool=pool).inc(prompt)
+    metrics.PREFIX_CACHE_HITS.labels(pool=pool).inc(cached)
+
+
+def pool_waiting(pool: Pool) -> int:
+    """Requests waiting now in the admission queue of ``pool``'s engine (all pools and tiers
+    sharing that engine): the queue depth router.shed compares with its thresholds."""
+    return admission_for(pool_engine(pool)).waiting()
