@@ -211,7 +211,8 @@ def _limits_from(table: dict | None, tier: str, setting: str) -> Limits:
     values = {}
     for name in ("rpm", "tpm"):
         value = entry.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        valid = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if value is not None and not valid:
             raise ImproperlyConfigured(
                 f"{setting}[{tier!r}][{name!r}] must be a positive integer or null, not {value!r}"
             )
