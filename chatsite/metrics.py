@@ -91,7 +91,8 @@ TPOT = Histogram(
 )
 TOKENS = Counter(
     "chat_tokens",
-    "Tokens by pool, tier and kind (prompt, cached = prompt tokens from the prefix cache, completion).",
+    "Tokens by pool, tier and kind (prompt; cached: prompt tokens from the prefix cache; "
+    "completion).",
     ["pool", "tier", "kind"],
 )
 PREFIX_CACHE_QUERIES = Counter(

@@ -84,9 +84,11 @@ async def pool_generate(
     Starts the engine if needed, then waits for an admission slot (unbounded: callers shed
     before calling, router.shed on :func:`pool_waiting`), then yields the engine's deltas as
     they come. Consume it inside the task that owns the request (or wrap it in
-    ``contextlib.aclosing``) so an early exit closes it at once. Closing the iterator or cancelling the task aborts the request in the engine
-    (the engine's ``generate`` does) and frees the slot; a task cancelled while it waits for a
-    slot leaves the queue. Metrics, labelled ``pool`` = ``route.pool.name``, ``tier``:
+    ``contextlib.aclosing``) so an early exit closes it at once. Closing the iterator or
+    cancelling the task aborts the request in the engine (the engine's ``generate`` does) and
+    frees the slot; a task cancelled while it waits for a slot leaves the queue.
+
+    Metrics, labelled ``pool`` = ``route.pool.name`` and ``tier``:
 
     - ``chat_ttft_seconds``: call -> first delta with text (queue wait and prefill included);
     - ``chat_tpot_seconds``: (last token time - first token time) / (completion tokens - 1),
