@@ -1,0 +1,35 @@
+"""The usage ledger in the admin: listed, filtered and searched, never edited (read-only)."""
+
+from django.contrib import admin
+
+from usage.models import UsageRecord
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    list_display = (
+        "created_at", "user", "org", "pool", "model_version", "tier", "tokens", "cost", "status",
+    )
+    list_filter = ("pool", "tier", "status", "created_at")
+    search_fields = ("user__username", "turn_id", "conversation_id")
+    date_hierarchy = "created_at"
+    list_select_related = ("user", "org")
+    ordering = ("-created_at", "-id")
+
+    @admin.display(description="tokens (prompt + completion)")
+    def tokens(self, record: UsageRecord) -> str:
+        return f"{record.tokens:,} ({record.prompt_tokens:,} + {record.completion_tokens:,})"
+
+    @admin.display(description="cost (USD)", ordering="cost_usd")
+    def cost(self, record: UsageRecord) -> str:
+        return f"${record.cost_usd}"
+
+    # A ledger: rows are written by usage.services.usage_record only.
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

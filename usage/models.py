@@ -1,0 +1,86 @@
+"""The usage ledger: one row per answered turn (or /v1 completion) with its tokens and cost.
+
+Rows live in the global (``default``) database beside accounts and organisations, not in a
+conversation's region: billing reads them per user and per organisation across regions, and a
+conversation's deletion (or retention purge) must not erase what was charged. ``turn_id`` and
+``conversation_id`` therefore are plain UUIDs, not foreign keys.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class UsageRecord(models.Model):
+    """What one turn used and cost. Written once per turn (``usage.services.usage_record``,
+    PF-R5), never updated: a ledger.
+
+    - ``prompt_tokens``: the whole prompt the engine prefilled, *including* ``cached_tokens``
+      (the part served from the prefix cache, charged at the cheaper cached-input price).
+    - ``completion_tokens``: tokens generated, also for a cancelled or failed turn (what was
+      actually generated, not zero).
+    - ``cost_usd``: from the pool's prices per 1M tokens at the time of the turn
+      (``inference.pools.Pool.cost``), rounded half-up to 8 decimal places.
+    """
+
+    class Status(models.TextChoices):
+        # The same values as conversations.models.Turn.Status.
+        COMPLETE = "complete", "Complete"
+        CANCELLED = "cancelled", "Cancelled"
+        FAILED = "failed", "Failed"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="usage_records",
+    )
+    org = models.ForeignKey(
+        "accounts.Organisation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="usage_records",
+    )
+    turn_id = models.UUIDField(null=True, blank=True)
+    conversation_id = models.UUIDField(null=True, blank=True)
+    pool = models.CharField(max_length=64)
+    model_version = models.CharField(max_length=100)
+    tier = models.CharField(max_length=16)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=8, default=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        indexes = [
+            # usage.selectors: a user's days, an organisation's members, newest first.
+            models.Index(fields=["user", "created_at"], name="usage_user_created"),
+            models.Index(fields=["org", "created_at"], name="usage_org_created"),
+        ]
+        constraints = [
+            # Usage is counted once per turn (PF-R5): a retried write-back cannot charge twice.
+            models.UniqueConstraint(
+                fields=["turn_id"],
+                condition=models.Q(turn_id__isnull=False),
+                name="usage_one_record_per_turn",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(cached_tokens__lte=models.F("prompt_tokens")),
+                name="usage_cached_within_prompt",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool}@{self.model_version}: {self.tokens} tokens, ${self.cost_usd}"
+
+    @property
+    def tokens(self) -> int:
+        """Prompt plus completion tokens (cached tokens are part of the prompt)."""
+        return self.prompt_tokens + self.completion_tokens

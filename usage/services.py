@@ -1,0 +1,145 @@
+"""Writes for usage: the one record per turn of what it used and cost."""
+
+from __future__ import annotations
+
+import logging
+from decimal import ROUND_HALF_UP, Decimal
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+from django.db import transaction
+
+from usage.models import UsageRecord
+
+if TYPE_CHECKING:  # inference.pools imports settings-heavy code; only its types are needed here
+    from accounts.models import Organisation, User
+    from inference.pools import Pool
+
+logger = logging.getLogger(__name__)
+
+COST_QUANTUM = Decimal("0.00000001")  # UsageRecord.cost_usd has 8 decimal places
+
+
+def _pk(value) -> int | None:
+    """A model instance's pk, an int as is, None as is."""
+    if value is None or isinstance(value, int):
+        return value
+    return value.pk
+
+
+@transaction.atomic
+def usage_record(
+    *,
+    user: User | int | None,
+    org: Organisation | int | None,
+    turn_id: UUID | None,
+    conversation_id: UUID | None,
+    route_pool: Pool,
+    tier: str,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+    status: str,
+) -> UsageRecord:
+    """Store what one turn used and cost, once (PF-R5).
+
+    - ``user`` / ``org``: who is charged: instances or primary keys (None: nobody, e.g. the
+      service credential; no organisation).
+    - ``turn_id`` / ``conversation_id``: the answering turn and its conversation (UUIDs, no
+      foreign key: they live in a regional database); None for a /v1 completion that stores no
+      turn.
+    - ``route_pool``: the pool that answered (``Route.pool`` after shedding: a degraded paid
+      turn is charged at ``mini``'s prices); its ``name`` and ``version`` are stored.
+    - ``tier``: the user's tier at the time of the turn.
+    - ``prompt_tokens``: the whole prompt prefilled, including ``cached_tokens`` (served from
+      the prefix cache); ``completion_tokens``: tokens actually generated, also when the turn was
+      cancelled or failed part way.
+    - ``status``: ``UsageRecord.Status`` value ("complete", "cancelled", "failed").
+
+    Cost (USD) is ``route_pool.cost(...)`` (inference/pools.py: uncached prompt tokens at the
+    input price, cached at the cached-input price, completion at the output price, prices per
+    1M tokens), rounded half-up to 8 decimal places.
+
+    Idempotent on ``turn_id``: a second call for a turn already recorded (a retried write-back)
+    returns the first record unchanged and charges nothing more. Returns the record.
+    Raises ValueError for a negative token count or an unknown status. Cached tokens above the
+    prompt (an engine quirk) are capped at the prompt, with a warning.
+    """
+    for name, value in (
+        ("prompt_tokens", prompt_tokens),
+        ("cached_tokens", cached_tokens),
+        ("completion_tokens", completion_tokens),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"usage_record: {name} must be a non-negative integer, got {value!r}")
+    if status not in UsageRecord.Status.values:
+        raise ValueError(
+            f"usage_record: status must be one of {UsageRecord.Status.values}, got {status!r}"
+        )
+    if cached_tokens > prompt_tokens:
+        logger.warning(
+            "usage_record: turn %s reports %d cached of %d prompt tokens; counting %d",
+            turn_id, cached_tokens, prompt_tokens, prompt_tokens,
+        )
+        cached_tokens = prompt_tokens
+    cost = Decimal(
+        route_pool.cost(
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            completion_tokens=completion_tokens,
+        )
+    ).quantize(COST_QUANTUM, rounding=ROUND_HALF_UP)
+    fields = {
+        "user_id": _pk(user),
+        "org_id": _pk(org),
+        "conversation_id": conversation_id,
+        "pool": route_pool.name,
+        "model_version": route_pool.version,
+        "tier": tier,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "completion_tokens": completion_tokens,
+        "cost_usd": cost,
+        "status": status,
+    }
+    if turn_id is None:
+        return UsageRecord.objects.create(turn_id=None, **fields)
+    record, created = UsageRecord.objects.get_or_create(turn_id=turn_id, defaults=fields)
+    if not created:
+        logger.info("usage_record: turn %s was already recorded; not charged again", turn_id)
+    return record
+
+
+async def ausage_record(
+    *,
+    user: User | int | None,
+    org: Organisation | int | None,
+    turn_id: UUID | None,
+    conversation_id: UUID | None,
+    route_pool: Pool,
+    tier: str,
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+    status: str,
+) -> UsageRecord:
+    """:func:`usage_record` for async code: the same arguments, result and errors.
+
+    Runs on the database executor through ``conversations.sse.run_in_db_thread``, which closes
+    the connections it used afterwards: usage is recorded at the end of a generation task that
+    may outlive its request (and Django transactions do not work in async code)."""
+    from conversations.sse import run_in_db_thread  # noqa: PLC0415 - keeps usage's imports light
+
+    return await run_in_db_thread(
+        usage_record,
+        user=user,
+        org=org,
+        turn_id=turn_id,
+        conversation_id=conversation_id,
+        route_pool=route_pool,
+        tier=tier,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
+        status=status,
+    )
