@@ -8,7 +8,14 @@ the same model folder's chat template locally, so token counts and context fitti
 
 Settings: ``CHAT_ENGINE_URL`` (base URL, e.g. ``http://127.0.0.1:8000``), ``CHAT_ENGINE_API_KEY``
 (a service credential), ``CHAT_MODEL_NAME``, ``CHAT_MODEL_PATH`` (for the tokenizer).
+A ``remote`` model pool (inference/pools.py) gets its own client, :meth:`OpenAIRemoteEngine.for_pool`.
 Aborting a request closes its HTTP stream; the serving side aborts at once on disconnect.
+
+Requests carry ``priority`` (GenerationOptions.priority) in the body when it is not 0: vLLM's
+OpenAI server accepts it when started with ``--scheduling-policy priority`` (and refuses a
+non-zero priority otherwise). Usage comes from the stream's final chunk
+(``stream_options.include_usage``); prefix-cache hits from ``usage.prompt_tokens_details.
+cached_tokens`` when the server reports them (vLLM: ``--enable-prompt-tokens-details``), else 0.
 """
 
 from __future__ import annotations
@@ -17,14 +24,27 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import httpx
 from django.conf import settings
 
 from inference.engine import Delta, EngineUnavailable, GenerationOptions
 
+if TYPE_CHECKING:
+    from inference.pools import Pool
+
 logger = logging.getLogger(__name__)
+
+# Delta.cached_tokens is newer than this client; older Delta classes lack it.
+_DELTA_HAS_CACHED = any(f.name == "cached_tokens" for f in fields(Delta))
+
+
+def _delta(text: str, prompt: int, completion: int, finish: str | None, cached: int) -> Delta:
+    if _DELTA_HAS_CACHED:
+        return Delta(text, prompt, completion, finish, cached_tokens=cached)
+    return Delta(text, prompt, completion, finish)
 
 
 @dataclass
@@ -47,6 +67,17 @@ class OpenAIRemoteEngine:
             api_key=settings.CHAT_ENGINE_API_KEY,
             model=settings.CHAT_MODEL_NAME,
             model_path=str(settings.CHAT_MODEL_PATH),
+        )
+
+    @classmethod
+    def for_pool(cls, pool: Pool) -> OpenAIRemoteEngine:
+        """A client for a ``remote`` pool: its ``url``, ``api_key``, served ``model`` and
+        tokenizer folder ``model_path``."""
+        return cls(
+            base_url=pool.url.rstrip("/"),
+            api_key=pool.api_key,
+            model=pool.model,
+            model_path=pool.model_path,
         )
 
     def _headers(self) -> dict[str, str]:
@@ -87,13 +118,23 @@ class OpenAIRemoteEngine:
         return list(self._require_tokenizer().encode(text, add_special_tokens=False))
 
     def count_tokens(self, text: str) -> int:
+        """Number of tokens ``text`` encodes to (no special tokens)."""
         return len(self.encode_text(text))
+
+    def vocab_size(self) -> int:
+        """How many token ids the tokenizer knows (valid prompt ids are below it)."""
+        return len(self._require_tokenizer())
 
     async def generate(
         self, prompt_token_ids: list[int], options: GenerationOptions, request_id: str
     ) -> AsyncIterator[Delta]:
-        """Stream deltas from the remote. Closing or cancelling the iteration closes the HTTP
-        stream, which aborts the request remotely. Raises EngineUnavailable on transport errors."""
+        """Stream deltas from the remote ``/v1/completions``.
+
+        Running ``completion_tokens`` count one per text chunk until the final delta, which
+        carries the server's usage (prompt, completion and cached prompt tokens) and the finish
+        reason. Closing or cancelling the iteration closes the HTTP stream, which aborts the
+        request remotely. Raises EngineUnavailable on transport errors and error replies.
+        """
         body = {
             "model": self.model,
             "prompt": list(prompt_token_ids),
@@ -107,9 +148,18 @@ class OpenAIRemoteEngine:
             body["stop"] = list(options.stop)
         if options.seed is not None:
             body["seed"] = options.seed
+        if options.priority:
+            body["priority"] = options.priority
+        if options.json_schema:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": options.json_schema},
+            }
         self._requests[request_id] = asyncio.current_task()
+        prompt = len(prompt_token_ids)
         completion = 0
         finish_reason = None
+        finished = False
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=None)) as client:
                 async with client.stream(
@@ -126,13 +176,22 @@ class OpenAIRemoteEngine:
                             raise EngineUnavailable(chunk["error"].get("message", "model error"))
                         usage = chunk.get("usage")
                         if usage:
-                            yield Delta("", usage["prompt_tokens"], usage["completion_tokens"], finish_reason or "stop")
+                            details = usage.get("prompt_tokens_details") or {}
+                            finished = True
+                            yield _delta(
+                                "", usage["prompt_tokens"], usage["completion_tokens"],
+                                finish_reason or "stop", int(details.get("cached_tokens") or 0),
+                            )  # fmt: skip
                             continue
                         for choice in chunk.get("choices", []):
                             finish_reason = choice.get("finish_reason") or finish_reason
                             if choice.get("text"):
                                 completion += 1
-                                yield Delta(choice["text"], len(prompt_token_ids), completion)
+                                yield _delta(choice["text"], prompt, completion, None, 0)
+                    if not finished:
+                        # A server that sends no usage chunk: end with our own count.
+                        finished = True
+                        yield _delta("", prompt, completion, finish_reason or "stop", 0)
         except httpx.HTTPError as exc:
             self.ready = False
             raise EngineUnavailable(f"the model server failed: {exc}") from exc

@@ -1,0 +1,47 @@
+"""System checks run by ``manage.py check`` and at server start (Django's check framework).
+
+``chat.E001``: the model pool configuration (``CHAT_POOLS_FILE`` / ``CHAT_POOLS``,
+``CHAT_TIER_DEFAULT_POOL``) is invalid; the message names the pool and the field
+(inference/pools.py, ``pools_load``). ``chat.E002``: ``CHAT_CANARIES``, ``CHAT_EXPERIMENTS`` or
+``CHAT_FLAG_POOLS`` names a pool that is not defined, or has a malformed entry
+(inference/router.py, ``routing_config_errors``).
+
+The check lives here because ``inference`` is not a Django app; ``accounts`` registers it in
+``AccountsConfig.ready``, with the tag ``chat``. It reads no database, so it runs before
+migrations too. (daphne does not run system checks: the ASGI entry point calls
+``inference.pools.pool_set()`` at start for that.)
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import Error, register
+
+
+@register("chat")
+def check_model_pools(app_configs=None, **kwargs) -> list[Error]:
+    """Load the pools as the server will; return one Error per problem (empty when valid)."""
+    from inference.pools import PoolConfigError, pools_load  # noqa: PLC0415
+    from inference.router import routing_config_errors  # noqa: PLC0415
+
+    try:
+        path = getattr(settings, "CHAT_POOLS_FILE", "")
+        pools = pools_load(path=str(path)) if path else pools_load(list(settings.CHAT_POOLS))
+    except PoolConfigError as exc:
+        return [
+            Error(
+                str(exc),
+                hint="Fix the pool entry (chatsite/settings/base.py, 'Model pools', or the file "
+                "CHAT_POOLS_FILE names).",
+                id="chat.E001",
+            )
+        ]
+    return [
+        Error(message, id="chat.E002")
+        for message in routing_config_errors(
+            pools,
+            canaries=list(getattr(settings, "CHAT_CANARIES", []) or []),
+            experiments=list(getattr(settings, "CHAT_EXPERIMENTS", []) or []),
+            flag_pools=dict(getattr(settings, "CHAT_FLAG_POOLS", {}) or {}),
+        )
+    ]
