@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from chatsite import metrics, redis_guard
+from chatsite import redis_guard
 
 # A key outlives the moment its bucket is full again by this long (seconds).
 KEY_TTL_AFTER_FULL_S = 120
@@ -256,13 +256,6 @@ def _too_large(
     )
 
 
-def _count_refusal(limited_by: str) -> None:
-    counter = getattr(metrics, "RATE_LIMITED", None)  # chat_rate_limited_total{scope,limit}
-    if counter is not None:
-        scope, limit = limited_by.split()
-        counter.labels(scope=scope, limit=limit).inc()
-
-
 def _arg(now: float | None) -> str:
     return "" if now is None else repr(float(now))
 
@@ -288,8 +281,8 @@ async def rate_limit_take(
 
     Returns a :class:`Decision`; with no limit at all, or while Redis is unavailable (fail
     open, counted in ``chat_rate_limit_fail_open_total``), an allowed one with no remaining
-    counts and no reservation. A refusal is counted in ``chat_rate_limited_total{scope,limit}``
-    (when chatsite.metrics defines ``RATE_LIMITED``).
+    counts and no reservation. Refusals are counted by the caller
+    (``chat_rate_limited_total{scope,limit}``, inference/gate.py), not here.
 
     Raises RequestTooLarge when ``tokens`` exceeds a TPM capacity (checked before Redis).
     """
@@ -335,8 +328,6 @@ async def rate_limit_take(
         if not allowed and wait > 0 and (limited_by is None or wait > longest_wait):
             longest_wait, limited_by = wait, name
     if not allowed:
-        assert limited_by is not None
-        _count_refusal(limited_by)
         return Decision(
             allowed=False,
             retry_after_s=max(1, math.ceil(longest_wait - 1e-9)),
