@@ -76,7 +76,9 @@ class MemberUsage(NamedTuple):
         return self.prompt_tokens + self.completion_tokens
 
 
-def usage_window(*, days: int, now: dt.datetime | None = None) -> tuple[dt.date, dt.datetime, dt.datetime]:
+def usage_window(
+    *, days: int, now: dt.datetime | None = None
+) -> tuple[dt.date, dt.datetime, dt.datetime]:
     """(first UTC date, start, end) of the last ``days`` UTC days ending today: records with
     ``start <= created_at < end`` (aware datetimes, midnight UTC) are in the window.
     ``now`` defaults to ``timezone.now()``. Raises ValueError unless 1 <= days <= 366."""
@@ -101,7 +103,9 @@ def _sums() -> dict:
     }
 
 
-def _in_window(records: QuerySet, *, days: int, now: dt.datetime | None) -> tuple[QuerySet, dt.date]:
+def _in_window(
+    records: QuerySet, *, days: int, now: dt.datetime | None
+) -> tuple[QuerySet, dt.date]:
     first, start, end = usage_window(days=days, now=now)
     return records.filter(created_at__gte=start, created_at__lt=end), first
 
@@ -136,7 +140,9 @@ def usage_totals(*, user: User, days: int = 30, now: dt.datetime | None = None) 
     Raises ValueError for ``days`` outside 1..366."""
     records, _ = _in_window(UsageRecord.objects.filter(user=user), days=days, now=now)
     row = records.aggregate(**_sums())
-    return UsageTotals(row["prompt"], row["cached"], row["completion"], row["cost"], row["requests"])
+    return UsageTotals(
+        row["prompt"], row["cached"], row["completion"], row["cost"], row["requests"]
+    )
 
 
 def usage_by_member(
@@ -166,7 +172,8 @@ def _member_row(username: str, role: str, row: dict | None) -> MemberUsage:
     if row is None:
         return MemberUsage(username, role, 0, 0, 0, ZERO_COST, 0)
     return MemberUsage(
-        username, role, row["prompt"], row["cached"], row["completion"], row["cost"], row["requests"]
+        username, role,
+        row["prompt"], row["cached"], row["completion"], row["cost"], row["requests"],
     )
 
 
