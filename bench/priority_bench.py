@@ -167,7 +167,9 @@ class Bench:
         log(f"engine ready in {time.perf_counter() - t:.1f} s")
         system = settings.CHAT_SYSTEM_PROMPT
         self.prompts = [
-            self.engine.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": p}])
+            self.engine.encode_chat(
+                [{"role": "system", "content": system}, {"role": "user", "content": p}]
+            )
             for p in PROMPTS
         ]
 
@@ -204,7 +206,8 @@ class Bench:
             route = self.free_route
             if phase.shedding:
                 try:
-                    route = shed(route, tier="free", waiting=pool_waiting(route.pool), pools=self.pools)
+                    waiting = pool_waiting(route.pool)
+                    route = shed(route, tier="free", waiting=waiting, pools=self.pools)
                 except Overloaded:
                     phase.free_shed += 1
                     await asyncio.sleep(rng.uniform(0.2, 0.5))
@@ -301,7 +304,8 @@ class Bench:
         phase.paid = list(await asyncio.gather(*paid))
         phase.wall_s = time.perf_counter() - started
         phase.cpu = meter.stop()
-        phase.shed_metric = metrics.value("chat_shed_total", tier="free", action="shed") - shed_before
+        shed_after = metrics.value("chat_shed_total", tier="free", action="shed")
+        phase.shed_metric = shed_after - shed_before
         window_tokens, window_done = phase.free_completion_tokens, phase.free_done
         sampler.cancel()
         for task in free:
@@ -385,7 +389,10 @@ def report(phases: dict[str, Phase], args, settings) -> dict:
     })  # fmt: skip
     errors = sum(row["paid_errors"] + row["free_errors"] for row in s.values())
     if errors:
-        checks.append({"target": "no failed requests", "value": errors, "shown": f"{errors} failed", "pass": False})
+        checks.append({
+            "target": "no failed requests", "value": errors, "shown": f"{errors} failed",
+            "pass": False,
+        })  # fmt: skip
     for check in checks:
         print(f"  {'PASS' if check['pass'] else 'MISS'}  {check['target']}  ({check['shown']})")
     all_ok = all(check["pass"] for check in checks)
@@ -402,7 +409,9 @@ def report(phases: dict[str, Phase], args, settings) -> dict:
         + f" of {MAX_NUM_SEQS}; paid TTFT max (A / B / C): "
         + " / ".join(f"{ms(row['paid_ttft_max_s'])} ms" for row in s.values())
     )
-    disturbed = [f"{name} ({row['other_cpu_s']:.1f} CPU-s)" for name, row in s.items() if row["disturbed"]]
+    disturbed = [
+        f"{name} ({row['other_cpu_s']:.1f} CPU-s)" for name, row in s.items() if row["disturbed"]
+    ]
     print(
         "  phases with background load from other processes (>5% of the machine): "
         + (", ".join(disturbed) if disturbed else "none")

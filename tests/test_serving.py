@@ -16,7 +16,9 @@ from inference.serving import pool_generate, pool_waiting
 
 def route_to(name: str, *, priority: int | None = None) -> Route:
     pool = pool_set().get(name)
-    return Route(pool=pool, reason="tier default", priority=pool.priority if priority is None else priority)
+    if priority is None:
+        priority = pool.priority
+    return Route(pool=pool, reason="tier default", priority=priority)
 
 
 async def drain(route: Route, request_id: str, *, tier: str, options=None, ids=None) -> str:
