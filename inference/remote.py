@@ -81,7 +81,8 @@ class OpenAIRemoteEngine:
         )
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
+        # No key: no header at all ("Bearer " with nothing after it is an illegal header value).
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     async def ensure_started(self) -> None:
         """Check the remote serves the model. Raises EngineUnavailable if it does not answer."""

@@ -3,17 +3,20 @@ and the start-up system check (accounts/checks.py)."""
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
+import httpx
 import pytest
 from django.conf import settings
 from django.core import checks
 from django.test import override_settings
 
 import inference.engine as engine_module
+import inference.remote as remote_module
 from accounts.checks import check_model_pools
 from accounts.models import Tier
-from inference.engine import VllmEngine
+from inference.engine import GenerationOptions, VllmEngine
 from inference.pools import (
     TIERS,
     PoolConfigError,
@@ -416,3 +419,92 @@ def test_system_check_reports_routing_settings_naming_undefined_pools():
     assert any("CHAT_CANARIES[0]" in m and "frontier@9" in m for m in messages)
     assert any("CHAT_EXPERIMENTS[0]" in m and "nano" in m for m in messages)
     assert any("CHAT_FLAG_POOLS" in m and "gigantic" in m for m in messages)
+
+
+# --- the remote client's wire format (inference/remote.py), against a mock transport ---
+
+
+def sse(*chunks: dict | str) -> bytes:
+    return b"".join(
+        f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode() for c in chunks
+    )
+
+
+@pytest.fixture
+def remote_wire(monkeypatch):
+    """Route the remote client's HTTP through ``httpx.MockTransport``; yields
+    (sent request bodies, a setter for the next response's SSE bytes)."""
+    sent: list[dict] = []
+    reply = {"body": b""}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, content=reply["body"], headers={"content-type": "text/event-stream"})
+
+    real_client = httpx.AsyncClient
+
+    def client(**kwargs):
+        return real_client(transport=httpx.MockTransport(handler), **kwargs)
+
+    monkeypatch.setattr(remote_module.httpx, "AsyncClient", client)
+    yield sent, lambda body: reply.update(body=body)
+
+
+def remote_client() -> OpenAIRemoteEngine:
+    pools = pools_load([entry(), frontier(), remote(api_key="k")])
+    return OpenAIRemoteEngine.for_pool(pools.get("remote-big"))
+
+
+async def test_remote_request_carries_model_priority_and_asks_for_usage(remote_wire):
+    sent, reply = remote_wire
+    reply(sse({"choices": [{"text": "Hi", "finish_reason": "stop"}]}, "[DONE]"))
+    options = GenerationOptions(max_tokens=7, temperature=0.0, priority=3)
+
+    [d async for d in remote_client().generate([5, 6, 7], options, "r1")]
+
+    body = sent[0]
+    assert body["model"] == "big-model" and body["prompt"] == [5, 6, 7]
+    assert body["priority"] == 3 and body["max_tokens"] == 7
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+async def test_remote_request_omits_priority_zero(remote_wire):
+    # A server without --scheduling-policy priority refuses any priority field but 0.
+    sent, reply = remote_wire
+    reply(sse({"choices": [{"text": "Hi", "finish_reason": "stop"}]}, "[DONE]"))
+    [d async for d in remote_client().generate([1], GenerationOptions(), "r2")]
+    assert "priority" not in sent[0]
+
+
+async def test_remote_final_delta_carries_the_servers_usage_and_cached_tokens(remote_wire):
+    _, reply = remote_wire
+    reply(sse(
+        {"choices": [{"text": "Hel", "finish_reason": None}]},
+        {"choices": [{"text": "lo there", "finish_reason": "length"}]},
+        {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35,
+                                  "prompt_tokens_details": {"cached_tokens": 16}}},
+        "[DONE]",
+    ))  # fmt: skip
+    deltas = [d async for d in remote_client().generate([1] * 30, GenerationOptions(), "r3")]
+    assert "".join(d.text for d in deltas) == "Hello there"
+    final = deltas[-1]
+    assert (final.prompt_tokens, final.completion_tokens, final.finish_reason) == (30, 5, "length")
+    assert final.cached_tokens == 16
+
+
+async def test_remote_stream_without_usage_still_ends_with_a_finish_reason(remote_wire):
+    _, reply = remote_wire
+    reply(sse({"choices": [{"text": "a", "finish_reason": None}]},
+              {"choices": [{"text": "b", "finish_reason": "stop"}]}, "[DONE]"))  # fmt: skip
+    deltas = [d async for d in remote_client().generate([1, 2], GenerationOptions(), "r4")]
+    assert deltas[-1].finish_reason == "stop"
+    assert (deltas[-1].prompt_tokens, deltas[-1].completion_tokens, deltas[-1].cached_tokens) == (2, 2, 0)
+
+
+async def test_remote_pool_without_api_key_sends_no_authorization(remote_wire):
+    sent, reply = remote_wire
+    reply(sse({"choices": [{"text": "a", "finish_reason": "stop"}]}, "[DONE]"))
+    client = OpenAIRemoteEngine.for_pool(pools_load([entry(), frontier(), remote()]).get("remote-big"))
+    assert client._headers() == {}  # "Bearer " alone is an illegal header value
+    [d async for d in client.generate([1], GenerationOptions(), "r5")]
+    assert sent
