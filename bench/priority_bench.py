@@ -284,7 +284,7 @@ class Bench:
         # Let the free load fill every slot it may take and queue up before the first probe.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (
-            admission.running() >= admission.unreserved_limit() and admission.waiting() > 0
+            admission.running() >= admission.slots - admission.reserved() and admission.waiting() > 0
         ):
             await asyncio.sleep(0.1)
         await asyncio.sleep(2.0)

@@ -130,9 +130,31 @@ async def test_free_requests_never_take_the_reserved_slots_so_paid_ones_start_at
 
     assert reqs.order == ["f1", "f2", "paid"]
     assert (admission.running(), admission.waiting()) == (3, 2)
+    await reqs.finish_all()
+
+
+async def test_the_reserved_slots_stay_free_while_paid_turns_hold_others(scheduling):
+    """The reserve is headroom: with a paid turn running, a finished free request is not
+    replaced until 2 slots would still be free, so the next paid turn also starts at once."""
+    admission = Admission(label="t-headroom")
+    reqs = Requests(admission)
+    for name in ("f1", "f2", "f3"):
+        reqs.start(name, priority=1, reserved_ok=False)
+    await settle()
+    reqs.start("paid1", priority=0, reserved_ok=True)
+    await settle()
+
     await reqs.finish("f1")
     await settle()
-    assert reqs.order[-1] == "f3"  # the freed unreserved slot goes to the next free request
+    assert reqs.order == ["f1", "f2", "paid1"]  # f3 still waits: 2 of 4 slots stay free
+    reqs.start("paid2", priority=0, reserved_ok=True)
+    await settle()
+    assert reqs.order[-1] == "paid2"
+
+    await reqs.finish("paid1")
+    await reqs.finish("paid2")
+    await settle()
+    assert reqs.order[-1] == "f3"  # paid traffic gone: free requests use the 2 slots again
     await reqs.finish_all()
 
 
@@ -140,13 +162,14 @@ async def test_a_free_request_held_back_by_the_reserve_does_not_block_paid_ones_
     scheduling,
 ):
     """Even in arrival order (equal priorities) a waiting free request that may not take a
-    reserved slot is skipped, not a barrier."""
+    reserved slot is skipped, not a barrier. Once no free request runs, one may run even if
+    that dips into the reserve (free traffic is never stopped outright)."""
     scheduling.CHAT_MAX_NUM_SEQS = 2
     scheduling.CHAT_RESERVED_SLOTS = 1
     admission = Admission(label="t-skip")
     reqs = Requests(admission)
     reqs.start("f1", reserved_ok=False)
-    reqs.start("f2", reserved_ok=False)  # queued: the only unreserved slot is taken
+    reqs.start("f2", reserved_ok=False)  # queued: taking the 2nd slot would empty the reserve
     reqs.start("paid", reserved_ok=True)  # same priority, later arrival
     await settle()
 
