@@ -22,13 +22,15 @@ test-fast: install
 # Streaming benchmark (full HTTP/SSE stack vs the bare engine, same run), the resume benchmark
 # (resume latency, concurrent open SSE streams per daphne process), the state tier (turn append,
 # history pages: partitioned + keyset vs plain table + OFFSET, hot cache vs PostgreSQL), replica
-# read throughput, and the prefix-cache hit rate of our prompt assembly vs a naive one.
+# read throughput, the prefix-cache hit rate of our prompt assembly vs a naive one, and paid-tier
+# TTFT under priority scheduling vs first come, first served (and with free traffic shed).
 bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.state_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.replica_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.context_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.priority_bench
 
 install: $(STAMP)
 

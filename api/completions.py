@@ -8,10 +8,13 @@ Shapes follow OpenAI's API reference for chat completions and chat completion ch
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -20,10 +23,15 @@ from accounts.services import user_is_service
 from api import schemas
 from api.errors import ApiError
 from api.http import api_view, parse_json
-from conversations.sse import release_db_connection, sse_response
-from conversations.streaming import max_tokens_for
-from inference.engine import EngineUnavailable, GenerationOptions, get_engine
+from conversations.sse import release_db_connection, run_in_db_thread, sse_response
+from inference import gate
+from inference.engine import EngineUnavailable, GenerationOptions
+from inference.pools import pool_engine, pool_set
 from inference.prompts import PromptTooLong, prompt_fit
+from inference.router import Route
+from inference.serving import pool_generate
+
+logger = logging.getLogger(__name__)
 
 
 def _options(body, budget: int, user=None) -> GenerationOptions:
@@ -56,47 +64,87 @@ def _options(body, budget: int, user=None) -> GenerationOptions:
 
 @api_view("GET")
 async def models(request: HttpRequest) -> HttpResponse:
-    """The served models, as OpenAI's ``GET /v1/models`` lists them."""
-    return JsonResponse(
+    """The models the caller may use, as OpenAI's ``GET /v1/models`` lists them: each pool the
+    caller's tier (or a feature flag) allows, by pool name, then the served model's own name
+    (settings.CHAT_MODEL_NAME), which stands for the tier's default pool. Pools carry their
+    version, context and answer ceilings and prices (USD per 1M tokens) as extra fields."""
+    caller = await gate.acaller_for(request.api_user)
+    data = [
         {
-            "object": "list",
-            "data": [
-                {"id": settings.CHAT_MODEL_NAME, "object": "model", "created": 0, "owned_by": "chatsite"}
-            ],
+            "id": pool.name, "object": "model", "created": 0, "owned_by": "chatsite",
+            "version": pool.version, "max_context": pool.max_context, "max_tokens": pool.max_tokens,
+            "price_per_million_tokens": {
+                "input": str(pool.price_input_per_m),
+                "cached_input": str(pool.price_cached_input_per_m),
+                "output": str(pool.price_output_per_m),
+            },
         }
-    )
+        for pool in pool_set().for_tier(caller.tier, caller.flags)
+    ]  # fmt: skip
+    data.append({"id": settings.CHAT_MODEL_NAME, "object": "model", "created": 0, "owned_by": "chatsite"})
+    return JsonResponse({"object": "list", "data": data})
 
 
-async def _served_engine(model: str):
-    """The process's engine, started, if ``model`` is the one served. Raises ApiError 404 for
-    another model, 503 if the engine cannot start."""
-    if model != settings.CHAT_MODEL_NAME:
-        raise ApiError(
-            404, "model_not_found",
-            f"The model {model!r} does not exist; this server serves {settings.CHAT_MODEL_NAME!r}.",
-        )  # fmt: skip
-    engine = get_engine()
+@dataclass
+class _Admitted:
+    """A stateless request admitted by the gateway (inference/gate.py): its caller, route,
+    started engine, completion budget and rate-limit decision."""
+
+    caller: gate.Caller
+    route: Route
+    engine: object
+    budget: int = 0
+    decision: object | None = None
+
+
+async def _admit(request: HttpRequest, model: str) -> _Admitted:
+    """Route ``model`` for the caller and shed under load, then start the pool's engine.
+    Raises gate.Refused (400 unknown model, 403 not for this tier, 503 busy), ApiError 503 if
+    the engine cannot start."""
+    caller = await gate.acaller_for(request.api_user)
+    route = gate.shed_for(caller, gate.route_for(caller, model))
+    engine = pool_engine(route.pool)
     try:
         await engine.ensure_started()
     except EngineUnavailable as exc:
         raise ApiError(503, "unavailable", f"The model is unavailable: {exc}", {"Retry-After": "30"}) from None
-    return engine
+    return _Admitted(caller=caller, route=route, engine=engine)
 
 
-async def _respond(engine, ids: list[int], options: GenerationOptions, body, kind: str) -> HttpResponse:
-    """Generate for ``ids`` and answer in OpenAI's shape for ``kind`` ("chat" or "text"):
-    ``data:`` chunks then ``data: [DONE]`` when ``body.stream``, else one JSON object."""
+async def _respond(admitted: _Admitted, ids: list[int], options: GenerationOptions, body, kind: str) -> HttpResponse:
+    """Take the rate limits for ``ids`` + the budget, generate, and answer in OpenAI's shape for
+    ``kind`` ("chat" or "text"): ``data:`` chunks then ``data: [DONE]`` when ``body.stream``,
+    else one JSON object. Either way the unused TPM reservation is refunded and the usage
+    ledger written once the request ends (also when its client went away, PF-R5).
+    Raises gate.Refused 429 before any engine work when a limit is used up."""
+    admitted.decision = await gate.rate_limit(admitted.caller, tokens=len(ids) + options.max_tokens)
     completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     await release_db_connection()  # nothing below queries the database
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_chunks(engine, ids, options, completion_id, created, include_usage, kind))
-    text, finish_reason, usage = [], None, (len(ids), 0)
-    async for delta in engine.generate(ids, options, completion_id):
-        text.append(delta.text)
-        usage = (delta.prompt_tokens, delta.completion_tokens)
-        finish_reason = delta.finish_reason or finish_reason
+        response = sse_response(
+            _chunks(admitted, ids, options, completion_id, created, include_usage, kind, body.model)
+        )
+    else:
+        response = await _complete(admitted, ids, options, completion_id, created, kind, body.model)
+    response["X-Pool"] = admitted.route.pool.key
+    if admitted.decision is not None:
+        for name, value in admitted.decision.headers().items():
+            response[name] = value
+    return response
+
+
+async def _complete(admitted, ids, options, completion_id, created, kind, model) -> HttpResponse:
+    """A non-streamed completion (see :func:`_respond`)."""
+    text, finish_reason, tally = [], None, _Tally(prompt=len(ids))
+    try:
+        async for delta in pool_generate(admitted.route, ids, options, completion_id, tier=admitted.caller.tier):
+            text.append(delta.text)
+            tally.add(delta)
+            finish_reason = delta.finish_reason or finish_reason
+    finally:
+        await asyncio.shield(_account(admitted, tally, finished=finish_reason is not None))
     choice = {"index": 0, "finish_reason": finish_reason or "stop", "logprobs": None}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": "".join(text)}
@@ -107,46 +155,101 @@ async def _respond(engine, ids: list[int], options: GenerationOptions, body, kin
             "id": completion_id,
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": created,
-            "model": settings.CHAT_MODEL_NAME,
+            "model": model,
             "choices": [choice],
-            "usage": _usage(*usage),
+            "usage": tally.usage(),
         }
     )
+
+
+@dataclass
+class _Tally:
+    """Token counts of one request so far (running totals from the engine's deltas)."""
+
+    prompt: int
+    cached: int = 0
+    completion: int = 0
+
+    def add(self, delta) -> None:
+        self.prompt, self.completion = delta.prompt_tokens, delta.completion_tokens
+        self.cached = max(self.cached, getattr(delta, "cached_tokens", 0))
+
+    def usage(self) -> dict:
+        """OpenAI's ``usage`` object (cached prompt tokens under ``prompt_tokens_details``)."""
+        return {
+            **_usage(self.prompt, self.completion),
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        }
+
+
+async def _account(admitted: _Admitted, tally: _Tally, *, finished: bool) -> None:
+    """Refund the unused TPM reservation and write the usage ledger row (no turn: a stateless
+    request). Never raises."""
+    await gate.settle(admitted.decision, prompt_tokens=tally.prompt, completion_tokens=tally.completion)
+    from usage import services as usage_services  # noqa: PLC0415
+
+    try:
+        await run_in_db_thread(
+            usage_services.usage_record,
+            user=admitted.caller.user_id, org=admitted.caller.org_id, turn_id=None,
+            conversation_id=None, route_pool=admitted.route.pool, tier=admitted.caller.tier,
+            prompt_tokens=tally.prompt, cached_tokens=tally.cached,
+            completion_tokens=tally.completion, status="complete" if finished else "cancelled",
+        )  # fmt: skip
+    except Exception:  # noqa: BLE001 - billing must not fail the answer; logged for the operator
+        logger.exception("could not record usage of a completion")
+
+
+def _split_system(messages: list[dict]) -> tuple[str, list[dict]]:
+    """The leading system messages joined (kept whatever is trimmed) and the rest."""
+    head = 0
+    while head < len(messages) and messages[head]["role"] == "system":
+        head += 1
+    return "\n\n".join(m["content"] for m in messages[:head]), messages[head:]
 
 
 @api_view("POST")
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     """OpenAI-compatible chat completion, streamed (``stream: true``: ``data:`` chunks, then
-    ``data: [DONE]``) or not. 404 for an unknown model, 400 for a prompt that does not fit the
-    context or an invalid body, 503 if the engine is down."""
+    ``data: [DONE]``) or not. ``model``: a pool name (GET /v1/models) or the served model's
+    name (the tier's default pool). Errors: 400 unknown model, invalid body, max_tokens beyond
+    the context, or a newest message that alone does not fit; 403 a model the tier may not
+    use; 429 over the rate limits (Retry-After); 503 busy (shed) or the engine down. A history
+    that overflows the context by a little is trimmed from the oldest messages (leading system
+    messages are kept) and the count is in the ``X-Context-Trimmed`` header."""
     body = parse_json(request, schemas.ChatCompletionCreate)
-    engine = await _served_engine(body.model)
+    admitted = await _admit(request, body.model)
+    pool = admitted.route.pool
     requested = body.max_completion_tokens or body.max_tokens
+    budget = gate.answer_budget(admitted.caller, pool, requested, explicit=requested is not None)
+    system, messages = _split_system([m.model_dump() for m in body.messages])
+    if not messages:
+        raise ApiError(400, "invalid_request", "'messages' needs at least one non-system message.")
     try:
         fitted = prompt_fit(
-            system_prompt="",
-            messages=[m.model_dump() for m in body.messages],
-            encode_chat=engine.encode_chat,
-            max_model_len=settings.CHAT_MAX_MODEL_LEN,
-            max_tokens=max_tokens_for(request.api_user.tier, requested),
+            system_prompt=gate.with_preamble(admitted.route, system),
+            messages=messages,
+            encode_chat=admitted.engine.encode_chat,
+            max_model_len=pool.max_context,
+            max_tokens=budget,
         )
     except PromptTooLong as exc:
-        raise ApiError(400, "context_length_exceeded", str(exc)) from None
+        raise ApiError(400, "context_length_exceeded", f"{exc} (model {pool.name}: {pool.max_context:,} tokens of context)") from None
+    options = _options(body, fitted.max_tokens, request.api_user)
+    response = await _respond(admitted, fitted.token_ids, options, body, "chat")
     if fitted.dropped_messages:
-        raise ApiError(
-            400, "context_length_exceeded",
-            "The messages do not fit the model's context with room for an answer; send fewer.",
-        )  # fmt: skip
-    return await _respond(engine, fitted.token_ids, _options(body, fitted.max_tokens, request.api_user), body, "chat")
+        response["X-Context-Trimmed"] = str(fitted.dropped_messages)
+    return response
 
 
 @api_view("POST")
 async def completions(request: HttpRequest) -> HttpResponse:
     """OpenAI-compatible (legacy) text completion; ``prompt`` is text or token ids, used as-is
-    (no chat template). Streams ``data:`` chunks when ``stream`` is true. 404 for an unknown
-    model, 400 for a prompt that leaves no room for an answer, 503 if the engine is down."""
+    (no chat template). Streams ``data:`` chunks when ``stream`` is true. Errors as for chat
+    completions; 400 also for a token id outside the vocabulary."""
     body = parse_json(request, schemas.CompletionCreate)
-    engine = await _served_engine(body.model)
+    admitted = await _admit(request, body.model)
+    engine, pool = admitted.engine, admitted.route.pool
     ids = list(body.prompt) if isinstance(body.prompt, list) else engine.encode_text(body.prompt)
     vocab_size = engine.vocab_size() if hasattr(engine, "vocab_size") else None
     if vocab_size is not None and any(not 0 <= token_id < vocab_size for token_id in ids):
@@ -154,14 +257,15 @@ async def completions(request: HttpRequest) -> HttpResponse:
             400, "invalid_request",
             f"The prompt has a token id outside the model's vocabulary (0 to {vocab_size - 1}).",
         )  # fmt: skip
-    room = settings.CHAT_MAX_MODEL_LEN - len(ids)
+    budget = gate.answer_budget(admitted.caller, pool, body.max_tokens, explicit=body.max_tokens is not None)
+    room = pool.max_context - len(ids)
     if room < 1:
         raise ApiError(
             400, "context_length_exceeded",
-            f"The prompt is {len(ids)} tokens; the context holds {settings.CHAT_MAX_MODEL_LEN}.",
+            f"The prompt is {len(ids):,} tokens; the {pool.name} model's context holds {pool.max_context:,}.",
         )  # fmt: skip
-    budget = min(max_tokens_for(request.api_user.tier, body.max_tokens), room)
-    return await _respond(engine, ids, _options(body, budget, request.api_user), body, "text")
+    options = _options(body, min(budget, room), request.api_user)
+    return await _respond(admitted, ids, options, body, "text")
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -173,7 +277,8 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def _chunk(
-    completion_id: str, created: int, delta: dict | None, finish_reason=None, usage=None, kind="chat"
+    completion_id: str, created: int, delta: dict | None, finish_reason=None, usage=None, kind="chat",
+    model: str = "",
 ) -> bytes:
     if delta is None:
         choices = []
@@ -185,7 +290,7 @@ def _chunk(
         "id": completion_id,
         "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
         "created": created,
-        "model": settings.CHAT_MODEL_NAME,
+        "model": model,
         "choices": choices,
     }
     if usage is not None:
@@ -194,23 +299,32 @@ def _chunk(
 
 
 async def _chunks(
-    engine, prompt_ids, options, completion_id: str, created: int, include_usage: bool, kind="chat"
+    admitted: _Admitted, prompt_ids, options, completion_id: str, created: int, include_usage: bool,
+    kind: str, model: str,
 ) -> AsyncIterator[bytes]:
+    def chunk(delta, finish_reason=None, usage=None) -> bytes:
+        return _chunk(completion_id, created, delta, finish_reason, usage, kind=kind, model=model)
+
     if kind == "chat":
-        yield _chunk(completion_id, created, {"role": "assistant", "content": ""})
-    usage = (len(prompt_ids), 0)
+        yield chunk({"role": "assistant", "content": ""})
+    tally = _Tally(prompt=len(prompt_ids))
     finish_reason = None
     try:
-        async for delta in engine.generate(prompt_ids, options, completion_id):
-            usage = (delta.prompt_tokens, delta.completion_tokens)
+        async for delta in pool_generate(
+            admitted.route, prompt_ids, options, completion_id, tier=admitted.caller.tier
+        ):
+            tally.add(delta)
             finish_reason = delta.finish_reason or finish_reason
             if delta.text:
-                yield _chunk(completion_id, created, {"content": delta.text}, kind=kind)
+                yield chunk({"content": delta.text})
     except EngineUnavailable as exc:
         error = {"error": {"type": "unavailable", "message": f"The model failed: {exc}"}}
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
         return
-    yield _chunk(completion_id, created, {}, finish_reason or "stop", kind=kind)
+    finally:
+        # Charged once, for what was generated, also when the client went away (PF-R5).
+        await asyncio.shield(_account(admitted, tally, finished=finish_reason is not None))
+    yield chunk({}, finish_reason or "stop")
     if include_usage:
-        yield _chunk(completion_id, created, None, usage=_usage(*usage), kind=kind)
+        yield chunk(None, usage=tally.usage())
     yield b"data: [DONE]\n\n"

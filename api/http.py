@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from accounts.services import api_key_authenticate
 from api.errors import ApiError, error_response
+from inference.gate import Refused
 
 
 def _bearer_user(request: HttpRequest):
@@ -37,7 +38,7 @@ def _bearer_user(request: HttpRequest):
 
 def api_view(*methods: str) -> Callable:
     """Decorate an async ``/v1`` view: allowed ``methods`` (else 405), bearer auth (else 401,
-    the user is passed as ``request.api_user``), and every ApiError / Http404 rendered in the
+    the user is passed as ``request.api_user``), and every ApiError / gate.Refused / Http404 rendered in the
     ``{"error": {"type", "message"}}`` shape. CSRF does not apply (no cookies are used)."""
 
     def decorate(view: Callable) -> Callable:
@@ -53,8 +54,11 @@ def api_view(*methods: str) -> Callable:
                     )  # fmt: skip
                 request.api_user = await sync_to_async(_bearer_user)(request)
                 return await view(request, *args, **kwargs)
-            except ApiError as exc:
-                return error_response(exc.status, exc.type, exc.message, exc.headers)
+            except (ApiError, Refused) as exc:
+                # Refused: the gateway's admission said no (inference/gate.py: 400/403 model,
+                # 429 rate limit, 503 shed), with its Retry-After / X-RateLimit-* headers.
+                kind = exc.type if isinstance(exc, ApiError) else exc.code
+                return error_response(exc.status, kind, exc.message, exc.headers)
             except Http404 as exc:
                 message = str(exc) or "Not found."
                 return error_response(404, "not_found", message)

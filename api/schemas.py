@@ -30,12 +30,15 @@ class ConversationCreate(Strict):
 class TurnCreate(Strict):
     role: Literal["user"]
     content: Text = Field(min_length=1)
+    # The pool to answer with (GET /v1/models); None: the conversation's, else the tier's.
+    model: Text | None = Field(default=None, max_length=200)
     max_tokens: int | None = Field(default=None, ge=1)
     # Edit: the id of the user turn this message replaces (append-only; the old one is kept).
     replaces: UUID | None = None
 
 
 class TurnRegenerate(Strict):
+    model: Text | None = Field(default=None, max_length=200)
     max_tokens: int | None = Field(default=None, ge=1)
 
 

@@ -17,6 +17,7 @@ from chatsite import redis_guard
 from conversations import selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.sse import last_event_id, release_db_connection, sse_response
+from inference import gate
 
 PAGE_MAX = 100
 CURSOR_SALT = "v1.cursor"
@@ -50,6 +51,11 @@ def _turn_json(turn: Turn) -> dict:
         # Versions: the turn this one edits or regenerates (conversations/versions.py).
         "replaces": str(turn.replaces_id) if turn.replaces_id else None,
         "context_trimmed": turn.context_trimmed,
+        # Who answered and what it cost (assistant turns; null / "" on user turns).
+        "pool": turn.pool,
+        "model_version": turn.model_version,
+        "cached_tokens": turn.cached_tokens,
+        "cost_usd": str(turn.cost_usd) if turn.cost_usd is not None else None,
         "moderation_verdict": turn.moderation_verdict,
         "created_at": turn.created_at.isoformat(),
     }
@@ -77,6 +83,9 @@ async def conversations(request: HttpRequest) -> HttpResponse:
     user = request.api_user
     if request.method == "POST":
         body = parse_json(request, schemas.ConversationCreate)
+        if body.model:
+            # 400 for a model that does not exist, 403 for one the tier may not use.
+            gate.route_for(await gate.acaller_for(user), body.model)
         try:
             conversation = await sync_to_async(services.conversation_create)(
                 owner=user, model=body.model, system_prompt=body.system_prompt or ""
@@ -167,23 +176,36 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
         question, stream = await streaming.turn_submit(
             conversation=conversation,
             content=body.content,
-            max_tokens=streaming.max_tokens_for(user.tier, body.max_tokens),
+            model=body.model,
+            max_tokens=body.max_tokens,
+            explicit_max_tokens=True,
             replaces=replaces,
         )
-    except (ValidationError, streaming.ConversationBusy, ApiError) as exc:
+    except (ValidationError, streaming.ConversationBusy, ApiError, gate.Refused) as exc:
         if key is not None:
             await idempotency.release(user.pk, key)
-        if isinstance(exc, ApiError):
+        if isinstance(exc, (ApiError, gate.Refused)):
             raise
         if isinstance(exc, ValidationError):
             raise ApiError(400, "invalid_request", exc.messages[0]) from None
         raise ApiError(409, "conflict", str(exc)) from None
     if key is not None:
         await idempotency.record(user.pk, key, fingerprint, conversation_id, stream.answer_id)
+    return await _stream_response(stream, question)
+
+
+async def _stream_response(stream: streaming.TurnStream, question: Turn) -> HttpResponse:
+    """The SSE response following a new answer: headers ``X-Turn-Id`` (the answer, for
+    resuming), ``X-User-Turn-Id``, ``X-Pool`` (the pool answering) and the rate-limit headers
+    (X-RateLimit-Remaining-Requests / -Tokens after this request)."""
     await release_db_connection()
     response = sse_response(streaming.follow_sse(stream))
     response["X-Turn-Id"] = str(stream.answer_id)
     response["X-User-Turn-Id"] = str(question.turn_id)
+    response["X-Pool"] = stream.plan.route.pool.key
+    if stream.plan.decision is not None:
+        for name, value in stream.plan.decision.headers().items():
+            response[name] = value
     return response
 
 
@@ -222,15 +244,13 @@ async def turn_regenerate(request: HttpRequest, conversation_id: UUID, turn_id: 
         question, stream = await streaming.answer_regenerate(
             conversation=conversation,
             answer=answer,
-            max_tokens=streaming.max_tokens_for(user.tier, body.max_tokens),
+            model=body.model,
+            max_tokens=body.max_tokens,
+            explicit_max_tokens=True,
         )
     except streaming.ConversationBusy as exc:
         raise ApiError(409, "conflict", str(exc)) from None
-    await release_db_connection()
-    response = sse_response(streaming.follow_sse(stream))
-    response["X-Turn-Id"] = str(stream.answer_id)
-    response["X-User-Turn-Id"] = str(question.turn_id)
-    return response
+    return await _stream_response(stream, question)
 
 
 async def _replay(replay: idempotency.Replay, conversation: Conversation) -> HttpResponse:

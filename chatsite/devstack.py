@@ -213,7 +213,7 @@ def run(port: int, host: str) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         try:
             print("loading the model (about 30 s on the first start)...", flush=True)
-            if _wait_ready(f"http://{host}:{port}/healthz", server, timeout_s=600):
+            if _wait_ready(f"http://{host}:{port}/readyz", server, timeout_s=600):
                 print(f"\n  Chat is ready: http://{host}:{port}/\n  Ctrl-C stops it.\n", flush=True)
             elif stop_requested_at is None:
                 print("the server did not become ready; see the log above", file=sys.stderr)

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from accounts import views as account_views
+from chatsite import health
 from conversations import views
 
 # /v1 answers unknown paths in its JSON error shape (api/errors.py).
@@ -38,6 +39,8 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("v1/", include("api.urls")),
-    path("healthz", views.healthz, name="healthz"),
-    path("readyz", views.healthz, name="readyz"),
+    path("", include("usage.urls")),
+    path("metrics", health.metrics_view, name="metrics"),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
 ]

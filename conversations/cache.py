@@ -48,6 +48,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -89,12 +90,12 @@ def turn_field(turn: Turn) -> str:
 
 
 def turn_dump(turn: Turn) -> str:
-    """A turn as compact JSON: every concrete field by attribute name (UUIDs as strings,
-    times as :func:`iso`)."""
+    """A turn as compact JSON: every concrete field by attribute name (UUIDs and Decimals as
+    strings, times as :func:`iso`)."""
     data = {}
     for f in _TURN_FIELDS:
         value = getattr(turn, f.attname)
-        if isinstance(value, UUID):
+        if isinstance(value, (UUID, Decimal)):  # a Decimal as its exact string (cost_usd)
             value = str(value)
         elif isinstance(value, datetime):
             value = iso(value)

@@ -106,8 +106,10 @@ class Turn(models.Model):
     # the prompt tokens the engine served from its prefix cache, and the cost in USD at the
     # pool's prices (prompt - cached at the input price, cached at the cached-input price,
     # completion at the output price). Blank / null on user turns and on older rows.
-    pool = models.CharField(max_length=64, blank=True)
-    model_version = models.CharField(max_length=100, blank=True)
+    # Database defaults too: bulk loads (partition maintenance, restores) that write raw SQL
+    # need not name them.
+    pool = models.CharField(max_length=64, blank=True, default="", db_default="")
+    model_version = models.CharField(max_length=100, blank=True, default="", db_default="")
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)

@@ -181,7 +181,9 @@ def positions_after(*, conversation_id: UUID, after) -> list[versions.Position]:
 
 
 @regions.routed
-def prompt_context(*, conversation_id: UUID, question: Turn) -> PromptContext:
+def prompt_context(
+    *, conversation_id: UUID, question: Turn, planned: bool = False, last_turn_at=None
+) -> PromptContext:
     """The history for answering ``question`` (a user turn, stored or held): the running
     summary (Conversation.summary, covering the positions whose first message was written up
     to ``summary_through``) and the positions after it and before the question's own, each
@@ -191,9 +193,15 @@ def prompt_context(*, conversation_id: UUID, question: Turn) -> PromptContext:
     every turn after the summary, else from PostgreSQL; answers held for write-back are merged
     either way. If the question edits a message the summary covers, the summary (which speaks
     of later turns too) is not used and the history is read from the start.
+    ``planned``: ``question`` is not stored yet (a turn being admitted: its prompt is sized for
+    the rate limit before anything is written); the cache entry is then current when it is as
+    new as ``last_turn_at`` (the conversation row's).
     Raises Conversation.DoesNotExist if the conversation is gone.
     """
-    history = cache.history(conversation_id, holding=question.turn_id)
+    if planned:
+        history = cache.history(conversation_id, last_turn_at=last_turn_at)
+    else:
+        history = cache.history(conversation_id, holding=question.turn_id)
     if history is None:
         raise Conversation.DoesNotExist(f"conversation {conversation_id} is gone")
     through = history.summary_through if history.summary else None

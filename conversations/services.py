@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from decimal import Decimal
 from uuid import UUID
 
 from django.conf import settings
@@ -67,14 +68,14 @@ def conversation_create(
     organisation's region when it belongs to one (``org``, else the owner's first organisation),
     else the owner's (conversations/regions.py: home_region). Its id names the region.
 
-    Raises ValidationError if ``model`` is given and is not a served model name, if the owner
+    ``model``: the pool its turns ask for (a pool name, ``name@version``, or the served model's
+    name, which means the tier's default pool; inference/pools.py). Whether the owner's tier may
+    use it is checked per turn (inference/gate.py), so a tier change never strands a
+    conversation.
+    Raises ValidationError if ``model`` is given and names no pool or model here, if the owner
     is not a member of ``org``, or (RegionUnavailable) if the home region has no database here.
     """
-    if model and model != settings.CHAT_MODEL_NAME:
-        raise ValidationError(
-            f"Unknown model {model!r}; this server serves {settings.CHAT_MODEL_NAME!r}.",
-            code="unknown_model",
-        )
+    model_check(model)
     region, org = regions.home_region(owner=owner, org=org)
     objects = regions.manager(Conversation, regions.db_for_region(region), user_id=owner.pk)
     return objects.create(
@@ -190,8 +191,16 @@ def turn_append_assistant(
     created_at: datetime | None = None,
     replaces_id: UUID | None = None,
     context_trimmed: int = 0,
+    pool: str = "",
+    model_version: str = "",
+    cached_tokens: int | None = None,
+    cost_usd: Decimal | None = None,
 ) -> Turn:
     """Store the assistant's answer to ``reply_to_id``; idempotent on ``turn_id``.
+
+    ``pool`` / ``model_version``: the pool (inference/pools.py) that answered; ``cached_tokens``:
+    prompt tokens served from the prefix cache; ``cost_usd``: the answer's cost at the pool's
+    prices (issue 5, usage and cost).
 
     ``replaces_id``: the answer this one regenerates (same ``reply_to``; conversations/
     versions.py). ``context_trimmed``: how many earlier exchanges its prompt left out or took
@@ -220,7 +229,8 @@ def turn_append_assistant(
             turn_id=turn_id, conversation=locked, role=Turn.Role.ASSISTANT, content=content,
             status=status, token_count=completion_tokens, prompt_tokens=prompt_tokens,
             reply_to_id=reply_to_id, created_at=now, replaces_id=replaces_id,
-            context_trimmed=context_trimmed,
+            context_trimmed=context_trimmed, pool=pool, model_version=model_version,
+            cached_tokens=cached_tokens, cost_usd=cost_usd,
         )  # fmt: skip
     turn = Turn.objects.create(
         turn_id=turn_id,
@@ -234,11 +244,42 @@ def turn_append_assistant(
         created_at=now,
         replaces_id=replaces_id,
         context_trimmed=context_trimmed,
+        pool=pool,
+        model_version=model_version,
+        cached_tokens=cached_tokens,
+        cost_usd=cost_usd,
     )
     if locked.last_turn_at is None or now > locked.last_turn_at:
         locked.last_turn_at = now
         locked.save(update_fields=["last_turn_at"])
     return turn
+
+
+def model_check(model: str | None) -> None:
+    """Raise ValidationError (code ``unknown_model``) unless ``model`` is blank, the served
+    model's name (settings.CHAT_MODEL_NAME) or a configured pool (``name`` or
+    ``name@version``, inference/pools.py); the message lists what exists."""
+    from inference.pools import pool_set  # noqa: PLC0415 - keeps the engine layer out of imports
+
+    if not model or model == settings.CHAT_MODEL_NAME:
+        return
+    pools = pool_set()
+    try:
+        pools.resolve(model)
+    except KeyError:
+        names = ", ".join(pools.names())
+        raise ValidationError(
+            f"Unknown model {model!r}; the models here are: {names}.", code="unknown_model"
+        ) from None
+
+
+@regions.routed
+def conversation_model_set(*, conversation: Conversation, model: str) -> None:
+    """Make ``model`` (checked by :func:`model_check`) the pool the conversation's next turns
+    ask for; the turns already answered keep the pool that answered them (Turn.pool)."""
+    model_check(model)
+    Conversation.objects.filter(pk=conversation.pk).update(model=model)
+    conversation.model = model
 
 
 @transaction.atomic

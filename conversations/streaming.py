@@ -23,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP
 from typing import Any
 from uuid import UUID
 
@@ -33,8 +34,13 @@ from conversations import cache, retention, selectors, services, summaries, turn
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.sse import run_in_db_thread, sse_comment, sse_event
-from inference.engine import EngineUnavailable, GenerationOptions, get_engine
+from inference import gate
+from inference.engine import EngineUnavailable, GenerationOptions
+from inference.pools import pool_engine
 from inference.prompts import PromptTooLong, prompt_assemble
+from inference.router import Route
+from inference.serving import pool_generate
+from usage import services as usage_services
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +67,8 @@ class TurnStream:
     # exchanges its prompt left out or took from the summary (Turn.context_trimmed).
     replaces_id: UUID | None = None
     context_trimmed: int = 0
+    # How this answer was admitted (pool, caller, prompt, rate-limit reservation): see TurnPlan.
+    plan: TurnPlan | None = None
     events: list[StreamEvent] = field(default_factory=list)
     finished: bool = False
     status: str | None = None
@@ -173,29 +181,54 @@ async def follow_sse(stream: TurnStream, after: int = 0) -> AsyncIterator[bytes]
                 yield sse_event(event.event, event.data, event.event_id)
 
 
-def done_payload(*, answer_id: UUID, status: str, text: str, prompt_tokens: int, completion_tokens: int) -> dict:
-    """The ``done`` event's data: turn id, status, usage, and the answer's sanitised HTML."""
+def done_payload(
+    *,
+    answer_id: UUID,
+    status: str,
+    text: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
+    cost_usd=None,
+    pool: str = "",
+    model_version: str = "",
+) -> dict:
+    """The ``done`` event's data: turn id, status, usage (prompt, cached and completion tokens,
+    cost in USD as a decimal string, or null when unknown), the pool and model version that
+    answered, and the answer's sanitised HTML."""
     return {
         "turn_id": str(answer_id),
         "status": status,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached_tokens or 0,
+            "completion_tokens": completion_tokens,
+            "cost_usd": str(cost_usd) if cost_usd is not None else None,
+        },
+        "pool": pool,
+        "model_version": model_version,
         "html": markdown_to_safe_html(text),
     }
 
 
+def answer_done_payload(answer: Turn) -> dict:
+    """:func:`done_payload` for a stored (or held) assistant turn."""
+    return done_payload(
+        answer_id=answer.turn_id,
+        status=answer.status,
+        text=answer.content,
+        prompt_tokens=answer.prompt_tokens or 0,
+        completion_tokens=answer.token_count,
+        cached_tokens=answer.cached_tokens,
+        cost_usd=answer.cost_usd,
+        pool=answer.pool,
+        model_version=answer.model_version,
+    )
+
+
 async def stored_answer_sse(answer: Turn) -> AsyncIterator[bytes]:
     """SSE for an answer already stored and no longer streaming: one ``done`` event (id 1)."""
-    yield sse_event(
-        "done",
-        done_payload(
-            answer_id=answer.turn_id,
-            status=answer.status,
-            text=answer.content,
-            prompt_tokens=answer.prompt_tokens or 0,
-            completion_tokens=answer.token_count,
-        ),
-        1,
-    )
+    yield sse_event("done", answer_done_payload(answer), 1)
 
 
 async def follow_remote_sse(answer_id: UUID, after: int = 0) -> AsyncIterator[bytes]:
@@ -268,14 +301,6 @@ def _stop_local(answer_id: UUID) -> None:
         stream.stop()
 
 
-def max_tokens_for(tier: str, requested: int | None = None) -> int:
-    """Completion-token budget for a user of ``tier``: ``requested`` (default
-    ``settings.CHAT_MAX_TOKENS``) capped at the tier's ceiling
-    (``settings.CHAT_MAX_TOKENS_CEILING_BY_TIER``)."""
-    ceiling = settings.CHAT_MAX_TOKENS_CEILING_BY_TIER.get(tier, settings.CHAT_MAX_TOKENS)
-    return min(requested or settings.CHAT_MAX_TOKENS, ceiling)
-
-
 @contextlib.asynccontextmanager
 async def _claim(conversation_id: UUID, answer_id: UUID) -> AsyncIterator[None]:
     """Claim the conversation for a new answer ``answer_id`` for the block's duration.
@@ -299,34 +324,168 @@ async def _claim(conversation_id: UUID, answer_id: UUID) -> AsyncIterator[None]:
         _claimed.discard(conversation_id)
 
 
+@dataclass(frozen=True)
+class TurnPlan:
+    """How one answer was admitted (inference/gate.py), before anything was stored.
+
+    ``route``: the pool that answers (and why); ``caller``: whose limits and tier;
+    ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
+    ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
+    ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
+    ``decision``: the rate-limit decision (its reservation is refunded when the answer ends;
+    None for the service credential or when Redis was down).
+    """
+
+    route: Route
+    caller: gate.Caller
+    token_ids: list[int]
+    max_tokens: int
+    context_trimmed: int
+    want_summary: bool
+    decision: object | None = None
+
+
+def _prompt_prepare(
+    *,
+    conversation_id: UUID,
+    question: Turn,
+    system_prompt: str,
+    route: Route,
+    max_tokens: int,
+    planned: bool,
+    last_turn_at=None,
+) -> tuple[list[int], int, int, bool]:
+    """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
+    history). Returns (token ids, completion budget, context_trimmed, want_summary).
+    Raises PromptTooLong, Conversation.DoesNotExist."""
+    context = selectors.prompt_context(
+        conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at
+    )
+    # Stable first, changing last (inference/prompts.py): system, memory, summary, turns.
+    fitted = prompt_assemble(
+        system_prompt=gate.with_preamble(route, system_prompt or settings.CHAT_SYSTEM_PROMPT),
+        memory="",  # the user-memory block (issue 7) goes here
+        summary=context.summary,
+        exchanges=context.exchanges,
+        question=question.content,
+        encode_chat=pool_engine(route.pool).encode_chat,
+        max_model_len=route.pool.max_context,
+        max_tokens=max_tokens,
+    )
+    return (
+        fitted.token_ids,
+        fitted.max_tokens,
+        context.summarised + fitted.dropped_exchanges,
+        summaries.summary_wanted(fitted),
+    )
+
+
+async def turn_plan(
+    *,
+    conversation,
+    caller: gate.Caller,
+    question: Turn,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    explicit_max_tokens: bool = False,
+    planned: bool = False,
+) -> TurnPlan:
+    """Admit an answer to ``question`` (inference/gate.py): route to a pool (``model``: asked
+    for by this request, checked strictly; else the conversation's ``model``), shed under
+    load, size the completion budget, assemble the prompt, and take the rate limits for
+    prompt + max_tokens. No engine work and nothing stored. ``planned``: ``question`` is not
+    stored yet. Raises gate.Refused (400/403/429/503) - for a prompt longer than the pool's
+    context too (400 context_length_exceeded)."""
+    route = gate.route_for(caller, model, fallback=conversation.model)
+    route = gate.shed_for(caller, route)
+    budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
+    try:
+        token_ids, budget, trimmed, want_summary = await _db(
+            _prompt_prepare,
+            conversation_id=conversation.conversation_id,
+            question=question,
+            system_prompt=conversation.system_prompt,
+            route=route,
+            max_tokens=budget,
+            planned=planned,
+            last_turn_at=conversation.last_turn_at,
+        )
+    except PromptTooLong as exc:
+        raise gate.Refused(400, "context_length_exceeded", str(exc)) from None
+    decision = await gate.rate_limit(caller, tokens=len(token_ids) + budget)
+    return TurnPlan(
+        route=route, caller=caller, token_ids=token_ids, max_tokens=budget,
+        context_trimmed=trimmed, want_summary=want_summary, decision=decision,
+    )  # fmt: skip
+
+
+async def _caller(conversation, caller: gate.Caller | None) -> gate.Caller:
+    """``caller``, or the conversation owner acting in the conversation's organisation."""
+    if caller is not None:
+        return caller
+
+    def owner_caller():
+        return gate.caller_for(conversation.owner, conversation.org)
+
+    return await sync_to_async(owner_caller)()
+
+
 async def turn_submit(
-    *, conversation, content: str, max_tokens: int | None = None, replaces: Turn | None = None
+    *,
+    conversation,
+    content: str,
+    caller: gate.Caller | None = None,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    explicit_max_tokens: bool = False,
+    replaces: Turn | None = None,
 ) -> tuple[Turn, TurnStream]:
     """Store a user message and start answering it; returns (user turn, answer stream).
 
-    ``replaces``: the user turn this message edits (a user turn of this conversation, checked
-    by the caller); the edit is a new turn in its place (conversations/versions.py).
+    ``caller``: whose tier, limits and pins apply (default: the conversation's owner in its
+    organisation). ``model``: the pool this message asks for (becomes the conversation's
+    model); ``max_tokens`` / ``explicit_max_tokens``: see gate.answer_budget. ``replaces``: the
+    user turn this message edits (a user turn of this conversation, checked by the caller);
+    the edit is a new turn in its place (conversations/versions.py).
 
-    The conversation is claimed *before* the user turn is written (check and claim with no
-    await between them, so atomic in the event loop): of two messages sent at the same moment
-    one is answered and the other gets ConversationBusy with nothing stored (PF-P1).
-    Raises ValidationError for an invalid message, ConversationBusy while an answer is written.
+    The conversation is claimed *before* anything is written (check and claim with no await
+    between them, so atomic in the event loop): of two messages sent at the same moment one is
+    answered and the other gets ConversationBusy with nothing stored (PF-P1). The answer is
+    admitted (:func:`turn_plan`: route, shed, prompt, rate limits) before the message is
+    stored, so a refused message leaves nothing behind.
+    Raises ValidationError for an invalid message, ConversationBusy while an answer is written,
+    gate.Refused when the answer is not admitted.
     """
     conversation_id = conversation.conversation_id
     answer_id = uuid.uuid4()
+    text = services.message_clean(content)
+    caller = await _caller(conversation, caller)
     async with _claim(conversation_id, answer_id):
+        draft = Turn(
+            conversation_id=conversation_id, role=Turn.Role.USER, content=text,
+            replaces_id=replaces.turn_id if replaces is not None else None,
+        )  # fmt: skip
+        plan = await turn_plan(
+            conversation=conversation, caller=caller, question=draft, model=model,
+            max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens, planned=True,
+        )  # fmt: skip
         previous_turn_at = conversation.last_turn_at  # the append moves it
-        question = await sync_to_async(services.turn_append_user)(
-            conversation=conversation, content=content, replaces=replaces
-        )
+        try:
+            question = await sync_to_async(services.turn_append_user)(
+                conversation=conversation, content=text, replaces=replaces
+            )
+            if model and model != conversation.model:
+                await sync_to_async(services.conversation_model_set)(conversation=conversation, model=model)
+        except BaseException:
+            await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
+            raise
         # Write-through to the hot cache (conversations/cache.py); never raises.
         await cache.aturn_cached(question, after=previous_turn_at)
         zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
         stream = generation_start(
             conversation_id=conversation_id,
             question=question,
-            system_prompt=conversation.system_prompt,
-            max_tokens=max_tokens,
+            plan=plan,
             answer_id=answer_id,
             zero_retention=zero_retention,
             _claimed_by_caller=True,
@@ -335,28 +494,38 @@ async def turn_submit(
 
 
 async def answer_regenerate(
-    *, conversation, answer: Turn, max_tokens: int | None = None
+    *,
+    conversation,
+    answer: Turn,
+    caller: gate.Caller | None = None,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    explicit_max_tokens: bool = False,
 ) -> tuple[Turn, TurnStream]:
     """Answer ``answer``'s question again; returns (that question, the new answer's stream).
 
     Append-only (conversations/versions.py): the new answer is a new assistant turn with
     ``replaces`` = ``answer`` and the same ``reply_to``; the old one stays as an earlier
-    version. The conversation is claimed as in :func:`turn_submit` (PF-P1). ``answer`` must be
-    an assistant turn of ``conversation`` (checked by the caller). Raises ConversationBusy while
-    an answer is written, Http404 if its question is gone.
+    version. Claimed and admitted as in :func:`turn_submit` (PF-P1). ``answer`` must be an
+    assistant turn of ``conversation`` (checked by the caller). Raises ConversationBusy while
+    an answer is written, Http404 if its question is gone, gate.Refused when not admitted.
     """
     conversation_id = conversation.conversation_id
     answer_id = uuid.uuid4()
+    caller = await _caller(conversation, caller)
     async with _claim(conversation_id, answer_id):
         question = await sync_to_async(selectors.user_turn_get)(
             conversation=conversation, turn_id=answer.reply_to_id
         )
+        plan = await turn_plan(
+            conversation=conversation, caller=caller, question=question, model=model,
+            max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens,
+        )  # fmt: skip
         zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
         stream = generation_start(
             conversation_id=conversation_id,
             question=question,
-            system_prompt=conversation.system_prompt,
-            max_tokens=max_tokens,
+            plan=plan,
             answer_id=answer_id,
             zero_retention=zero_retention,
             replaces_id=answer.turn_id,
@@ -369,8 +538,7 @@ def generation_start(
     *,
     conversation_id: UUID,
     question: Turn,
-    system_prompt: str = "",
-    max_tokens: int | None = None,
+    plan: TurnPlan,
     answer_id: UUID | None = None,
     zero_retention: bool = False,
     replaces_id: UUID | None = None,
@@ -378,12 +546,11 @@ def generation_start(
 ) -> TurnStream:
     """Start answering ``question`` (a stored user turn) as a background task; return its stream.
 
-    ``system_prompt`` (blank: ``settings.CHAT_SYSTEM_PROMPT``) leads the prompt; ``max_tokens``
-    (None: ``settings.CHAT_MAX_TOKENS``) caps the answer. ``zero_retention``: the conversation
-    keeps nothing in PostgreSQL and only short-lived copies in Redis. ``replaces_id``: the
-    answer the new one regenerates (stored as its ``replaces``). Must be called from the
-    server's event loop. Raises ConversationBusy if the conversation is already generating. The task holds the
-    stream in the registry until its answer is stored.
+    ``plan``: the admitted prompt, pool and budget (:func:`turn_plan`). ``zero_retention``: the
+    conversation keeps nothing in PostgreSQL and only short-lived copies in Redis.
+    ``replaces_id``: the answer the new one regenerates (stored as its ``replaces``). Must be
+    called from the server's event loop. Raises ConversationBusy if the conversation is already
+    generating. The task holds the stream in the registry until its answer is stored.
     """
     if not _claimed_by_caller:
         ensure_idle(conversation_id)
@@ -394,18 +561,14 @@ def generation_start(
         answer_id=answer_id or uuid.uuid4(),
         zero_retention=zero_retention,
         replaces_id=replaces_id,
+        context_trimmed=plan.context_trimmed,
+        plan=plan,
     )
     _streams[question.turn_id] = stream
     _by_answer[stream.answer_id] = stream
     _busy[conversation_id] = stream
     stream.task = asyncio.get_running_loop().create_task(
-        _generate(
-            stream,
-            question,
-            system_prompt or settings.CHAT_SYSTEM_PROMPT,
-            max_tokens or settings.CHAT_MAX_TOKENS,
-        ),
-        name=f"turn-{stream.answer_id}",
+        _generate(stream, question), name=f"turn-{stream.answer_id}"
     )
     stream._schedule_abandon(settings.CHAT_STREAM_ATTACH_TIMEOUT_S)
     return stream
@@ -422,46 +585,39 @@ def _options(max_tokens: int) -> GenerationOptions:
 _db = run_in_db_thread
 
 
-async def _generate(
-    stream: TurnStream, question: Turn, system_prompt: str, max_tokens: int
-) -> None:
+@dataclass
+class _Usage:
+    """Token counts of one answer so far (running totals from the engine)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+async def _generate(stream: TurnStream, question: Turn) -> None:
     """Drive the engine for one answer, publish its events, store the turn exactly once."""
-    engine = get_engine()
+    plan = stream.plan
+    engine = pool_engine(plan.route.pool)
     parts: list[str] = []
-    prompt_tokens = completion_tokens = 0
+    usage = _Usage(prompt_tokens=len(plan.token_ids))
     status = Turn.Status.FAILED
     error: str | None = None
-    want_summary = False
     try:
         await engine.ensure_started()
-        context = await _db(
-            selectors.prompt_context, conversation_id=stream.conversation_id, question=question
-        )
-        # Stable first, changing last (inference/prompts.py): system, memory, summary, turns.
-        fitted = prompt_assemble(
-            system_prompt=system_prompt,
-            memory="",  # the user-memory block (issue 7) goes here
-            summary=context.summary,
-            exchanges=context.exchanges,
-            question=question.content,
-            encode_chat=engine.encode_chat,
-            max_model_len=settings.CHAT_MAX_MODEL_LEN,
-            max_tokens=max_tokens,
-        )
-        stream.context_trimmed = context.summarised + fitted.dropped_exchanges
-        # Outgrowing the budget: summarise the older turns, once this answer is stored.
-        want_summary = not stream.zero_retention and summaries.summary_wanted(fitted)
-        prompt_tokens = len(fitted.token_ids)
         earlier_tokens = 0  # completion tokens of attempts before an engine restart
         for attempt in range(settings.CHAT_ENGINE_RESUME_ATTEMPTS + 1):
             # After an engine restart the prompt is prefilled again with the text already
             # streamed, so the answer continues where it stopped and nothing sent is lost.
-            ids = fitted.token_ids + (engine.encode_text("".join(parts)) if parts else [])
-            budget = fitted.max_tokens - earlier_tokens
+            ids = plan.token_ids + (engine.encode_text("".join(parts)) if parts else [])
+            budget = plan.max_tokens - earlier_tokens
             request_id = str(stream.answer_id) + (f"-r{attempt}" if attempt else "")
             try:
-                async for delta in engine.generate(ids, _options(budget), request_id):
-                    completion_tokens = earlier_tokens + delta.completion_tokens
+                async for delta in pool_generate(
+                    plan.route, ids, _options(budget), request_id, tier=plan.caller.tier
+                ):
+                    usage.completion_tokens = earlier_tokens + delta.completion_tokens
+                    if attempt == 0:
+                        usage.cached_tokens = max(usage.cached_tokens, delta.cached_tokens)
                     if delta.text:
                         parts.append(delta.text)
                         stream.publish("token", {"text": delta.text})
@@ -470,20 +626,18 @@ async def _generate(
                 if attempt == settings.CHAT_ENGINE_RESUME_ATTEMPTS:
                     raise
                 logger.warning("engine died during turn %s; continuing after restart", stream.answer_id)
-                earlier_tokens = completion_tokens
+                earlier_tokens = usage.completion_tokens
                 await engine.wait_ready(settings.CHAT_ENGINE_RESTART_WAIT_S)
         status = Turn.Status.COMPLETE
     except asyncio.CancelledError:
         status = Turn.Status.CANCELLED
-    except PromptTooLong as exc:
-        error = str(exc)
     except EngineUnavailable as exc:
         error = f"The model is unavailable right now ({exc}). Try again in a minute."
     except Exception:  # noqa: BLE001 - any failure must still end the stream readably
         logger.exception("generation failed for turn %s", stream.answer_id)
         error = "Something went wrong while writing the answer. Try again."
-    await _finish(stream, question, "".join(parts), status, error, prompt_tokens, completion_tokens)
-    if want_summary:
+    await _finish(stream, question, "".join(parts), status, error, usage)
+    if plan.want_summary and not stream.zero_retention:
         await _db(summaries.summary_request, conversation_id=stream.conversation_id)
 
 
@@ -501,36 +655,44 @@ async def _despite_cancellation(awaitable) -> object:
 
 
 async def _finish(
-    stream: TurnStream,
-    question: Turn,
-    text: str,
-    status: str,
-    error: str | None,
-    prompt_tokens: int,
-    completion_tokens: int,
+    stream: TurnStream, question: Turn, text: str, status: str, error: str | None, usage: _Usage
 ) -> None:
     """Make the answer durable (shielded: a second cancel cannot lose it), then publish the end.
 
     Durable means held in Redis with its write-back queued, or inserted at once when Redis is
-    down (conversations/writeback.py); only then is ``done`` sent."""
+    down (conversations/writeback.py); only then is ``done`` sent. Afterwards the unused part
+    of the TPM reservation is refunded and the usage ledger gets the answer's tokens and cost,
+    once per answer, cancelled ones included (PF-R5)."""
+    pool = stream.plan.route.pool
+    # Rounded as the usage ledger stores it (8 decimal places, half up), so the turn, the
+    # `done` event and the ledger agree to the last digit.
+    cost = pool.cost(
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
+    ).quantize(usage_services.COST_QUANTUM, rounding=ROUND_HALF_UP)
     record = writeback.answer_record(
         conversation_id=stream.conversation_id,
         turn_id=stream.answer_id,
         reply_to_id=question.turn_id,
         content=text,
         status=status,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
         zero_retention=stream.zero_retention,
         replaces_id=stream.replaces_id,
         context_trimmed=stream.context_trimmed,
+        pool=pool.name,
+        model_version=pool.version,
+        cached_tokens=usage.cached_tokens,
+        cost_usd=cost,
     )
     store = writeback.answer_finish(record=record)
+    answer = writeback.record_turn(record)
     try:
         await _despite_cancellation(store)
         # Write-through: the next prompt and the page see the answer before PostgreSQL has it
         # (conversations/cache.py); never raises.
-        answer = writeback.record_turn(record)
         await _despite_cancellation(cache.aturn_cached(answer, after=question.created_at))
     except Exception:  # noqa: BLE001
         logger.exception("could not store answer %s", stream.answer_id)
@@ -545,19 +707,36 @@ async def _finish(
     if error is not None:
         stream.publish("error", {"turn_id": str(stream.answer_id), "message": error})
     else:
-        stream.publish(
-            "done",
-            done_payload(
-                answer_id=stream.answer_id,
-                status=status,
-                text=text,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-            ),
-        )
+        stream.publish("done", answer_done_payload(answer))
     stream.close()
     await _despite_cancellation(stream.log.wait_flushed())
+    await _despite_cancellation(_account(stream, status, usage, cost))
     # Keep the finished stream briefly so a reader that connects late still gets the end.
     loop = asyncio.get_running_loop()
     loop.call_later(settings.CHAT_STREAM_RETAIN_S, _streams.pop, stream.question_id, None)
     loop.call_later(settings.CHAT_STREAM_RETAIN_S, _by_answer.pop, stream.answer_id, None)
+
+
+async def _account(stream: TurnStream, status: str, usage: _Usage, cost) -> None:
+    """Refund the unused TPM reservation and write the usage ledger row for this answer
+    (usage/services.py). Never raises: the answer is already delivered and stored."""
+    plan = stream.plan
+    await gate.settle(
+        plan.decision, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens
+    )
+    try:
+        await _db(
+            usage_services.usage_record,
+            user=plan.caller.user_id,
+            org=plan.caller.org_id,
+            turn_id=stream.answer_id,
+            conversation_id=stream.conversation_id,
+            route_pool=plan.route.pool,
+            tier=plan.caller.tier,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            status=status,
+        )
+    except Exception:  # noqa: BLE001 - billing must not break the chat; logged for the operator
+        logger.exception("could not record usage of turn %s", stream.answer_id)

@@ -29,8 +29,10 @@ from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, transaction
 
+from accounts.services import service_user
 from conversations import regions, retention, selectors, services
 from conversations.models import Conversation
+from inference import gate
 from inference.engine import get_engine
 from inference.prompts import AssembledPrompt, chat_messages, largest_fitting
 from inference.service_client import ServiceCallError, chat_complete
@@ -122,7 +124,11 @@ def summary_update(*, conversation_id: UUID) -> bool:
     answered = [(p, p.usable_answer()) for p in positions]
     pairs = [(p, (p.question.content, a.content)) for p, a in answered if a is not None]
     encode_chat = get_engine().encode_chat
-    budget = settings.CHAT_MAX_MODEL_LEN - settings.CHAT_MAX_TOKENS
+    # The turns' prompt budget is their pool's context less an answer (inference/gate.py); the
+    # summary itself is written by the service credential's pool.
+    turn_pool = gate.route_for(gate.caller_for(conversation.owner, conversation.org), fallback=conversation.model).pool
+    summariser_pool = gate.route_for(gate.caller_for(service_user())).pool
+    budget = turn_pool.max_context - min(settings.CHAT_MAX_TOKENS, turn_pool.max_tokens)
     keep_budget = int(budget * settings.CHAT_SUMMARY_KEEP_FRACTION)
     system_prompt = conversation.system_prompt or settings.CHAT_SYSTEM_PROMPT
 
@@ -135,7 +141,7 @@ def summary_update(*, conversation_id: UUID) -> bool:
     fold = pairs[: len(pairs) - keep]
     if not fold:
         return False
-    prompt_room = settings.CHAT_MAX_MODEL_LEN - settings.CHAT_SUMMARY_MAX_TOKENS
+    prompt_room = summariser_pool.max_context - settings.CHAT_SUMMARY_MAX_TOKENS
 
     def fits(summary_so_far: str, exchanges: list[tuple[str, str]]) -> bool:
         return len(encode_chat(summary_messages(summary_so_far, exchanges))) <= prompt_room

@@ -6,7 +6,6 @@ registry (it lives in the event loop) or stream are ``async def``.
 
 from __future__ import annotations
 
-import asyncio
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -29,7 +28,8 @@ from conversations import retention, selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.sse import last_event_id, release_db_connection, sse_event, sse_response
-from inference.engine import get_engine
+from inference import gate
+from inference.pools import pool_set
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -43,7 +43,23 @@ def _page_context(request: HttpRequest, conversation: Conversation | None) -> di
         "conversations": selectors.conversation_list(user=request.user),
         "exchanges": [_exchange_context(conversation, x) for x in exchanges],
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+        **_model_choices(request.user, conversation),
     }
+
+
+def _model_choices(user, conversation: Conversation | None) -> dict:
+    """The composer's model picker: the pools the user's tier (or a feature flag) allows, and
+    the one selected (the conversation's model if the tier still allows it, else the pool the
+    router gives the user by default)."""
+    pools = pool_set().for_tier(user.tier, user.feature_flags or ())
+    names = [p.name for p in pools]
+    selected = conversation.model if conversation is not None else ""
+    if selected not in names:
+        try:
+            selected = gate.route_for(gate.caller_for(user)).pool.name
+        except gate.Refused:
+            selected = names[0] if names else ""
+    return {"models": pools, "selected_model": selected}
 
 
 def _exchange_context(
@@ -103,10 +119,15 @@ def conversation_detail(request: HttpRequest, conversation_id: UUID) -> HttpResp
     return render(request, "chat/page.html", _page_context(request, conversation))
 
 
-def _error_response(request: HttpRequest, message: str, status: int) -> HttpResponse:
-    """A message the person can act on, shown above the message box (htmx) or as a page."""
+def _error_response(
+    request: HttpRequest, message: str, status: int, headers: dict[str, str] | None = None
+) -> HttpResponse:
+    """A message the person can act on, shown above the message box (htmx) or as a page.
+    ``headers``: e.g. a refusal's Retry-After and X-RateLimit-* (inference/gate.py)."""
     html = render_to_string("chat/_error.html", {"message": message}, request=request)
     response = HttpResponse(html, status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
     if _is_htmx(request):
         response["HX-Retarget"] = "#composer-error"
         response["HX-Reswap"] = "innerHTML"
@@ -125,13 +146,21 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     """
     user = await request.auser()
     content = request.POST.get("content", "")
+    model = request.POST.get("model") or None
     try:
         services.message_clean(content)
+        services.model_check(model)
     except ValidationError as exc:
         return _error_response(request, exc.messages[0], 400)
+    caller = await gate.acaller_for(user)
     if conversation_id is None:
         try:
-            conversation = await sync_to_async(services.conversation_create)(owner=user)
+            # The chosen model is checked for the tier before anything is created.
+            gate.route_for(caller, model)
+        except gate.Refused as exc:
+            return _error_response(request, exc.message, exc.status, exc.headers)
+        try:
+            conversation = await sync_to_async(services.conversation_create)(owner=user, model=model)
         except ValidationError as exc:  # e.g. the home region has no database here
             return _error_response(request, exc.messages[0], 400)
         created = True
@@ -142,12 +171,14 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         created = False
     try:
         question, stream = await streaming.turn_submit(
-            conversation=conversation,
-            content=content,
-            max_tokens=streaming.max_tokens_for(user.tier),
+            conversation=conversation, content=content, model=model
         )
     except streaming.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
+    except gate.Refused as exc:
+        if created:  # nothing was said in it: do not leave an empty conversation behind
+            await sync_to_async(services.conversation_delete)(conversation=conversation)
+        return _error_response(request, exc.message, exc.status, exc.headers)
     url = reverse("conversation", args=[conversation.conversation_id])
     if not _is_htmx(request):
         return HttpResponseRedirect(url, status=303)
@@ -159,6 +190,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         ),
         "created": created,
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+        **await sync_to_async(_model_choices)(user, conversation),
     }
     if created:
         context["conversations"] = await sync_to_async(list)(
@@ -192,13 +224,12 @@ async def turn_edit(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
     original = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=turn_id)
     try:
         question, stream = await streaming.turn_submit(
-            conversation=conversation,
-            content=content,
-            max_tokens=streaming.max_tokens_for(user.tier),
-            replaces=original,
+            conversation=conversation, content=content, replaces=original
         )
     except streaming.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
+    except gate.Refused as exc:
+        return _error_response(request, exc.message, exc.status, exc.headers)
     if not _is_htmx(request):
         return redirect("conversation", conversation_id=conversation.conversation_id)
     context = {
@@ -228,11 +259,11 @@ async def answer_regenerate(
     answer = await sync_to_async(selectors.answer_get)(conversation=conversation, turn_id=turn_id)
     earlier = await sync_to_async(selectors.answer_versions)(answer=answer)
     try:
-        question, stream = await streaming.answer_regenerate(
-            conversation=conversation, answer=answer, max_tokens=streaming.max_tokens_for(user.tier)
-        )
+        question, stream = await streaming.answer_regenerate(conversation=conversation, answer=answer)
     except streaming.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
+    except gate.Refused as exc:
+        return _error_response(request, exc.message, exc.status, exc.headers)
     if not _is_htmx(request):
         return redirect("conversation", conversation_id=conversation.conversation_id)
     total = len(earlier) + 1
@@ -298,17 +329,21 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
         else:
             # Unanswered and not generating (e.g. the server restarted mid-answer): answer now.
             try:
+                plan = await streaming.turn_plan(
+                    conversation=conversation, caller=await gate.acaller_for(user), question=question
+                )
                 stream = streaming.generation_start(
                     conversation_id=conversation.conversation_id,
                     question=question,
-                    system_prompt=conversation.system_prompt,
-                    max_tokens=streaming.max_tokens_for(user.tier),
+                    plan=plan,
                     zero_retention=await sync_to_async(retention.conversation_zero_retention)(
                         conversation
                     ),
                 )
             except streaming.ConversationBusy as exc:
                 body = _single_error(str(exc))
+            except gate.Refused as exc:
+                body = _single_error(exc.message)
     if stream is not None:
         body = streaming.follow_sse(stream, after=last_event_id(request))
     await release_db_connection()
@@ -414,24 +449,3 @@ def conversation_delete(request: HttpRequest, conversation_id: UUID) -> HttpResp
         response["HX-Redirect"] = reverse("home")
         return response
     return redirect("home")
-
-
-async def healthz(request: HttpRequest) -> HttpResponse:
-    """Readiness: 200 once the engine is warmed up, 503 while it starts (the first call starts
-    it). JSON ``{"ready", "unfinished_requests", "redis"}``, for load balancers and operators.
-    ``redis`` is "ok" or "degraded" (chatsite/redis_guard.py); a Redis outage is a degraded
-    mode, not unreadiness, so it does not change the status."""
-    engine = get_engine()
-    engine.check_health()
-    if not engine.ready:
-        task = asyncio.get_running_loop().create_task(engine.ensure_started())
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-    redis_ok = await redis_guard.aping()
-    return JsonResponse(
-        {
-            "ready": engine.ready,
-            "unfinished_requests": engine.num_unfinished_requests(),
-            "redis": "ok" if redis_ok else "degraded",
-        },
-        status=200 if engine.ready else 503,
-    )

@@ -31,6 +31,7 @@ import json
 import logging
 import time
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -88,6 +89,10 @@ def turn_record(turn: Turn, *, zero_retention: bool = False) -> dict[str, Any]:
         # Versions and context trimming (issue 4; conversations/versions.py, inference/prompts.py).
         "replaces_id": str(turn.replaces_id) if turn.replaces_id else None,
         "context_trimmed": turn.context_trimmed,
+        # Who answered and what it cost (issue 5): pool, model version, cached prompt tokens,
+        # cost in USD as a decimal string (exact; floats would round).
+        **{name: getattr(turn, name) for name in ("pool", "model_version", "cached_tokens")},
+        "cost_usd": str(turn.cost_usd) if turn.cost_usd is not None else None,
         "created_at": turn.created_at.isoformat(),
         "zero_retention": zero_retention,
     }
@@ -106,8 +111,21 @@ def record_turn(record: dict[str, Any]) -> Turn:
         reply_to_id=UUID(record["reply_to_id"]) if record["reply_to_id"] else None,
         replaces_id=UUID(record["replaces_id"]) if record.get("replaces_id") else None,
         context_trimmed=record.get("context_trimmed") or 0,
+        **_usage_fields(record),
         created_at=datetime.fromisoformat(record["created_at"]),
     )
+
+
+def _usage_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's pool, model version, cached tokens and cost from its record (absent
+    in records held before issue 5: blank / None)."""
+    cost = record.get("cost_usd")
+    return {
+        "pool": record.get("pool") or "",
+        "model_version": record.get("model_version") or "",
+        "cached_tokens": record.get("cached_tokens"),
+        "cost_usd": Decimal(cost) if cost is not None else None,
+    }
 
 
 def answer_record(
@@ -122,14 +140,21 @@ def answer_record(
     zero_retention: bool = False,
     replaces_id: UUID | None = None,
     context_trimmed: int = 0,
+    pool: str = "",
+    model_version: str = "",
+    cached_tokens: int | None = None,
+    cost_usd: Decimal | None = None,
 ) -> dict[str, Any]:
     """The record of an answer that finished now (tokens: counts; ``status``: Turn.Status;
-    ``replaces_id``: the answer it regenerates; ``context_trimmed``: Turn.context_trimmed)."""
+    ``replaces_id``: the answer it regenerates; ``context_trimmed``: Turn.context_trimmed;
+    ``pool`` / ``model_version`` / ``cached_tokens`` / ``cost_usd``: who answered and what it
+    cost, Turn's fields of those names)."""
     turn = Turn(
         turn_id=turn_id, conversation_id=conversation_id, role=Turn.Role.ASSISTANT,
         content=content, status=status, token_count=completion_tokens,
         prompt_tokens=prompt_tokens, reply_to_id=reply_to_id, created_at=timezone.now(),
-        replaces_id=replaces_id, context_trimmed=context_trimmed,
+        replaces_id=replaces_id, context_trimmed=context_trimmed, pool=pool,
+        model_version=model_version, cached_tokens=cached_tokens, cost_usd=cost_usd,
     )  # fmt: skip
     return turn_record(turn, zero_retention=zero_retention)
 
@@ -147,6 +172,7 @@ def _append_kwargs(record: dict[str, Any]) -> dict[str, Any]:
         "created_at": datetime.fromisoformat(record["created_at"]),
         "replaces_id": UUID(record["replaces_id"]) if record.get("replaces_id") else None,
         "context_trimmed": record.get("context_trimmed") or 0,
+        **_usage_fields(record),
     }
 
 

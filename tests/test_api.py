@@ -101,7 +101,8 @@ async def test_create_conversation_returns_201_with_id_and_region(make_user):
         ("{not json", "application/json", 400, "invalid_request"),
         ('["a list"]', "application/json", 400, "invalid_request"),
         ('{"unknown": 1}', "application/json", 400, "invalid_request"),
-        ('{"model": "gpt-17"}', "application/json", 400, "invalid_request"),
+        # An unknown model: OpenAI's status and type for it (openai.NotFoundError in its SDK).
+        ('{"model": "gpt-17"}', "application/json", 404, "model_not_found"),
         ('{"system_prompt": 5}', "application/json", 400, "invalid_request"),
         ("model=x", "application/x-www-form-urlencoded", 415, "unsupported_media_type"),
     ],
@@ -231,10 +232,21 @@ async def test_max_tokens_is_capped_at_the_tier_ceiling(make_user, engine_double
     client, _ = await api_client(make_user)
     conversation_id = await new_conversation(client)
     response = await post_json(
-        client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi", "max_tokens": 5000}
+        client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi", "max_tokens": 1500}
     )
     await read_stream(response)
     assert engine_double.requests[0][1].max_tokens == 64
+
+
+async def test_max_tokens_beyond_the_pools_context_is_a_400_naming_it(make_user, engine_double):
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await post_json(
+        client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi", "max_tokens": 5000}
+    )
+    assert_error(response, 400, "context_length_exceeded")
+    assert "2,048" in response.json()["error"]["message"]  # the mini pool's context
+    assert engine_double.requests == []
 
 
 @pytest.mark.parametrize(
@@ -463,7 +475,10 @@ async def test_text_completion_accepts_token_id_prompts_as_is(make_user, engine_
     body = response.json()
     assert body["object"] == "text_completion"
     assert body["choices"][0]["text"] == "Hi there"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }  # fmt: skip
     assert engine_double.requests[0][0] == [5, 6, 7]
     assert engine_double.requests[0][1].max_tokens == 20
 

@@ -50,6 +50,8 @@ def seed(conversation: Conversation, count: int) -> list[Turn]:
 def small_context(settings):
     """A 200-token context, 50 of them for the answer: a 150-token prompt budget. The default
     system prompt is 9 tokens for the double; a question of 2 words is 5."""
+    # Every pool shrinks to that context (the pools, not the engine, set the prompt budget).
+    settings.CHAT_POOLS = [{**p, "max_context": 200, "max_tokens": 150} for p in settings.CHAT_POOLS]
     settings.CHAT_MAX_MODEL_LEN = 200
     settings.CHAT_MAX_TOKENS = 50
     settings.CHAT_SUMMARY_MAX_TOKENS = 40
@@ -309,7 +311,8 @@ def test_a_configured_service_key_is_used_as_given(settings):
 
 async def test_background_jobs_run_at_the_lowest_engine_priority(make_user, engine_double, settings):
     """DESIGN.md, "How background jobs reach the model": requests made with the service key run
-    at settings.CHAT_BACKGROUND_PRIORITY in the engine; a user's requests run at 0."""
+    at settings.CHAT_BACKGROUND_PRIORITY in the engine; a user's requests at their pool's
+    priority (inference/pools.py)."""
     from asgiref.sync import sync_to_async
 
     from accounts.services import api_key_create
@@ -323,4 +326,5 @@ async def test_background_jobs_run_at_the_lowest_engine_priority(make_user, engi
     user = await sync_to_async(make_user)("person")
     issued = await sync_to_async(api_key_create)(user=user, name="k")
     assert (await post_json(BearerClient(issued.raw), "/v1/chat/completions", body)).status_code == 200
-    assert [options.priority for _, options, _ in engine_double.requests] == [7, 0]
+    # The free user's turn runs at its pool's priority (mini: 1), the job after it.
+    assert [options.priority for _, options, _ in engine_double.requests] == [7, 1]

@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import uuid
+from decimal import Decimal
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -232,7 +233,13 @@ async def test_send_streams_tokens_then_done_and_stores_the_answer(make_user, en
     assert answer.status == "complete"
     assert done["turn_id"] == str(answer.turn_id)
     # The empty delta was still a token (as a partial UTF-8 byte is): usage counts it.
-    assert done["usage"] == {"prompt_tokens": answer.prompt_tokens, "completion_tokens": 5}
+    assert done["usage"] == {
+        "prompt_tokens": answer.prompt_tokens, "cached_tokens": 0, "completion_tokens": 5,
+        "cost_usd": str(answer.cost_usd),
+    }  # fmt: skip
+    assert (done["pool"], answer.pool) == ("mini", "mini")  # a free user's default pool
+    # mini's prices ($0.75 / $4.50 per 1M input / output tokens, the design brief's).
+    assert answer.cost_usd == (Decimal(answer.prompt_tokens) * Decimal("0.75") + 5 * Decimal("4.50")) / 1_000_000
     assert "<strong>world</strong>" in done["html"]
 
 

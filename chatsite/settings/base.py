@@ -316,8 +316,8 @@ CHAT_FLAG_POOLS: dict[str, str] = json.loads(os.environ.get("CHAT_FLAG_POOLS", '
 # "priority": paid before free (vLLM priority scheduling + slots held back for paid turns);
 # "fcfs": first come, first served for everyone (the benchmark's baseline).
 CHAT_SCHEDULING = os.environ.get("CHAT_SCHEDULING", "priority")
-# Engine slots (of CHAT_MAX_NUM_SEQS) that free-tier and background requests may never take, so a
-# paid turn always finds room at once.
+# Free-tier and background requests are admitted only while more than this many engine slots
+# are free, so a paid turn always finds room at once (inference/admission.py).
 CHAT_RESERVED_SLOTS = env_int("CHAT_RESERVED_SLOTS", 4)
 # Load shedding on the admission queue's depth (requests waiting for an engine slot):
 # beyond SHED_FREE free-tier turns get 503 busy; beyond DEGRADE_PAID paid turns are answered by

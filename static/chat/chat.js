@@ -15,6 +15,20 @@
     if (actions) actions.hidden = false;
   }
 
+  // "prompt + completion tokens (cached) · $cost · pool", as the stored answer shows it.
+  function showUsage(article, payload) {
+    var line = article.querySelector("[data-stream-usage]");
+    var usage = payload && payload.usage;
+    if (!line || !usage || !payload.pool) return;
+    var text = usage.prompt_tokens + " + " + usage.completion_tokens + " tokens";
+    if (usage.cached_tokens) text += " (" + usage.cached_tokens + " cached)";
+    if (usage.cost_usd !== null && usage.cost_usd !== undefined) {
+      text += " · $" + Number(usage.cost_usd).toFixed(6);
+    }
+    line.textContent = text + " · " + payload.pool;
+    line.hidden = false;
+  }
+
   function finish(article, source, payload) {
     source.close();
     article.classList.remove("streaming");
@@ -22,6 +36,7 @@
     var stop = article.querySelector("button.stop");
     if (stop) stop.remove();
     showActions(article);
+    showUsage(article, payload);
     var note = article.querySelector("[data-stream-note]");
     if (payload && payload.turn_id) article.id = "turn-" + payload.turn_id;
     if (payload && typeof payload.html === "string") {
