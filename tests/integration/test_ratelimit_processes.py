@@ -6,6 +6,13 @@ test Redis, on Redis's own clock (no injected ``now``). RPM = 10; each scenario 
 bucket: 20 requests sent round-robin across the processes, and 20 sent at the same moment (10
 concurrent in each process, released together): exactly 10 succeed each time.
 
+The same over HTTP: two daphne server processes (the production server, scripted engine)
+answer /v1/chat/completions, 20 requests round-robin and 20 simultaneous: exactly 10 get 200
+and 10 a 429 with Retry-After >= 1. And PF-R1 / PF-R2 over HTTP: streamed and non-streamed
+requests draw the same TPM bucket by the same amount (prompt + max_tokens reserved, refunded
+to prompt + completion), the fourth ~300-token turn under TPM 1000 is a real 429 (not a 200
+then an error event), and the remaining-token headers fall by what was used.
+
 A limiter that read the bucket and wrote it back in two steps, or kept counts per process,
 lets more than 10 through here.
 """
@@ -13,17 +20,23 @@ lets more than 10 through here.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 
+import httpx
 import pytest
 from django.conf import settings
 
+from accounts.services import api_key_create
 from inference.ratelimit import bucket_key
+from tests.processes import daphne_process
 
 # One worker process: reads one JSON command a line, answers one JSON line.
 #   {"warm": n}                                       -> opens n Redis connections, loads the script
@@ -147,3 +160,245 @@ def test_pf_r4_twenty_simultaneous_requests_from_two_processes_allow_exactly_10(
     assert len(outcomes) == 20
     assert sum(ok for ok, _ in outcomes) == 10
     assert all(retry_after >= 1 for ok, retry_after in outcomes if not ok)
+
+
+# --- over HTTP: two daphne gateways (PF-R4) and the TPM bucket for both kinds of request (PF-R1) --
+#
+# Two production server processes (chatsite.serve) on the test database and Redis, with the
+# scripted engine double (an instant answer of 4 tokens) and these limits: free RPM 10 (PF-R4),
+# paid TPM 1000 (PF-R1), enterprise TPM 2000 (PF-R2). Each test makes its own users: fresh
+# buckets.
+
+GATEWAY_LIMITS = {
+    "free": {"rpm": 10, "tpm": None},
+    "paid": {"rpm": None, "tpm": 1000},
+    "enterprise": {"rpm": None, "tpm": 2000},
+}
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: httpx.Headers
+    body: str
+    usage: dict | None  # the response's OpenAI usage (streamed: the include_usage chunk)
+
+
+@pytest.fixture(scope="module")
+def gateways(django_db_setup) -> Iterator[list[str]]:
+    """The URLs of two daphne server processes sharing the test Redis."""
+    env = {
+        "CHAT_ENGINE_CLASS": "tests.fakes.ScriptedEngine",
+        "CHAT_RATE_LIMITS_BY_TIER": json.dumps(GATEWAY_LIMITS),
+        "CHAT_SHED_FREE_WAITING": "1000",  # nothing here may be shed: only the limits refuse
+    }
+    with daphne_process(env, "/v1/openapi.json") as first:
+        with daphne_process(env, "/v1/openapi.json") as second:
+            yield [first, second]
+
+
+@pytest.fixture
+def api_key(transactional_db, make_user):
+    """``api_key(tier)``: the raw API key of a new user of ``tier`` (fresh buckets)."""
+
+    def issue(tier: str) -> str:
+        user = make_user(tier=tier)
+        return api_key_create(user=user, name="rate limit test").raw
+
+    return issue
+
+
+def chat(
+    client: httpx.Client, key: str, *, model: str, words: int, max_tokens: int, stream: bool
+) -> Reply:
+    """POST /v1/chat/completions with a user message of ``words`` words (the scripted engine
+    counts one token a word, plus 3 for the chat template)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": " ".join(["word"] * words)}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    headers = {"Authorization": f"Bearer {key}"}
+    with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+        if response.status_code != 200 or not stream:
+            text = response.read().decode()
+            usage = json.loads(text).get("usage") if response.status_code == 200 else None
+            return Reply(response.status_code, response.headers, text, usage)
+        lines, usage = [], None
+        for line in response.iter_lines():
+            lines.append(line)
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage") or usage
+        return Reply(response.status_code, response.headers, "\n".join(lines), usage)
+
+
+def at_once(calls: list) -> list:
+    """Run each zero-argument callable in its own thread, released together by a barrier;
+    return their results in order."""
+    barrier = threading.Barrier(len(calls))
+    results: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        barrier.wait(30)
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
+def warm_clients(urls: list[str], n: int) -> list[httpx.Client]:
+    """``n`` clients round-robin over ``urls``, each with its connection already open (a GET of
+    the public OpenAPI document, not rate-limited), so a barrier releases requests, not
+    handshakes."""
+    clients = [httpx.Client(base_url=urls[i % len(urls)], timeout=60) for i in range(n)]
+    for client in clients:
+        assert client.get("/v1/openapi.json").status_code == 200
+    return clients
+
+
+def assert_refused_with_retry_after(reply: Reply) -> int:
+    """A real 429 (JSON error, no event stream) with an integer Retry-After >= 1; returns it."""
+    assert reply.status == 429, reply.body
+    assert reply.headers["content-type"].startswith("application/json")
+    assert json.loads(reply.body)["error"]["type"] == "rate_limited"
+    assert "data:" not in reply.body
+    retry_after = reply.headers["Retry-After"]
+    assert retry_after.isdigit() and int(retry_after) >= 1, retry_after
+    return int(retry_after)
+
+
+def test_pf_r4_http_twenty_requests_round_robin_across_two_gateways_allow_exactly_10(
+    gateways, api_key
+):
+    """PF-R4 over HTTP, round-robin: RPM 10; 20 non-streamed requests alternate between the two
+    server processes, one at a time: the first 10 get 200, the other 10 a 429 with
+    Retry-After >= 1 (RPM 10 refills one request per 6 s; the run takes well under that)."""
+    key = api_key("free")
+    clients = warm_clients(gateways, 2)
+    started = time.monotonic()
+    replies = [
+        chat(clients[i % 2], key, model="mini", words=5, max_tokens=8, stream=False)
+        for i in range(20)
+    ]
+    elapsed = time.monotonic() - started
+    assert elapsed < 6, f"20 requests took {elapsed:.1f} s: a request refilled meanwhile"
+    assert [r.status for r in replies] == [200] * 10 + [429] * 10, [r.body for r in replies]
+    for reply in replies[10:]:
+        assert_refused_with_retry_after(reply)
+    assert [int(r.headers["X-RateLimit-Remaining-Requests"]) for r in replies[:10]] == list(
+        range(9, -1, -1)
+    )
+
+
+def test_pf_r4_http_twenty_simultaneous_requests_on_two_gateways_allow_exactly_10(
+    gateways, api_key
+):
+    """PF-R4 over HTTP, simultaneous: 20 requests (10 to each server process) released at once
+    by a barrier: exactly 10 get 200 and 10 a 429 with Retry-After >= 1."""
+    key = api_key("free")
+    clients = warm_clients(gateways, 20)
+    replies = at_once(
+        [
+            lambda c=c: chat(c, key, model="mini", words=5, max_tokens=8, stream=False)
+            for c in clients
+        ]
+    )
+    statuses = sorted(r.status for r in replies)
+    assert statuses == [200] * 10 + [429] * 10, [r.body for r in replies]
+    for reply in replies:
+        if reply.status == 429:
+            assert_refused_with_retry_after(reply)
+
+
+PF_R1_WORDS, PF_R1_MAX_TOKENS = 280, 17  # 283 prompt tokens + max_tokens 17 = 300 reserved
+
+
+def test_pf_r1_http_concurrent_streamed_and_plain_turns_the_fourth_is_a_real_429(
+    gateways, api_key
+):
+    """PF-R1 over HTTP: TPM 1000; four ~300-token requests, two streamed and two not, sent at
+    the same moment to both servers: three get 200, the fourth a real 429 (a JSON error with
+    Retry-After, never a 200 followed by an error event)."""
+    key = api_key("paid")
+    clients = warm_clients(gateways, 4)
+    replies = at_once(
+        [
+            lambda c=c, s=stream: chat(
+                c, key, model="frontier", words=PF_R1_WORDS, max_tokens=PF_R1_MAX_TOKENS, stream=s
+            )
+            for c, stream in zip(clients, [True, False, True, False], strict=True)
+        ]
+    )
+    assert sorted(r.status for r in replies) == [200, 200, 200, 429], [r.body for r in replies]
+    for reply in replies:
+        if reply.status == 200:
+            assert reply.usage["prompt_tokens"] + PF_R1_MAX_TOKENS == 300
+        else:
+            assert_refused_with_retry_after(reply)
+
+
+@pytest.mark.parametrize("order", [("stream", "plain"), ("plain", "stream")])
+def test_pf_r1_http_streamed_and_plain_turns_draw_the_same_bucket_by_the_same_amount(
+    gateways, api_key, order
+):
+    """PF-R1 over HTTP, one after another: TPM 1000 (16.7 tokens a second of refill); turns of
+    283 prompt tokens + max_tokens 17, alternating streamed and non-streamed. Each charges
+    prompt + max_tokens up front and is refunded down to prompt + completion afterwards, so
+    X-RateLimit-Remaining-Tokens after turn k is 1000 - (the earlier turns' prompt +
+    completion) - 300, plus what refilled meanwhile; the fourth turn is refused with a 429
+    whose Retry-After is the refill time of the missing tokens (PF-R3)."""
+    key = api_key("paid")
+    client = warm_clients(gateways, 1)[0]
+    kinds = [order[i % 2] for i in range(4)]
+    refill_per_s = 1000 / 60
+    used, replies = 0, []
+    started = time.monotonic()
+    for kind in kinds[:3]:
+        reply = chat(client, key, model="frontier", words=PF_R1_WORDS,
+                     max_tokens=PF_R1_MAX_TOKENS, stream=kind == "stream")  # fmt: skip
+        assert reply.status == 200, reply.body
+        elapsed = time.monotonic() - started
+        expected = 1000 - used - 300
+        remaining = int(reply.headers["X-RateLimit-Remaining-Tokens"])
+        assert expected <= remaining <= expected + refill_per_s * elapsed + 1, (kind, remaining)
+        used += reply.usage["prompt_tokens"] + reply.usage["completion_tokens"]
+        assert reply.usage["completion_tokens"] < PF_R1_MAX_TOKENS  # something was refunded
+        replies.append(reply)
+    fourth = chat(client, key, model="frontier", words=PF_R1_WORDS,
+                  max_tokens=PF_R1_MAX_TOKENS, stream=kinds[3] == "stream")  # fmt: skip
+    elapsed = time.monotonic() - started
+    retry_after = assert_refused_with_retry_after(fourth)
+    remaining = int(fourth.headers["X-RateLimit-Remaining-Tokens"])
+    assert 1000 - used <= remaining <= 1000 - used + refill_per_s * elapsed + 1
+    assert retry_after == math.ceil((300 - remaining) / refill_per_s) or retry_after == math.ceil(
+        (300 - remaining - 1) / refill_per_s
+    ), (retry_after, remaining)
+
+
+def test_pf_r2_http_a_1900_token_prompt_twice_is_refused_and_remaining_falls_by_what_was_used(
+    gateways, api_key
+):
+    """PF-R2 over HTTP: TPM 2000 (enterprise here); a 1,900-token prompt with max_tokens 10,
+    twice: the first answers, the second is a 429; its X-RateLimit-Remaining-Tokens is 2000 -
+    (prompt + completion tokens of the first), plus what refilled meanwhile."""
+    key = api_key("enterprise")
+    client = warm_clients(gateways, 1)[0]
+    started = time.monotonic()
+    first = chat(client, key, model="frontier", words=1897, max_tokens=10, stream=False)
+    assert first.status == 200, first.body
+    assert first.usage["prompt_tokens"] == 1900
+    first_remaining = int(first.headers["X-RateLimit-Remaining-Tokens"])
+    assert 90 <= first_remaining <= 90 + 2000 / 60 * (time.monotonic() - started) + 1
+    second = chat(client, key, model="frontier", words=1897, max_tokens=10, stream=True)
+    elapsed = time.monotonic() - started
+    assert_refused_with_retry_after(second)
+    used = first.usage["prompt_tokens"] + first.usage["completion_tokens"]
+    remaining = int(second.headers["X-RateLimit-Remaining-Tokens"])
+    assert 2000 - used <= remaining <= 2000 - used + 2000 / 60 * elapsed + 1
