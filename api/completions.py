@@ -117,7 +117,9 @@ async def _respond(admitted: _Admitted, ids: list[int], options: GenerationOptio
     else one JSON object. Either way the unused TPM reservation is refunded and the usage
     ledger written once the request ends (also when its client went away, PF-R5).
     Raises gate.Refused 429 before any engine work when a limit is used up."""
-    admitted.decision = await gate.rate_limit(admitted.caller, tokens=len(ids) + options.max_tokens)
+    admitted.decision = await gate.rate_limit(
+        admitted.caller, prompt_tokens=len(ids), max_tokens=options.max_tokens
+    )
     completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     await release_db_connection()  # nothing below queries the database

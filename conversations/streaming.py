@@ -412,7 +412,7 @@ async def turn_plan(
         )
     except PromptTooLong as exc:
         raise gate.Refused(400, "context_length_exceeded", str(exc)) from None
-    decision = await gate.rate_limit(caller, tokens=len(token_ids) + budget)
+    decision = await gate.rate_limit(caller, prompt_tokens=len(token_ids), max_tokens=budget)
     return TurnPlan(
         route=route, caller=caller, token_ids=token_ids, max_tokens=budget,
         context_trimmed=trimmed, want_summary=want_summary, decision=decision,

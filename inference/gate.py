@@ -161,19 +161,23 @@ def answer_budget(caller: Caller, pool: Pool, requested: int | None, *, explicit
     return max(1, min(requested or settings.CHAT_MAX_TOKENS, tier_ceiling, pool.max_tokens))
 
 
-async def rate_limit(caller: Caller, *, tokens: int, now: float | None = None) -> ratelimit.Decision | None:
-    """Take one request and ``tokens`` (prompt + max_tokens) from the caller's RPM and TPM
+async def rate_limit(
+    caller: Caller, *, prompt_tokens: int, max_tokens: int, now: float | None = None
+) -> ratelimit.Decision | None:
+    """Take one request and prompt + max_tokens tokens from the caller's RPM and TPM
     buckets (user and organisation, atomically). Returns the decision (its ``headers()`` go on
     the response and its ``reservation`` to :func:`settle`), or None for the service
-    credential (never limited). Raises Refused 429 (with Retry-After and the remaining-quota
-    headers) when a bucket is short, 400 when ``tokens`` exceeds a TPM limit outright."""
+    credential (never limited). ``now``: the limiter's clock (tests; None: Redis's). Raises
+    Refused 429 (with Retry-After and the remaining-quota headers) when a bucket is short, 400
+    when prompt + max_tokens exceeds a TPM limit outright."""
     if caller.service:
         return None
     user_limits, org_limits = ratelimit.limits_for(tier=caller.tier, org_tier=caller.org_tier)
     try:
         decision = await ratelimit.rate_limit_take(
             user_id=caller.user_id, org_id=caller.org_id, user_limits=user_limits,
-            org_limits=org_limits, tokens=tokens, now=now,
+            org_limits=org_limits, tokens=prompt_tokens + max_tokens, now=now,
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens,
         )  # fmt: skip
     except ratelimit.RequestTooLarge as exc:
         raise Refused(400, "request_too_large", str(exc)) from None
