@@ -539,7 +539,7 @@ async def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float) 
             if proc.poll() is not None:
                 raise RuntimeError(f"the server exited with status {proc.returncode}")
             with contextlib.suppress(httpx.HTTPError):
-                r = await client.get("/healthz")
+                r = await client.get("/readyz")
                 if r.status_code == 200:
                     return
             await asyncio.sleep(0.5)
@@ -625,7 +625,7 @@ async def run_full(args) -> dict[int, list[BatchResult]]:
             start_new_session=True,
         )  # fmt: skip
         try:
-            log(f"full: daphne on {base_url} (log: {log_path}); waiting for /healthz")
+            log(f"full: daphne on {base_url} (log: {log_path}); waiting for /readyz")
             t = time.perf_counter()
             await wait_healthy(base_url, server, timeout_s=600)
             log(f"full: healthy in {time.perf_counter() - t:.1f} s; signing up users")
