@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -20,13 +21,16 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 
 import httpx
 import pytest
 from django.conf import settings
 
+from accounts.services import api_key_create
+from conversations.models import Turn
 from inference.engine import GenerationOptions
-from inference.pools import Pool, pool_engine, pool_set_reset, pools_load
+from inference.pools import Pool, pool_engine, pool_set, pool_set_reset, pools_load
 from inference.remote import OpenAIRemoteEngine
 from tests.processes import free_port
 
@@ -267,3 +271,134 @@ async def test_engine_abort_from_another_task_stops_the_remote_request(remote_po
     assert reader in done
     assert await wait_until(lambda: remote_server.metric("vllm:num_requests_running") == 0, 1.0)
     assert engine.num_unfinished_requests() == 0
+
+
+# --- through the API: a conversation turn answered by the remote pool ---
+
+
+@pytest.fixture
+def remote_api(live, remote_server, make_user, settings):
+    """The shared server with ``remote-smol`` configured (settings.CHAT_POOLS; the pools are
+    loaded again), and a paid user's API client. Yields (live server, httpx client)."""
+    settings.CHAT_POOLS = remote_pool_entries(remote_server.url)
+    settings.CHAT_STREAM_DISCONNECT_GRACE_S = 0
+    pool_set_reset()
+    issued = api_key_create(user=make_user("remote-api", tier="paid"), name="remote pool")
+    client = live.client(headers={"Authorization": f"Bearer {issued.raw}"})
+    try:
+        yield live, client
+    finally:
+        client.close()
+        live.drain()
+        pool_set_reset()
+
+
+def remote_conversation(client) -> str:
+    response = client.post("/v1/conversations", json={"model": "remote-smol"})
+    assert response.status_code == 201, response.text
+    return response.json()["conversation_id"]
+
+
+def sse_events(response) -> Iterator[tuple[str, dict]]:
+    name = None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            yield name, json.loads(line[6:])
+
+
+def test_api_turn_on_a_remote_pool_streams_and_stores_usage_and_cost(remote_api, remote_server):
+    """A conversation on ``remote-smol`` is answered by the vLLM server (not the local engine):
+    tokens stream, and the stored answer has the pool, version, the server's usage and the
+    cost at the pool's prices."""
+    live, client = remote_api
+    conversation_id = remote_conversation(client)
+    served_before = remote_server.metric("vllm:request_success_total")
+
+    with client.stream(
+        "POST", f"/v1/conversations/{conversation_id}/turns",
+        json={"role": "user", "content": LONG_PROMPT, "max_tokens": 30},
+    ) as response:  # fmt: skip
+        assert response.status_code == 200, response.read()
+        assert response.headers["X-Pool"] == "remote-smol@1"
+        events = []
+        for name, data in sse_events(response):
+            events.append((name, data))
+            if name == "token":
+                assert live.unfinished() == 0  # the local engine is not involved
+            if name in ("done", "error"):
+                break
+
+    tokens = [data["text"] for name, data in events if name == "token"]
+    done = events[-1]
+    assert done[0] == "done", events[-3:]
+    assert len(tokens) >= 5
+    usage = done[1]["usage"]
+    assert usage["completion_tokens"] == 30 and usage["prompt_tokens"] > 10
+    assert remote_server.metric("vllm:request_success_total") == served_before + 1
+    live.drain()
+    answer = Turn.objects.get(turn_id=done[1]["turn_id"])
+    pool = pool_set().get("remote-smol")
+    assert (answer.pool, answer.model_version) == ("remote-smol", "1")
+    assert answer.status == Turn.Status.COMPLETE
+    assert answer.content == "".join(tokens)
+    assert (answer.prompt_tokens, answer.token_count) == (usage["prompt_tokens"], 30)
+    exact = pool.cost(
+        prompt_tokens=answer.prompt_tokens, cached_tokens=answer.cached_tokens or 0,
+        completion_tokens=30,
+    )  # fmt: skip
+    assert abs(answer.cost_usd - exact) <= Decimal("0.00000001")  # stored to 8 places
+    assert answer.cost_usd > 0
+
+
+def test_api_cancel_stops_the_remote_generation_and_charges_the_partial_answer(remote_api, remote_server):
+    """PF-C1 / PF-R5 on a remote pool: cancel a long answer through the API; the vLLM server
+    stops generating within 1 s, and the turn is stored cancelled with its partial text, the
+    tokens actually generated and their cost."""
+    live, client = remote_api
+    conversation_id = remote_conversation(client)
+    with client.stream(
+        "POST", f"/v1/conversations/{conversation_id}/turns",
+        json={"role": "user", "content": LONG_PROMPT, "max_tokens": 1500},
+    ) as response:  # fmt: skip
+        assert response.status_code == 200, response.read()
+        answer_id = response.headers["X-Turn-Id"]
+        events = sse_events(response)
+        seen = 0
+        for name, _ in events:
+            seen += name == "token"
+            if seen >= 3:
+                break
+        assert remote_server.metric("vllm:num_requests_running") == 1
+
+        cancelled = client.post(f"/v1/conversations/{conversation_id}/cancel")
+        assert cancelled.status_code == 204
+        stopped_at = time.monotonic()
+        while remote_server.metric("vllm:num_requests_running") and time.monotonic() - stopped_at < 1.0:
+            time.sleep(0.05)
+        assert remote_server.metric("vllm:num_requests_running") == 0
+        final = next((data for name, data in events if name in ("done", "error")), None)
+
+    generated = remote_server.metric("vllm:generation_tokens_total")
+    time.sleep(1.0)
+    assert remote_server.metric("vllm:generation_tokens_total") == generated
+    assert final is not None and final["status"] == Turn.Status.CANCELLED
+    live.drain()
+    answer = Turn.objects.get(turn_id=answer_id)
+    assert answer.status == Turn.Status.CANCELLED
+    assert answer.pool == "remote-smol"
+    assert answer.content
+    assert 3 <= answer.token_count < 1500
+    assert answer.cost_usd is not None and answer.cost_usd > 0
+
+
+def test_api_refuses_the_remote_pool_to_a_tier_it_is_not_open_to(remote_api, make_user):
+    """The free tier may not use ``remote-smol``: 403 naming the tier's models, before any
+    engine work."""
+    live, _ = remote_api
+    issued = api_key_create(user=make_user("remote-free", tier="free"), name="free")
+    with live.client(headers={"Authorization": f"Bearer {issued.raw}"}) as client:
+        response = client.post("/v1/conversations", json={"model": "remote-smol"})
+    assert response.status_code == 403, response.text
+    assert "mini" in response.json()["error"]["message"]
