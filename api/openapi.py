@@ -39,6 +39,19 @@ BODY_ERRORS = {
     "413": _error("The body is too large."),
     "415": _error("The body is not application/json."),
 }
+# A model that does not exist (404) or that the caller's tier may not use (403): inference/gate.py.
+MODEL_ERRORS = {
+    "403": _error("The model is not available on your tier (the message lists yours)."),
+    "404": _error("Unknown model (the message lists the models)."),
+}
+# Refusals before any engine work (inference/gate.py): every 429 and 503 carries Retry-After.
+ADMISSION_ERRORS = {
+    "403": MODEL_ERRORS["403"],
+    "429": _error("Over your (or your organisation's) requests- or tokens-per-minute limit; "
+                  "Retry-After says when enough has refilled."),
+    "503": _error("Busy (free-tier traffic is shed under load) or the model is unavailable; "
+                  "see Retry-After."),
+}  # fmt: skip
 PAGING = [
     {"name": "before", "in": "query", "required": False, "schema": {"type": "string"},
      "description": "A `next_cursor` from the previous page (opaque, signed)."},
@@ -105,6 +118,12 @@ def build_document() -> dict:
             "replaces": {"anyOf": [UUID_PARAM, {"type": "null"}]},
             # Assistant turns: earlier exchanges its prompt left out or took from the summary.
             "context_trimmed": {"type": "integer", "minimum": 0},
+            # Assistant turns: the pool and model version that answered, prefix-cache hits
+            # (tokens) and the cost in USD (a decimal string); "" / null on user turns.
+            "pool": {"type": "string"},
+            "model_version": {"type": "string"},
+            "cached_tokens": {"type": ["integer", "null"], "minimum": 0},
+            "cost_usd": {"type": ["string", "null"]},
             "moderation_verdict": {"type": "object"},
             "created_at": {"type": "string", "format": "date-time"},
         },
@@ -155,6 +174,7 @@ def build_document() -> dict:
                 "responses": {
                     "201": _json(REF.format(model="ConversationCreated"), "Created"),
                     **BODY_ERRORS,
+                    **MODEL_ERRORS,
                     **COMMON,
                 },
             },
@@ -195,7 +215,8 @@ def build_document() -> dict:
                     "200": SSE,
                     **BODY_ERRORS,
                     "422": _error("The Idempotency-Key was used for a different request."),
-                    "404": _error("No such conversation (or not yours)."),
+                    **ADMISSION_ERRORS,
+                    "404": _error("No such conversation (or not yours), or an unknown model."),
                     "409": _error("An answer is still being written in this conversation."),
                     **COMMON,
                 },
@@ -231,7 +252,8 @@ def build_document() -> dict:
                 "responses": {
                     "200": SSE,
                     **BODY_ERRORS,
-                    "404": _error("No such assistant turn in this conversation (or not yours)."),
+                    **ADMISSION_ERRORS,
+                    "404": _error("No such assistant turn in this conversation (or not yours), or an unknown model."),
                     "409": _error("An answer is still being written in this conversation."),
                     **COMMON,
                 },
@@ -261,8 +283,8 @@ def build_document() -> dict:
                         },
                     },
                     **BODY_ERRORS,
+                    **ADMISSION_ERRORS,
                     "404": _error("Unknown model."),
-                    "503": _error("The model is unavailable."),
                     **COMMON,
                 },
             },
@@ -280,8 +302,8 @@ def build_document() -> dict:
                         },
                     },
                     **BODY_ERRORS,
+                    **ADMISSION_ERRORS,
                     "404": _error("Unknown model."),
-                    "503": _error("The model is unavailable."),
                     **COMMON,
                 },
             },

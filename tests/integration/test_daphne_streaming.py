@@ -103,6 +103,9 @@ def test_open_streams_and_generation_tasks_hold_no_database_sessions(live_double
 
     live, double = live_double
     double.default_script = ["a", 8.0, "b"]
+    # One user opens more chats at once than a free tier's RPM allows: this test is about
+    # database sessions, not rate limits.
+    settings.CHAT_RATE_LIMITS_BY_TIER = {"free": {"rpm": None, "tpm": None}}
     make_user("ivy")
     client = live.login("ivy")
 
@@ -173,6 +176,8 @@ def test_a_client_that_never_reads_costs_the_gateway_one_buffer_not_the_answer(
     live, double = live_double
     settings.CHAT_MAX_TOKENS_CEILING_BY_TIER = {"free": 8000}
     settings.CHAT_MAX_TOKENS = 8000
+    # A 4,000-token answer: above the default pools' answer ceilings.
+    settings.CHAT_POOLS = [{**p, "max_context": 4096, "max_tokens": 4000} for p in settings.CHAT_POOLS]
     big = ["x" * 600] * 4000  # ~2.6 MB of events, far more than socket buffers hold
     double.scripts = [big, ["other", " answer"]]
     make_user("slow")

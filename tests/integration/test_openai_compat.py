@@ -102,8 +102,14 @@ def test_unknown_model_and_bad_key_are_clear_errors(oai, live):
 
 
 def test_models_list(oai):
+    """A free user's pools, then the served model's name (their tier's default pool); each
+    name works as `model`."""
     _, client, _ = oai
-    assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct"]
+    assert [m.id for m in client.models.list()] == ["mini", "SmolLM2-135M-Instruct"]
+    answer = client.chat.completions.create(
+        model="mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0
+    )
+    assert answer.model == "mini" and answer.usage.completion_tokens >= 1
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -13,6 +13,7 @@ import uuid
 
 import httpx
 import pytest
+import yaml
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
@@ -98,6 +99,13 @@ def test_a_real_worker_summarises_through_the_server_and_the_next_prompt_uses_it
     user) into a non-empty stored summary; and when the next turn is answered, its prompt
     carries that summary and fewer raw turns than the conversation has, and the answer records
     the summarised exchanges in context_trimmed."""
+    # The pools set the prompt budget: every pool shrinks to the small context, here and in the
+    # worker (a pool file both read).
+    pools_file = tmp_path / "pools.yaml"
+    pools_file.write_text(yaml.safe_dump(
+        [{**p, "max_context": SMALL_CONTEXT["CHAT_MAX_MODEL_LEN"], "max_tokens": 320} for p in settings.CHAT_POOLS]
+    ))  # fmt: skip
+    settings.CHAT_POOLS_FILE = str(pools_file)
     for name, value in SMALL_CONTEXT.items():
         setattr(settings, name, value)
     settings.CHAT_TEMPERATURE = 0.0
@@ -116,6 +124,7 @@ def test_a_real_worker_summarises_through_the_server_and_the_next_prompt_uses_it
         )  # fmt: skip
     env = {name: str(value) for name, value in SMALL_CONTEXT.items()}
     env["CHAT_INTERNAL_API_URL"] = live.url
+    env["CHAT_POOLS_FILE"] = str(pools_file)
 
     with celery_worker_process(tmp_path, env) as worker:
         first_id = post_turn(live, key, conversation.pk, "What is my city?")
