@@ -553,8 +553,22 @@ def server_env() -> dict[str, str]:
         CHAT_MAX_TOKENS=str(MAX_TOKENS),
         CHAT_STREAM_ATTACH_TIMEOUT_S="60",
         DJANGO_SETTINGS_MODULE="chatsite.settings.base",
+        # The same engine shape as the bare engine measured beside it (64 sequences), and none
+        # of the tier machinery that would make the comparison unfair: no reserved slots, no
+        # shedding, no rate limits (bench/priority_bench.py measures those).
+        CHAT_MAX_NUM_SEQS="64",
+        CHAT_RESERVED_SLOTS="0",
+        CHAT_SHED_FREE_WAITING="100000",
+        CHAT_DEGRADE_PAID_WAITING="100000",
+        CHAT_REASONING_LAST_WAITING="100000",
+        CHAT_RATE_LIMITS_BY_TIER=UNLIMITED,
+        CHAT_ORG_RATE_LIMITS_BY_TIER=UNLIMITED,
     )
     return env
+
+
+# Every tier without RPM / TPM limits (inference/ratelimit.py: a null limit is unlimited).
+UNLIMITED = '{"free": {"rpm": null, "tpm": null}, "paid": {"rpm": null, "tpm": null}, "enterprise": {"rpm": null, "tpm": null}}'
 
 
 def probe_lines(path: Path, pos: int) -> tuple[list[dict], int]:

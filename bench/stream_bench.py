@@ -205,6 +205,11 @@ class Daphne:
             DJANGO_SETTINGS_MODULE="chatsite.settings.base",
             PYTHONUNBUFFERED="1",
             PGAPPNAME=self.app_name,  # libpq: tells this daphne's PostgreSQL backends apart
+            # Thousands of streams from one bench user: no RPM / TPM limits, no shedding.
+            CHAT_RATE_LIMITS_BY_TIER='{"free": {"rpm": null, "tpm": null}}',
+            CHAT_SHED_FREE_WAITING="100000",
+            # The scripted engine has no batch limit: admit every stream at once.
+            CHAT_MAX_NUM_SEQS="100000",
         )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0

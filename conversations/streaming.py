@@ -400,8 +400,10 @@ async def turn_plan(
     route = gate.shed_for(caller, route)
     budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
     try:
-        token_ids, budget, trimmed, want_summary = await _db(
-            _prompt_prepare,
+        # On the request's own thread and connection (thread-sensitive), not the shared
+        # executor: a request waiting there would hold its connection meanwhile, and a burst of
+        # turns could exhaust the connection pool.
+        token_ids, budget, trimmed, want_summary = await sync_to_async(_prompt_prepare)(
             conversation_id=conversation.conversation_id,
             question=question,
             system_prompt=conversation.system_prompt,
