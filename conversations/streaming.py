@@ -662,9 +662,9 @@ async def _finish(
     """Make the answer durable (shielded: a second cancel cannot lose it), then publish the end.
 
     Durable means held in Redis with its write-back queued, or inserted at once when Redis is
-    down (conversations/writeback.py); only then is ``done`` sent. Afterwards the unused part
-    of the TPM reservation is refunded and the usage ledger gets the answer's tokens and cost,
-    once per answer, cancelled ones included (PF-R5)."""
+    down (conversations/writeback.py). Then the unused part of the TPM reservation is refunded
+    and the usage ledger gets the answer's tokens and cost, once per answer, cancelled ones
+    included (PF-R5); only then is ``done`` sent."""
     pool = stream.plan.route.pool
     # Rounded as the usage ledger stores it (8 decimal places, half up), so the turn, the
     # `done` event and the ledger agree to the last digit.
@@ -701,6 +701,9 @@ async def _finish(
         error = error or "The answer could not be saved. Try again."
         status = Turn.Status.FAILED
     stream.status = status
+    # Charged and refunded before the client hears the end: a next request sent the moment
+    # `done` arrives sees the refunded tokens, and the usage page already lists this answer.
+    await _despite_cancellation(_account(stream, status, usage, cost))
     # The conversation is free before the client hears the end: a next message sent the moment
     # `done` arrives must not get a 409 from a lock still held while the event log flushes.
     if _busy.get(stream.conversation_id) is stream:
@@ -712,7 +715,6 @@ async def _finish(
         stream.publish("done", answer_done_payload(answer))
     stream.close()
     await _despite_cancellation(stream.log.wait_flushed())
-    await _despite_cancellation(_account(stream, status, usage, cost))
     # Keep the finished stream briefly so a reader that connects late still gets the end.
     loop = asyncio.get_running_loop()
     loop.call_later(settings.CHAT_STREAM_RETAIN_S, _streams.pop, stream.question_id, None)

@@ -255,7 +255,9 @@ class VllmEngine:
         )
         prompt_tokens = len(prompt_token_ids)
         completion_tokens = 0
-        cached_tokens: int | None = None  # from the first output (prefill stats)
+        # From the prefill stats; not every output carries them (the first may say None or 0
+        # before the prefill's stats arrive), so the largest count seen is the one.
+        cached_tokens = 0
         finished = False
         self._active.add(request_id)
         try:
@@ -266,8 +268,7 @@ class VllmEngine:
                 completion = output.outputs[0]
                 completion_tokens += len(completion.token_ids)
                 finished = output.finished
-                if cached_tokens is None:
-                    cached_tokens = output.num_cached_tokens or 0
+                cached_tokens = max(cached_tokens, output.num_cached_tokens or 0)
                 if completion.text or finished:
                     yield Delta(
                         text=completion.text,

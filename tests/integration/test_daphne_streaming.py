@@ -103,6 +103,7 @@ def test_open_streams_and_generation_tasks_hold_no_database_sessions(live_double
 
     live, double = live_double
     double.default_script = ["a", 8.0, "b"]
+    double.max_num_seqs = 1000  # the gateway's admission queue admits them all at once
     # One user opens more chats at once than a free tier's RPM allows: this test is about
     # database sessions, not rate limits.
     settings.CHAT_RATE_LIMITS_BY_TIER = {"free": {"rpm": None, "tpm": None}}
