@@ -44,6 +44,12 @@ class Organisation(models.Model):
     # An exact pool version every member's turn uses ("frontier@smollm2-135m-1"); blank: none.
     # Enterprise orgs pin a version so an upgrade never changes answers under them unannounced.
     pinned_pool = models.CharField(max_length=100, blank=True)
+    # Moderation policy (moderation/): per-category thresholds overriding
+    # settings.CHAT_MODERATION_THRESHOLDS ({"offensive": 0.7}), terms no message or answer may
+    # contain, and whether a failed classifier lets turns through (default: refuse, PF-M2).
+    moderation_thresholds = models.JSONField(default=dict, blank=True)
+    blocked_terms = models.JSONField(default=list, blank=True)
+    moderation_fail_open = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="organisations"

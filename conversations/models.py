@@ -70,6 +70,9 @@ class Turn(models.Model):
         COMPLETE = "complete", "Complete"
         CANCELLED = "cancelled", "Cancelled"
         FAILED = "failed", "Failed"
+        # Stopped by a moderation gate: a user message that never reached the engine, or an
+        # answer whose flagged text was withdrawn (moderation_verdict says why).
+        BLOCKED = "blocked", "Blocked"
 
     turn_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")

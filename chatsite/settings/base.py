@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "conversations",
     "api",
     "usage",
+    "moderation",
 ]
 
 MIDDLEWARE = [
@@ -346,6 +347,36 @@ CHAT_ORG_RATE_LIMITS_BY_TIER: dict[str, dict] = json.loads(
     "paid": {"rpm": 600, "tpm": 2_000_000},
     "enterprise": {"rpm": 2_000, "tpm": 8_000_000},
 }
+
+# --- Moderation gates (issue 6; moderation/) ---
+# The Moderator every turn is checked with: the local classifiers (offensive language from
+# alt-profanity-check's shipped model, a prompt-injection classifier trained on the repo's
+# labelled set, per-org blocked terms, system-prompt leak detection) or the adapter that asks a
+# model pool with a Llama-Guard-style prompt (moderation.guard.GuardModerator, pool below).
+CHAT_MODERATOR = os.environ.get("CHAT_MODERATOR", "moderation.local.LocalModerator")
+CHAT_MODERATION_GUARD_POOL = os.environ.get("CHAT_MODERATION_GUARD_POOL", "")
+# Gates on or off (off: the benchmark's baseline; never in production).
+CHAT_MODERATION_INPUT = env_bool("CHAT_MODERATION_INPUT", True)
+CHAT_MODERATION_OUTPUT = env_bool("CHAT_MODERATION_OUTPUT", True)
+# Score at or above which a category flags (0..1; classifier probabilities, so thresholds are
+# policy). Organisation.moderation_thresholds overrides per category.
+CHAT_MODERATION_THRESHOLDS: dict[str, float] = json.loads(
+    os.environ.get("CHAT_MODERATION_THRESHOLDS", "null")
+) or {
+    "offensive": 0.85,
+    "prompt_injection": 0.5,
+    "blocked_term": 0.5,
+    "system_prompt_leak": 0.5,
+    "unsafe": 0.5,
+}
+# A check that takes longer than this (seconds) counts as failed: the turn is refused unless
+# the organisation chose fail-open (PF-M2).
+CHAT_MODERATION_TIMEOUT_S = float(os.environ.get("CHAT_MODERATION_TIMEOUT_S", "0.25"))
+# The output gate checks the newest CHAT_MODERATION_WINDOW_CHARS characters of the answer each
+# time CHAT_MODERATION_STEP_CHARS more have streamed (and the tail at the end), so a phrase
+# split across tokens is whole in some window (PF-M1).
+CHAT_MODERATION_WINDOW_CHARS = env_int("CHAT_MODERATION_WINDOW_CHARS", 400)
+CHAT_MODERATION_STEP_CHARS = env_int("CHAT_MODERATION_STEP_CHARS", 64)
 
 # If the engine process dies mid-answer it is restarted; an answer waits this long for it and
 # then continues (re-prefilled with the text already sent), at most this many times.
