@@ -35,6 +35,17 @@ Serving (issue 5; recorded by inference/serving.py ``pool_generate`` unless said
 - ``chat_rate_limited_total{scope,limit}``: requests refused by a rate limit (429), ``scope`` =
   ``user`` | ``org``, ``limit`` = ``rpm`` | ``tpm`` (inference/ratelimit.py's callers).
 
+Moderation (issue 6; recorded by moderation/base.py ``acheck``):
+
+- ``chat_moderation_checks_total{gate,result}``: checks by ``gate`` (``input`` | ``output``)
+  and ``result``: ``clean``, ``flagged``, ``failed`` (the classifier raised or timed out).
+- ``chat_moderation_failures_total{gate,reason}``: failed checks, ``reason`` = ``error`` |
+  ``timeout`` (PF-M2: the turn is refused unless the organisation fails open).
+- ``chat_moderation_flagged_total{gate,category}``: flagged checks by category (one check may
+  count under several).
+- ``chat_moderation_seconds{gate}`` (histogram): time of one check, seconds, from the call to
+  the verdict (worker-thread wait included; failed checks too).
+
 ``value(name, **labels)`` reads one (tests, the health endpoint).
 """
 
@@ -124,6 +135,33 @@ RATE_LIMITED = Counter(
     "chat_rate_limited",
     "Requests refused by a rate limit (429), by scope (user, org) and limit (rpm, tpm).",
     ["scope", "limit"],
+)
+
+# --- moderation (issue 6) ------------------------------------------------------------------------
+# The input gate's budget is 50 ms p99 for a 4,000-character message (issue 6); the timeout
+# default is 0.25 s (settings.CHAT_MODERATION_TIMEOUT_S).
+MODERATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
+                      2.5, 5.0)
+MODERATION_CHECKS = Counter(
+    "chat_moderation_checks",
+    "Moderation checks by gate (input, output) and result (clean, flagged, failed).",
+    ["gate", "result"],
+)
+MODERATION_FAILURES = Counter(
+    "chat_moderation_failures",
+    "Moderation checks that raised or timed out, by gate and reason (error, timeout).",
+    ["gate", "reason"],
+)
+MODERATION_FLAGGED = Counter(
+    "chat_moderation_flagged",
+    "Flagged moderation checks by gate and category.",
+    ["gate", "category"],
+)
+MODERATION_SECONDS = Histogram(
+    "chat_moderation_seconds",
+    "Time of one moderation check (seconds), by gate.",
+    ["gate"],
+    buckets=MODERATION_BUCKETS,
 )
 
 

@@ -1,0 +1,321 @@
+"""The default moderator: local CPU classifiers, no network (issue 6).
+
+- ``offensive``: alt-profanity-check's shipped model (``profanity_check.predict_prob``: a
+  linear SVM over word n-grams, calibrated, trained by its authors on ~200k labelled texts),
+  applied to the spelling-normalised text in chunks of about a sentence, the score being the
+  highest chunk's (one insult in a long message is not diluted by the rest).
+- ``prompt_injection``: a scikit-learn pipeline trained in this process at first use (~0.3 s)
+  on ``moderation/data/injection_train.jsonl``: TF-IDF of word 1-2-grams and character 2-5-grams
+  of the normalised text (moderation/normalise.py: Unicode, leetspeak, spelt-out letters, lines
+  joined, base64/hex/ROT13 decoded and appended, FR/ES/DE/IT/PT glossed) -> logistic
+  regression. The score is the highest probability over the whole text and overlapping
+  ~400-character chunks (an instruction buried in a long pasted document still stands out).
+  Judged on the separate, hand-written ``moderation/data/injection_eval.jsonl``
+  (``injection_eval_scores``).
+- ``blocked_term``: the policy's terms, matched on ``normalise_basic`` text at word boundaries
+  (score 1.0 when any occurs, else 0.0).
+- ``system_prompt_leak`` (output only): word overlap of the answer window with the turn's
+  system prompt after ``leak_words`` (case, whitespace, punctuation, bullets, numbering
+  ignored): 1.0 when a run of ``min(8, words in the prompt)`` consecutive prompt words
+  appears, else the share of the prompt's word 3-grams that appear (flagged at the threshold,
+  0.5 by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+from moderation.normalise import leak_words, normalise, normalise_basic
+from moderation.verdicts import Policy, Verdict, clean_verdict, policy_for, verdict_from_scores
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+TRAIN_PATH = DATA_DIR / "injection_train.jsonl"
+EVAL_PATH = DATA_DIR / "injection_eval.jsonl"
+# The injection model's name: the month its training set was written, then the set's digest.
+INJECTION_VERSION = "injection-2026-11"
+
+# Chunking (characters of normalised text) for the injection score and the offensive score.
+INJECTION_CHUNK_CHARS = 400
+INJECTION_CHUNK_STEP = 200
+OFFENSIVE_CHUNK_CHARS = 240
+_SENTENCE_END = re.compile(r"(?<=[.!?;:\n])\s+")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled text: ``label`` 1 = prompt-injection attack, 0 = harmless; ``style`` is
+    the kind (e.g. ``ignore``, ``roleplay``, ``encoded``, ``translated``, ``split``,
+    ``fake_system``, ``exfiltration``, ``embedded``; harmless: ``instructions``, ``quoting``,
+    ``security``, ``error``, ...)."""
+
+    text: str
+    label: int
+    style: str = ""
+
+
+def load_examples(path: Path) -> list[Example]:
+    """The examples of a JSONL file (one ``{"text", "label", "style"}`` object a line; blank
+    lines and lines starting with ``//`` skipped). Raises ValueError naming the line of a
+    malformed one."""
+    examples: list[Example] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip() or line.startswith("//"):
+                continue
+            try:
+                row = json.loads(line)
+                label = int(row["label"])
+                if label not in (0, 1) or not isinstance(row["text"], str):
+                    raise ValueError("label must be 0 or 1 and text a string")
+                examples.append(Example(row["text"], label, str(row.get("style", ""))))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path.name} line {number}: {exc}") from exc
+    return examples
+
+
+def _chunks(text: str, size: int, step: int) -> list[str]:
+    """Overlapping pieces of ``text`` of about ``size`` characters every ``step`` characters,
+    cut at spaces; ``[]`` when the text fits in one."""
+    if len(text) <= size:
+        return []
+    pieces = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            space = text.rfind(" ", start + size // 2, end)
+            end = space if space > 0 else end
+        pieces.append(text[start:end])
+        if end >= len(text):
+            break
+        nxt = text.find(" ", start + step)
+        start = nxt + 1 if 0 <= nxt < end else start + step
+    return pieces
+
+
+class InjectionClassifier:
+    """Prompt-injection probability of a text (0..1). Built from labelled examples; thread-safe
+    to call once built (scikit-learn's transform and predict_proba only read)."""
+
+    def __init__(self, examples: list[Example]):
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import FeatureUnion, make_pipeline
+
+        if not any(e.label for e in examples) or all(e.label for e in examples):
+            raise ValueError("the injection training set needs both attacks and harmless texts")
+        features = FeatureUnion([
+            ("words", TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True,
+                                      token_pattern=r"(?u)\b\w+\b", min_df=1)),
+            ("chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True,
+                                      min_df=2, max_features=60000)),
+        ])
+        self.pipeline = make_pipeline(
+            features, LogisticRegression(C=8.0, class_weight="balanced", max_iter=2000)
+        )
+        self.pipeline.fit([normalise(e.text) for e in examples], [e.label for e in examples])
+
+    def score(self, text: str) -> float:
+        """The probability (0..1) that ``text`` is a prompt-injection attempt: the highest over
+        the whole normalised text and its overlapping chunks."""
+        normalised = normalise(text)
+        docs = [normalised, *_chunks(normalised, INJECTION_CHUNK_CHARS, INJECTION_CHUNK_STEP)]
+        return float(self.pipeline.predict_proba(docs)[:, 1].max())
+
+
+_model_lock = threading.Lock()
+_model: InjectionClassifier | None = None
+
+
+def training_digest() -> str:
+    """The first 8 hex digits of the training set's SHA-256 (part of the version string)."""
+    return hashlib.sha256(TRAIN_PATH.read_bytes()).hexdigest()[:8]
+
+
+def injection_classifier() -> InjectionClassifier:
+    """The process-wide injection classifier, trained on ``TRAIN_PATH`` at first use (well
+    under 1 s) and kept in memory."""
+    global _model
+    if _model is None:
+        with _model_lock:
+            if _model is None:
+                _model = InjectionClassifier(load_examples(TRAIN_PATH))
+    return _model
+
+
+def _profanity_version() -> str:
+    try:
+        return metadata.version("alt-profanity-check")
+    except metadata.PackageNotFoundError:  # pragma: no cover - installed with the project
+        return "unknown"
+
+
+@lru_cache(maxsize=256)
+def _blocked_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One regex for the terms, each normalised like the text and matched at word boundaries;
+    punctuation or spaces between a term's words match any run of non-word characters."""
+    alternatives = []
+    for term in terms:
+        words = [w for w in re.split(r"[\W_]+", normalise_basic(term)) if w]
+        if words:
+            alternatives.append(r"[\W_]+".join(re.escape(w) for w in words))
+    if not alternatives:
+        return None
+    alternatives.sort(key=len, reverse=True)
+    return re.compile(r"(?<![^\W_])(?:" + "|".join(alternatives) + r")(?![^\W_])")
+
+
+def blocked_term_score(text: str, terms: tuple[str, ...]) -> float:
+    """1.0 when one of ``terms`` occurs in ``text`` (case, Unicode look-alikes, leetspeak and
+    spacing normalised; whole words only: ``"ban"`` does not match ``"banana"``), else 0.0."""
+    pattern = _blocked_pattern(tuple(terms))
+    if pattern is None:
+        return 0.0
+    return 1.0 if pattern.search(normalise_basic(text)) else 0.0
+
+
+@lru_cache(maxsize=64)
+def _prompt_grams(system_prompt: str) -> tuple[int, frozenset, frozenset]:
+    words = leak_words(system_prompt)
+    run = min(8, len(words))
+    runs = frozenset(tuple(words[i:i + run]) for i in range(len(words) - run + 1))
+    trigrams = frozenset(tuple(words[i:i + 3]) for i in range(len(words) - 2))
+    return run, runs, trigrams
+
+
+def leak_score(window: str, system_prompt: str) -> float:
+    """How much of ``system_prompt`` the answer ``window`` repeats, 0..1, after ``leak_words``
+    on both (case, whitespace, punctuation, bullets and numbering ignored): 1.0 when
+    ``min(8, prompt words)`` consecutive prompt words appear in the window, else the share of
+    the prompt's word 3-grams found in the window. Prompts under 3 words score 0 (nothing
+    to recognise)."""
+    if not system_prompt:
+        return 0.0
+    run, runs, trigrams = _prompt_grams(system_prompt)
+    if run < 3 or not trigrams:
+        return 0.0
+    words = leak_words(window)
+    if any(tuple(words[i:i + run]) in runs for i in range(len(words) - run + 1)):
+        return 1.0
+    seen = {tuple(words[i:i + 3]) for i in range(len(words) - 2)}
+    return len(trigrams & seen) / len(trigrams)
+
+
+class LocalModerator:
+    """The default ``Moderator`` (settings.CHAT_MODERATOR): alt-profanity-check, the trained
+    prompt-injection classifier, blocked terms and the system-prompt leak check, all on the
+    gateway's CPU. Building it loads both models (~1-2 s with scikit-learn's import)."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        from profanity_check import predict_prob
+
+        self._profanity = predict_prob
+        self._injection = injection_classifier()
+        self.version = (
+            f"local-1 (alt-profanity-check {_profanity_version()}, "
+            f"{INJECTION_VERSION}+{training_digest()})"
+        )
+
+    def offensive_score(self, text: str) -> float:
+        """alt-profanity-check's probability (0..1) that ``text`` is offensive: the highest over
+        its sentences (grouped up to ~240 characters) of the spelling-normalised text."""
+        basic = normalise_basic(text)
+        pieces: list[str] = []
+        current = ""
+        for sentence in _SENTENCE_END.split(basic):
+            if current and len(current) + len(sentence) > OFFENSIVE_CHUNK_CHARS:
+                pieces.append(current)
+                current = ""
+            current = f"{current} {sentence}" if current else sentence
+        if current:
+            pieces.append(current)
+        return float(max(self._profanity(pieces or [basic])))
+
+    def injection_score(self, text: str) -> float:
+        """The prompt-injection probability of ``text`` (0..1), see ``InjectionClassifier``."""
+        return self._injection.score(text)
+
+    def check_input(self, text: str, policy: Policy) -> Verdict:
+        """Offensive, prompt-injection and (when the policy has any) blocked-term scores of a
+        user message -> verdict at ``policy``'s thresholds, gate ``"input"``. ~5-15 ms for
+        4,000 characters (README's measurements)."""
+        if not text.strip():
+            return clean_verdict(classifier=self.name, version=self.version, gate="input")
+        scores = {
+            "offensive": self.offensive_score(text),
+            "prompt_injection": self.injection_score(text),
+        }
+        if policy.blocked_terms:
+            scores["blocked_term"] = blocked_term_score(text, policy.blocked_terms)
+        return verdict_from_scores(scores, policy, classifier=self.name, version=self.version,
+                                   gate="input")
+
+    def check_output(self, text: str, policy: Policy) -> Verdict:
+        """Offensive, blocked-term and system-prompt-leak scores of a window of the answer ->
+        verdict, gate ``"output"`` (no injection score: the answer is the model's, not an
+        attacker's)."""
+        if not text.strip():
+            return clean_verdict(classifier=self.name, version=self.version, gate="output")
+        scores = {"offensive": self.offensive_score(text)}
+        if policy.blocked_terms:
+            scores["blocked_term"] = blocked_term_score(text, policy.blocked_terms)
+        if policy.system_prompt:
+            scores["system_prompt_leak"] = leak_score(text, policy.system_prompt)
+        return verdict_from_scores(scores, policy, classifier=self.name, version=self.version,
+                                   gate="output")
+
+
+def injection_eval_scores(threshold: float | None = None) -> dict:
+    """The injection classifier judged on the labelled evaluation set (``EVAL_PATH``, never
+    used in training): ``{"precision", "recall", "n_attacks", "n_benign", "threshold", "tp",
+    "fp", "fn", "tn", "train_examples"}``. ``threshold`` defaults to the deployment's
+    ``prompt_injection`` threshold (``settings.CHAT_MODERATION_THRESHOLDS``). What ``make
+    bench`` prints."""
+    if threshold is None:
+        threshold = policy_for(None).threshold("prompt_injection")
+    model = injection_classifier()
+    examples = load_examples(EVAL_PATH)
+    tp = fp = fn = tn = 0
+    for example in examples:
+        predicted = model.score(example.text) >= threshold
+        if example.label and predicted:
+            tp += 1
+        elif example.label:
+            fn += 1
+        elif predicted:
+            fp += 1
+        else:
+            tn += 1
+    return {
+        "precision": tp / (tp + fp) if tp + fp else 0.0,
+        "recall": tp / (tp + fn) if tp + fn else 0.0,
+        "n_attacks": tp + fn,
+        "n_benign": fp + tn,
+        "threshold": threshold,
+        "tp": tp, "fp": fp, "fn": fn, "tn": tn,
+        "train_examples": len(load_examples(TRAIN_PATH)),
+    }
+
+
+def injection_eval_errors(threshold: float | None = None) -> list[dict]:
+    """The evaluation examples the classifier gets wrong at ``threshold``: ``[{"text",
+    "label", "style", "score"}]`` (for reading, after a run; not for tuning features)."""
+    if threshold is None:
+        threshold = policy_for(None).threshold("prompt_injection")
+    model = injection_classifier()
+    wrong = []
+    for example in load_examples(EVAL_PATH):
+        score = model.score(example.text)
+        if (score >= threshold) != bool(example.label):
+            wrong.append({"text": example.text, "label": example.label,
+                          "style": example.style, "score": round(score, 3)})
+    return wrong
