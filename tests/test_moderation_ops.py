@@ -213,6 +213,29 @@ def test_saving_stores_thresholds_terms_and_fail_open_on_the_org(acme):
     assert 'id="saved"' in confirmation and "next message" in confirmation
 
 
+def test_saved_policy_is_what_the_next_turns_check_applies(acme):
+    """The gates read the organisation at each turn (moderation.verdicts.policy_for): what the
+    page saved is the policy, the defaults fill the blanks, and a saved term stops a message."""
+    from moderation.base import moderator  # noqa: PLC0415
+    from moderation.verdicts import policy_for  # noqa: PLC0415
+
+    client_for(acme["olga"]).post(
+        PAGE.format("acme"),
+        policy_post(threshold_offensive="0.95", blocked_terms="Project Falcon",
+                    moderation_fail_open="on"),
+    )  # fmt: skip
+
+    policy = policy_for(Organisation.objects.get(slug="acme"))
+    assert policy.thresholds["offensive"] == 0.95
+    assert policy.thresholds["prompt_injection"] == settings.CHAT_MODERATION_THRESHOLDS[
+        "prompt_injection"
+    ]
+    assert policy.blocked_terms == ("Project Falcon",) and policy.fail_open is True
+    verdict = moderator().check_input("What is the status of project falcon?", policy)
+    assert verdict.flagged and "blocked_term" in verdict.categories
+    assert not moderator().check_input("What is the status of project eagle?", policy).flagged
+
+
 def test_clearing_fields_returns_to_the_defaults(acme):
     org = acme["org"]
     org.moderation_thresholds = {"offensive": 0.9, "unsafe": 0.2}
