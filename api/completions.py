@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -24,12 +25,16 @@ from api import schemas
 from api.errors import ApiError
 from api.http import api_view, parse_json
 from conversations.sse import release_db_connection, run_in_db_thread, sse_response
+from conversations.streaming import withdrawn_message
 from inference import gate
 from inference.engine import EngineUnavailable, GenerationOptions
 from inference.pools import pool_engine, pool_set
 from inference.prompts import PromptTooLong, prompt_fit
 from inference.router import Route
 from inference.serving import pool_generate
+from moderation.base import acheck
+from moderation.gate import OutputGate
+from moderation.verdicts import Policy, policy_for
 
 logger = logging.getLogger(__name__)
 
@@ -111,15 +116,21 @@ async def _admit(request: HttpRequest, model: str) -> _Admitted:
     return _Admitted(caller=caller, route=route, engine=engine)
 
 
-async def _respond(admitted: _Admitted, ids: list[int], options: GenerationOptions, body, kind: str) -> HttpResponse:
-    """Take the rate limits for ``ids`` + the budget, generate, and answer in OpenAI's shape for
-    ``kind`` ("chat" or "text"): ``data:`` chunks then ``data: [DONE]`` when ``body.stream``,
-    else one JSON object. Either way the unused TPM reservation is refunded and the usage
-    ledger written once the request ends (also when its client went away, PF-R5).
-    Raises gate.Refused 429 before any engine work when a limit is used up."""
+async def _respond(
+    admitted: _Admitted, ids: list[int], options: GenerationOptions, body, kind: str, checked_text: str
+) -> HttpResponse:
+    """Take the rate limits for ``ids`` + the budget, pass ``checked_text`` (the newest user
+    message, or the prompt) through the input moderation gate, generate with the output gate
+    beside the stream, and answer in OpenAI's shape for ``kind`` ("chat" or "text"): ``data:``
+    chunks then ``data: [DONE]`` when ``body.stream``, else one JSON object. Either way the
+    unused TPM reservation is refunded and the usage ledger written once the request ends (also
+    when its client went away, PF-R5). Raises gate.Refused before any engine work: 429 when a
+    limit is used up, 400 ``content_blocked`` (with the categories) when moderation flags the
+    input, 503 when the check itself failed (fail closed, PF-M2)."""
     admitted.decision = await gate.rate_limit(
         admitted.caller, prompt_tokens=len(ids), max_tokens=options.max_tokens
     )
+    await _input_gate(admitted, checked_text)
     completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     await release_db_connection()  # nothing below queries the database
@@ -138,20 +149,37 @@ async def _respond(admitted: _Admitted, ids: list[int], options: GenerationOptio
 
 
 async def _complete(admitted, ids, options, completion_id, created, kind, model) -> HttpResponse:
-    """A non-streamed completion (see :func:`_respond`)."""
+    """A non-streamed completion (see :func:`_respond`). When the output gate flags the text
+    the generation stops, and the answer is empty with ``finish_reason`` ``content_filter`` (as
+    OpenAI reports filtered output) and a ``moderation`` object saying why."""
     text, finish_reason, tally = [], None, _Tally(prompt=len(ids))
+    output_gate = _output_gate(admitted)
     try:
-        async for delta in pool_generate(admitted.route, ids, options, completion_id, tier=admitted.caller.tier):
-            text.append(delta.text)
-            tally.add(delta)
-            finish_reason = delta.finish_reason or finish_reason
+        async with aclosing(
+            pool_generate(admitted.route, ids, options, completion_id, tier=admitted.caller.tier)
+        ) as deltas:
+            async for delta in deltas:
+                text.append(delta.text)
+                tally.add(delta)
+                finish_reason = delta.finish_reason or finish_reason
+                if output_gate is not None:
+                    output_gate.feed(delta.text)
+                    if output_gate.flagged is not None:
+                        break  # closing the generator aborts the engine request
+        verdict = await output_gate.finish() if output_gate is not None else None
     finally:
+        if output_gate is not None:
+            output_gate.cancel()
         await asyncio.shield(_account(admitted, tally, finished=finish_reason is not None))
     choice = {"index": 0, "finish_reason": finish_reason or "stop", "logprobs": None}
+    content = "".join(text)
+    if verdict is not None and verdict.flagged:
+        choice["finish_reason"], content = "content_filter", ""
+        choice["moderation"] = {"categories": list(verdict.categories), "message": withdrawn_message(verdict.categories)}
     if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": "".join(text)}
+        choice["message"] = {"role": "assistant", "content": content}
     else:
-        choice["text"] = "".join(text)
+        choice["text"] = content
     return JsonResponse(
         {
             "id": completion_id,
@@ -162,6 +190,36 @@ async def _complete(admitted, ids, options, completion_id, created, kind, model)
             "usage": tally.usage(),
         }
     )
+
+
+async def _input_gate(admitted: _Admitted, text: str) -> None:
+    """The input moderation gate for a stateless request (nothing is stored). Raises
+    gate.Refused 400 ``content_blocked`` with the categories, or 503 when the check failed
+    (fail closed unless the organisation chose fail-open), after refunding the reservation."""
+    if not settings.CHAT_MODERATION_INPUT or admitted.caller.service:
+        return
+    verdict = await acheck("input", text, _policy(admitted))
+    if not verdict.flagged:
+        return
+    await gate.settle(admitted.decision, prompt_tokens=0, completion_tokens=0)
+    details = {"categories": list(verdict.categories)}
+    if "moderation_unavailable" in verdict.categories:
+        raise gate.Refused(503, "moderation_unavailable", verdict.message(), {"Retry-After": "30"}, details)
+    raise gate.Refused(400, "content_blocked", verdict.message(), details=details)
+
+
+def _policy(admitted: _Admitted) -> Policy:
+    """The caller's moderation policy; the system prompt is the request's own (there is no
+    hidden one to leak)."""
+    return admitted.caller.moderation or policy_for(None)
+
+
+def _output_gate(admitted: _Admitted) -> OutputGate | None:
+    """The output gate for a stateless request; None while off or for background jobs (the
+    service credential summarises users' own text)."""
+    if not settings.CHAT_MODERATION_OUTPUT or admitted.caller.service:
+        return None
+    return OutputGate(_policy(admitted))
 
 
 @dataclass
@@ -202,6 +260,15 @@ async def _account(admitted: _Admitted, tally: _Tally, *, finished: bool) -> Non
         logger.exception("could not record usage of a completion")
 
 
+def engine_decode(engine, ids: list[int]) -> str:
+    """The text of a token-id prompt, for the input gate (token ids must be checked as what
+    they say, or the gate would be trivially bypassed)."""
+    tokenizer = engine._require_tokenizer() if hasattr(engine, "_require_tokenizer") else None
+    if tokenizer is None:
+        return " ".join(map(str, ids))
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def _split_system(messages: list[dict]) -> tuple[str, list[dict]]:
     """The leading system messages joined (kept whatever is trimmed) and the rest."""
     head = 0
@@ -238,7 +305,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     except PromptTooLong as exc:
         raise ApiError(400, "context_length_exceeded", f"{exc} (model {pool.name}: {pool.max_context:,} tokens of context)") from None
     options = _options(body, fitted.max_tokens, request.api_user)
-    response = await _respond(admitted, fitted.token_ids, options, body, "chat")
+    newest = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+    response = await _respond(admitted, fitted.token_ids, options, body, "chat", newest)
     if fitted.dropped_messages:
         response["X-Context-Trimmed"] = str(fitted.dropped_messages)
     return response
@@ -267,7 +335,8 @@ async def completions(request: HttpRequest) -> HttpResponse:
             f"The prompt is {len(ids):,} tokens; the {pool.name} model's context holds {pool.max_context:,}.",
         )  # fmt: skip
     options = _options(body, min(budget, room), request.api_user)
-    return await _respond(admitted, ids, options, body, "text")
+    text = body.prompt if isinstance(body.prompt, str) else engine_decode(engine, ids)
+    return await _respond(admitted, ids, options, body, "text", text)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -280,7 +349,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 def _chunk(
     completion_id: str, created: int, delta: dict | None, finish_reason=None, usage=None, kind="chat",
-    model: str = "",
+    model: str = "", extra: dict | None = None,
 ) -> bytes:
     if delta is None:
         choices = []
@@ -297,6 +366,8 @@ def _chunk(
     }
     if usage is not None:
         payload["usage"] = usage
+    if extra and choices:
+        choices[0].update(extra)
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
@@ -311,21 +382,42 @@ async def _chunks(
         yield chunk({"role": "assistant", "content": ""})
     tally = _Tally(prompt=len(prompt_ids))
     finish_reason = None
+    output_gate = _output_gate(admitted)
+    verdict = None
     try:
-        async for delta in pool_generate(
-            admitted.route, prompt_ids, options, completion_id, tier=admitted.caller.tier
-        ):
-            tally.add(delta)
-            finish_reason = delta.finish_reason or finish_reason
-            if delta.text:
-                yield chunk({"content": delta.text})
+        async with aclosing(
+            pool_generate(admitted.route, prompt_ids, options, completion_id, tier=admitted.caller.tier)
+        ) as deltas:
+            async for delta in deltas:
+                tally.add(delta)
+                finish_reason = delta.finish_reason or finish_reason
+                if output_gate is not None and output_gate.flagged is not None:
+                    break  # stop at once; closing the generator aborts the engine request
+                if delta.text:
+                    yield chunk({"content": delta.text})
+                    if output_gate is not None:
+                        output_gate.feed(delta.text)  # checked beside the stream, after sending
+        if output_gate is not None:
+            verdict = await output_gate.finish()
     except EngineUnavailable as exc:
         error = {"error": {"type": "unavailable", "message": f"The model failed: {exc}"}}
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
         return
     finally:
+        if output_gate is not None:
+            output_gate.cancel()
         # Charged once, for what was generated, also when the client went away (PF-R5).
         await asyncio.shield(_account(admitted, tally, finished=finish_reason is not None))
+    if verdict is not None and verdict.flagged:
+        # OpenAI's streaming protocol cannot take back text already sent: the final chunk says
+        # the rest was filtered and why; clients should discard the partial answer.
+        yield _chunk(
+            completion_id, created, {}, "content_filter", kind=kind, model=model,
+            extra={"moderation": {"categories": list(verdict.categories), "retract": True,
+                                  "message": withdrawn_message(verdict.categories)}},
+        )  # fmt: skip
+        yield b"data: [DONE]\n\n"
+        return
     yield chunk({}, finish_reason or "stop")
     if include_usage:
         yield chunk(None, usage=tally.usage())

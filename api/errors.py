@@ -21,9 +21,12 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def error_response(status: int, type: str, message: str, headers: dict | None = None) -> JsonResponse:
-    """A JSON error response in the ``/v1`` shape."""
-    response = JsonResponse({"error": {"type": type, "message": message}}, status=status)
+def error_response(
+    status: int, type: str, message: str, headers: dict | None = None, details: dict | None = None
+) -> JsonResponse:
+    """A JSON error response in the ``/v1`` shape; ``details`` adds fields to the error object
+    (e.g. ``categories`` and ``turn_id`` of a message the moderation gate blocked)."""
+    response = JsonResponse({"error": {"type": type, "message": message, **(details or {})}}, status=status)
     for name, value in (headers or {}).items():
         response[name] = value
     return response

@@ -58,7 +58,8 @@ def api_view(*methods: str) -> Callable:
                 # Refused: the gateway's admission said no (inference/gate.py: 400/403 model,
                 # 429 rate limit, 503 shed), with its Retry-After / X-RateLimit-* headers.
                 kind = exc.type if isinstance(exc, ApiError) else exc.code
-                return error_response(exc.status, kind, exc.message, exc.headers)
+                details = getattr(exc, "details", None)
+                return error_response(exc.status, kind, exc.message, exc.headers, details)
             except Http404 as exc:
                 message = str(exc) or "Not found."
                 return error_response(404, "not_found", message)

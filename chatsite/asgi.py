@@ -1,6 +1,8 @@
 """ASGI entry point for daphne: ``daphne chatsite.asgi:application``."""
 
+import logging
 import os
+import threading
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
 
@@ -22,3 +24,20 @@ if _config_errors:
 # Static files (htmx, the chat script, CSS) are served by daphne itself on a single box; a
 # production deployment behind nginx serves the collected files from nginx instead.
 application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)})
+
+
+def _moderation_warm_up() -> None:
+    """Load the moderation classifiers (the first check loads and trains them, ~1 s) so the
+    first turn is not refused for a check that timed out (settings.CHAT_MODERATION_TIMEOUT_S)."""
+    from moderation.base import moderator  # noqa: PLC0415
+    from moderation.verdicts import policy_for  # noqa: PLC0415
+
+    try:
+        checker = moderator()
+        checker.check_input("warm-up", policy_for(None))
+        checker.check_output("warm-up", policy_for(None))
+    except Exception:  # noqa: BLE001 - a broken classifier shows on the first turn (fail closed)
+        logging.getLogger(__name__).exception("moderation warm-up failed")
+
+
+threading.Thread(target=_moderation_warm_up, name="moderation-warm-up", daemon=True).start()

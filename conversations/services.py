@@ -119,26 +119,39 @@ def conversation_delete(*, conversation: Conversation) -> None:
 @transaction.atomic
 @regions.atomic
 def turn_append_user(
-    *, conversation: Conversation, content: str, replaces: Turn | None = None
+    *,
+    conversation: Conversation,
+    content: str,
+    replaces: Turn | None = None,
+    moderation_verdict: dict | None = None,
+    blocked: bool = False,
 ) -> Turn:
     """Append a user turn (committed before any generation starts) and return it.
 
     ``replaces``: the user turn this one edits (append-only edits, conversations/versions.py):
     the new turn takes its place in the conversation; the old one stays in the log. The caller
-    checks that it is a user turn of this conversation.
+    checks that it is a user turn of this conversation. ``moderation_verdict``: the input
+    gate's verdict (moderation/verdicts.py ``Verdict.as_json``); ``blocked``: the gate stopped
+    the message, so it is stored with status ``blocked`` and is never answered.
     The conversation row is locked for the append so two appends to one conversation are
     serialised. The first message also names an untitled conversation.
     Raises ValidationError for an invalid message (see :func:`message_clean`); nothing is stored.
     """
     text = message_clean(content)
     replaces_id = replaces.turn_id if replaces is not None else None
+    moderation = {
+        "moderation_verdict": moderation_verdict or {},
+        "status": Turn.Status.BLOCKED if blocked else Turn.Status.COMPLETE,
+    }
     if retention.conversation_zero_retention(conversation):
-        return _zero_retention_user_turn(conversation=conversation, text=text, replaces_id=replaces_id)
+        return _zero_retention_user_turn(
+            conversation=conversation, text=text, replaces_id=replaces_id, **moderation
+        )
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
     now = timezone.now()
     turn = Turn.objects.create(
         conversation=locked, role=Turn.Role.USER, content=text, created_at=now,
-        replaces_id=replaces_id,
+        replaces_id=replaces_id, **moderation,
     )  # fmt: skip
     locked.last_turn_at = now
     fields = ["last_turn_at"]
@@ -151,7 +164,12 @@ def turn_append_user(
 
 
 def _zero_retention_user_turn(
-    *, conversation: Conversation, text: str, replaces_id: UUID | None = None
+    *,
+    conversation: Conversation,
+    text: str,
+    replaces_id: UUID | None = None,
+    moderation_verdict: dict | None = None,
+    status: str = Turn.Status.COMPLETE,
 ) -> Turn:
     """A zero-retention conversation's user turn: never written to PostgreSQL (issue 4,
     Retention). Its only copy is a Redis record that expires after ``settings.CHAT_ZDR_TTL_S``
@@ -162,7 +180,7 @@ def _zero_retention_user_turn(
     now = timezone.now()
     turn = Turn(
         conversation=conversation, role=Turn.Role.USER, content=text, created_at=now,
-        replaces_id=replaces_id,
+        replaces_id=replaces_id, moderation_verdict=moderation_verdict or {}, status=status,
     )  # fmt: skip
     try:
         writeback.hold(
@@ -195,8 +213,12 @@ def turn_append_assistant(
     model_version: str = "",
     cached_tokens: int | None = None,
     cost_usd: Decimal | None = None,
+    moderation_verdict: dict | None = None,
 ) -> Turn:
     """Store the assistant's answer to ``reply_to_id``; idempotent on ``turn_id``.
+
+    ``moderation_verdict``: the output gate's last verdict (a ``blocked`` answer keeps the
+    verdict and none of the flagged text).
 
     ``pool`` / ``model_version``: the pool (inference/pools.py) that answered; ``cached_tokens``:
     prompt tokens served from the prefix cache; ``cost_usd``: the answer's cost at the pool's
@@ -231,6 +253,7 @@ def turn_append_assistant(
             reply_to_id=reply_to_id, created_at=now, replaces_id=replaces_id,
             context_trimmed=context_trimmed, pool=pool, model_version=model_version,
             cached_tokens=cached_tokens, cost_usd=cost_usd,
+            moderation_verdict=moderation_verdict or {},
         )  # fmt: skip
     turn = Turn.objects.create(
         turn_id=turn_id,
@@ -248,6 +271,7 @@ def turn_append_assistant(
         model_version=model_version,
         cached_tokens=cached_tokens,
         cost_usd=cost_usd,
+        moderation_verdict=moderation_verdict or {},
     )
     if locked.last_turn_at is None or now > locked.last_turn_at:
         locked.last_turn_at = now

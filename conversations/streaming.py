@@ -34,12 +34,20 @@ from conversations import cache, retention, selectors, services, summaries, turn
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.sse import run_in_db_thread, sse_comment, sse_event
+from conversations.admission import (  # noqa: F401 - views reach these through this module
+    ContentBlocked,
+    TurnPlan,
+    caller_of,
+    refuse_unavailable,
+    input_check,
+    turn_plan,
+)
 from inference import gate
 from inference.engine import EngineUnavailable, GenerationOptions
 from inference.pools import pool_engine
-from inference.prompts import PromptTooLong, prompt_assemble
-from inference.router import Route
 from inference.serving import pool_generate
+from moderation.gate import OutputGate
+from moderation.verdicts import Verdict
 from usage import services as usage_services
 
 logger = logging.getLogger(__name__)
@@ -69,6 +77,9 @@ class TurnStream:
     context_trimmed: int = 0
     # How this answer was admitted (pool, caller, prompt, rate-limit reservation): see TurnPlan.
     plan: TurnPlan | None = None
+    # Set by the output gate when it flags the answer (moderation/gate.py): the generation is
+    # aborted and the answer stored as blocked, without its text.
+    blocked_verdict: Verdict | None = None
     events: list[StreamEvent] = field(default_factory=list)
     finished: bool = False
     status: str | None = None
@@ -226,9 +237,38 @@ def answer_done_payload(answer: Turn) -> dict:
     )
 
 
+def moderation_payload(answer: Turn) -> dict:
+    """The ``moderation`` event's data: the output gate withdrew this answer. ``retract``: the
+    client removes the partial answer it showed; ``message``: the notice to show instead;
+    ``categories``: why; ``usage``: the tokens generated before it was stopped (charged)."""
+    verdict = answer.moderation_verdict or {}
+    categories = verdict.get("categories") or []
+    return {
+        "turn_id": str(answer.turn_id),
+        "status": answer.status,
+        "retract": True,
+        "categories": categories,
+        "message": withdrawn_message(categories),
+        "usage": answer_done_payload(answer)["usage"],
+    }
+
+
+def withdrawn_message(categories) -> str:
+    """The notice that replaces an answer the output gate stopped."""
+    if "moderation_unavailable" in categories:
+        return "The answer was withdrawn because the safety check is unavailable right now. Try again in a minute."
+    if "system_prompt_leak" in categories:
+        return "The answer was withdrawn: it repeated the assistant's hidden instructions."
+    return "The answer was withdrawn by the content filter. Try asking in another way."
+
+
 async def stored_answer_sse(answer: Turn) -> AsyncIterator[bytes]:
-    """SSE for an answer already stored and no longer streaming: one ``done`` event (id 1)."""
-    yield sse_event("done", answer_done_payload(answer), 1)
+    """SSE for an answer already stored and no longer streaming: one ``done`` event (id 1), or
+    ``moderation`` for an answer the output gate withdrew."""
+    if answer.status == Turn.Status.BLOCKED:
+        yield sse_event("moderation", moderation_payload(answer), 1)
+    else:
+        yield sse_event("done", answer_done_payload(answer), 1)
 
 
 async def follow_remote_sse(answer_id: UUID, after: int = 0) -> AsyncIterator[bytes]:
@@ -324,114 +364,6 @@ async def _claim(conversation_id: UUID, answer_id: UUID) -> AsyncIterator[None]:
         _claimed.discard(conversation_id)
 
 
-@dataclass(frozen=True)
-class TurnPlan:
-    """How one answer was admitted (inference/gate.py), before anything was stored.
-
-    ``route``: the pool that answers (and why); ``caller``: whose limits and tier;
-    ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
-    ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
-    ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
-    ``decision``: the rate-limit decision (its reservation is refunded when the answer ends;
-    None for the service credential or when Redis was down).
-    """
-
-    route: Route
-    caller: gate.Caller
-    token_ids: list[int]
-    max_tokens: int
-    context_trimmed: int
-    want_summary: bool
-    decision: object | None = None
-
-
-def _prompt_prepare(
-    *,
-    conversation_id: UUID,
-    question: Turn,
-    system_prompt: str,
-    route: Route,
-    max_tokens: int,
-    planned: bool,
-    last_turn_at=None,
-) -> tuple[list[int], int, int, bool]:
-    """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
-    history). Returns (token ids, completion budget, context_trimmed, want_summary).
-    Raises PromptTooLong, Conversation.DoesNotExist."""
-    context = selectors.prompt_context(
-        conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at
-    )
-    # Stable first, changing last (inference/prompts.py): system, memory, summary, turns.
-    fitted = prompt_assemble(
-        system_prompt=gate.with_preamble(route, system_prompt or settings.CHAT_SYSTEM_PROMPT),
-        memory="",  # the user-memory block (issue 7) goes here
-        summary=context.summary,
-        exchanges=context.exchanges,
-        question=question.content,
-        encode_chat=pool_engine(route.pool).encode_chat,
-        max_model_len=route.pool.max_context,
-        max_tokens=max_tokens,
-    )
-    return (
-        fitted.token_ids,
-        fitted.max_tokens,
-        context.summarised + fitted.dropped_exchanges,
-        summaries.summary_wanted(fitted),
-    )
-
-
-async def turn_plan(
-    *,
-    conversation,
-    caller: gate.Caller,
-    question: Turn,
-    model: str | None = None,
-    max_tokens: int | None = None,
-    explicit_max_tokens: bool = False,
-    planned: bool = False,
-) -> TurnPlan:
-    """Admit an answer to ``question`` (inference/gate.py): route to a pool (``model``: asked
-    for by this request, checked strictly; else the conversation's ``model``), shed under
-    load, size the completion budget, assemble the prompt, and take the rate limits for
-    prompt + max_tokens. No engine work and nothing stored. ``planned``: ``question`` is not
-    stored yet. Raises gate.Refused (400/403/429/503) - for a prompt longer than the pool's
-    context too (400 context_length_exceeded)."""
-    route = gate.route_for(caller, model, fallback=conversation.model)
-    route = gate.shed_for(caller, route)
-    budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
-    try:
-        # On the request's own thread and connection (thread-sensitive), not the shared
-        # executor: a request waiting there would hold its connection meanwhile, and a burst of
-        # turns could exhaust the connection pool.
-        token_ids, budget, trimmed, want_summary = await sync_to_async(_prompt_prepare)(
-            conversation_id=conversation.conversation_id,
-            question=question,
-            system_prompt=conversation.system_prompt,
-            route=route,
-            max_tokens=budget,
-            planned=planned,
-            last_turn_at=conversation.last_turn_at,
-        )
-    except PromptTooLong as exc:
-        raise gate.Refused(400, "context_length_exceeded", str(exc)) from None
-    decision = await gate.rate_limit(caller, prompt_tokens=len(token_ids), max_tokens=budget)
-    return TurnPlan(
-        route=route, caller=caller, token_ids=token_ids, max_tokens=budget,
-        context_trimmed=trimmed, want_summary=want_summary, decision=decision,
-    )  # fmt: skip
-
-
-async def _caller(conversation, caller: gate.Caller | None) -> gate.Caller:
-    """``caller``, or the conversation owner acting in the conversation's organisation."""
-    if caller is not None:
-        return caller
-
-    def owner_caller():
-        return gate.caller_for(conversation.owner, conversation.org)
-
-    return await sync_to_async(owner_caller)()
-
-
 async def turn_submit(
     *,
     conversation,
@@ -455,13 +387,16 @@ async def turn_submit(
     answered and the other gets ConversationBusy with nothing stored (PF-P1). The answer is
     admitted (:func:`turn_plan`: route, shed, prompt, rate limits) before the message is
     stored, so a refused message leaves nothing behind.
+    The message then passes the input moderation gate: a flagged one is stored with its
+    verdict and status ``blocked`` and never answered (ContentBlocked); a failed check refuses
+    the turn with nothing stored (503, unless the organisation chose fail-open).
     Raises ValidationError for an invalid message, ConversationBusy while an answer is written,
-    gate.Refused when the answer is not admitted.
+    gate.Refused when the answer is not admitted (ContentBlocked when moderation stopped it).
     """
     conversation_id = conversation.conversation_id
     answer_id = uuid.uuid4()
     text = services.message_clean(content)
-    caller = await _caller(conversation, caller)
+    caller = await caller_of(conversation, caller)
     async with _claim(conversation_id, answer_id):
         draft = Turn(
             conversation_id=conversation_id, role=Turn.Role.USER, content=text,
@@ -471,11 +406,17 @@ async def turn_submit(
             conversation=conversation, caller=caller, question=draft, model=model,
             max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens, planned=True,
         )  # fmt: skip
+        verdict = await input_check(plan, text)
+        blocked = verdict is not None and verdict.flagged
+        if blocked and "moderation_unavailable" in verdict.categories:
+            await refuse_unavailable(plan, verdict)
         previous_turn_at = conversation.last_turn_at  # the append moves it
         try:
             question = await sync_to_async(services.turn_append_user)(
-                conversation=conversation, content=text, replaces=replaces
-            )
+                conversation=conversation, content=text, replaces=replaces,
+                moderation_verdict=verdict.as_json() if verdict is not None else None,
+                blocked=blocked,
+            )  # fmt: skip
             if model and model != conversation.model:
                 await sync_to_async(services.conversation_model_set)(conversation=conversation, model=model)
         except BaseException:
@@ -483,6 +424,9 @@ async def turn_submit(
             raise
         # Write-through to the hot cache (conversations/cache.py); never raises.
         await cache.aturn_cached(question, after=previous_turn_at)
+        if blocked:  # stored with its verdict; the engine never sees it
+            await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
+            raise ContentBlocked(question, verdict)
         zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
         stream = generation_start(
             conversation_id=conversation_id,
@@ -514,7 +458,7 @@ async def answer_regenerate(
     """
     conversation_id = conversation.conversation_id
     answer_id = uuid.uuid4()
-    caller = await _caller(conversation, caller)
+    caller = await caller_of(conversation, caller)
     async with _claim(conversation_id, answer_id):
         question = await sync_to_async(selectors.user_turn_get)(
             conversation=conversation, turn_id=answer.reply_to_id
@@ -604,6 +548,7 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
     usage = _Usage(prompt_tokens=len(plan.token_ids))
     status = Turn.Status.FAILED
     error: str | None = None
+    output_gate = _output_gate(stream)
     try:
         await engine.ensure_started()
         earlier_tokens = 0  # completion tokens of attempts before an engine restart
@@ -623,6 +568,8 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
                     if delta.text:
                         parts.append(delta.text)
                         stream.publish("token", {"text": delta.text})
+                        if output_gate is not None:
+                            output_gate.feed(delta.text)  # checked beside the stream, after sending
                 break
             except EngineUnavailable:
                 if attempt == settings.CHAT_ENGINE_RESUME_ATTEMPTS:
@@ -631,16 +578,38 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
                 earlier_tokens = usage.completion_tokens
                 await engine.wait_ready(settings.CHAT_ENGINE_RESTART_WAIT_S)
         status = Turn.Status.COMPLETE
+        if output_gate is not None and await output_gate.finish() is not None and output_gate.flagged:
+            stream.blocked_verdict = output_gate.flagged
+            status = Turn.Status.BLOCKED
     except asyncio.CancelledError:
-        status = Turn.Status.CANCELLED
+        status = Turn.Status.BLOCKED if stream.blocked_verdict is not None else Turn.Status.CANCELLED
     except EngineUnavailable as exc:
         error = f"The model is unavailable right now ({exc}). Try again in a minute."
     except Exception:  # noqa: BLE001 - any failure must still end the stream readably
         logger.exception("generation failed for turn %s", stream.answer_id)
         error = "Something went wrong while writing the answer. Try again."
-    await _finish(stream, question, "".join(parts), status, error, usage)
+    if output_gate is not None:
+        output_gate.cancel()
+    verdict = stream.blocked_verdict or (output_gate.verdict if output_gate is not None else None)
+    # A blocked answer keeps its verdict and none of the flagged text.
+    text = "" if status == Turn.Status.BLOCKED else "".join(parts)
+    await _finish(stream, question, text, status, error, usage, verdict)
     if plan.want_summary and not stream.zero_retention:
         await _db(summaries.summary_request, conversation_id=stream.conversation_id)
+
+
+def _output_gate(stream: TurnStream) -> OutputGate | None:
+    """The output moderation gate of ``stream`` (None while settings.CHAT_MODERATION_OUTPUT is
+    off). When it flags, the generation is aborted at once (``stop``) and stored as blocked."""
+    if not settings.CHAT_MODERATION_OUTPUT:
+        return None
+
+    def on_flag(verdict: Verdict) -> None:
+        stream.blocked_verdict = verdict
+        if stream.task is not None and not stream.task.done() and stream.task is not asyncio.current_task():
+            stream.task.cancel()
+
+    return OutputGate(stream.plan.policy, on_flag)
 
 
 async def _despite_cancellation(awaitable) -> object:
@@ -657,7 +626,13 @@ async def _despite_cancellation(awaitable) -> object:
 
 
 async def _finish(
-    stream: TurnStream, question: Turn, text: str, status: str, error: str | None, usage: _Usage
+    stream: TurnStream,
+    question: Turn,
+    text: str,
+    status: str,
+    error: str | None,
+    usage: _Usage,
+    verdict: Verdict | None = None,
 ) -> None:
     """Make the answer durable (shielded: a second cancel cannot lose it), then publish the end.
 
@@ -688,6 +663,7 @@ async def _finish(
         model_version=pool.version,
         cached_tokens=usage.cached_tokens,
         cost_usd=cost,
+        moderation_verdict=verdict.as_json() if verdict is not None else None,
     )
     store = writeback.answer_finish(record=record)
     answer = writeback.record_turn(record)
@@ -711,6 +687,8 @@ async def _finish(
     await _despite_cancellation(turnlog.conversation_unlock(stream.conversation_id, stream.answer_id))
     if error is not None:
         stream.publish("error", {"turn_id": str(stream.answer_id), "message": error})
+    elif status == Turn.Status.BLOCKED:
+        stream.publish("moderation", moderation_payload(answer))
     else:
         stream.publish("done", answer_done_payload(answer))
     stream.close()

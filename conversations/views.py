@@ -16,7 +16,6 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseRedirect,
-    JsonResponse,
 )
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -30,6 +29,7 @@ from conversations.rendering import markdown_to_safe_html
 from conversations.sse import last_event_id, release_db_connection, sse_event, sse_response
 from inference import gate
 from inference.pools import pool_set
+from moderation.gate import verdict_message
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -80,11 +80,28 @@ def _exchange_context(
         "question": exchange.question,
         "answer": answer,
         "answer_html": markdown_to_safe_html(answer.content) if answer else "",
-        # Unanswered: the page (re)attaches to the live stream, or starts it after a restart.
-        "streaming": answer is None,
+        # Unanswered: the page (re)attaches to the live stream, or starts it after a restart;
+        # a message the input gate blocked is never answered (it shows why instead).
+        "streaming": answer is None and not _blocked(exchange.question),
+        "blocked_message": _blocked_message(exchange.question),
+        "withdrawn_message": (
+            streaming.withdrawn_message((answer.moderation_verdict or {}).get("categories") or [])
+            if answer is not None and answer.status == Turn.Status.BLOCKED else ""
+        ),
         "answer_id": answer_id,
         "versions": versions,
     }
+
+
+def _blocked(question: Turn | None) -> bool:
+    return question is not None and question.status == Turn.Status.BLOCKED
+
+
+def _blocked_message(question: Turn | None) -> str:
+    """Why the input gate blocked ``question`` (moderation/verdicts.py), or ""."""
+    if not _blocked(question):
+        return ""
+    return verdict_message(question.moderation_verdict or {})
 
 
 def _versions(answers, answer: Turn) -> dict:
@@ -175,6 +192,9 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         )
     except streaming.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
+    except streaming.ContentBlocked as exc:
+        # Stored with its verdict and never answered: shown in the conversation with why.
+        question, stream = exc.question, None
     except gate.Refused as exc:
         if created:  # nothing was said in it: do not leave an empty conversation behind
             await sync_to_async(services.conversation_delete)(conversation=conversation)
@@ -186,7 +206,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         **_exchange_context(
             conversation,
             selectors.Exchange(question=question, answer=None),
-            answer_id=stream.answer_id,
+            answer_id=stream.answer_id if stream is not None else None,
         ),
         "created": created,
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
@@ -228,13 +248,16 @@ async def turn_edit(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
         )
     except streaming.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
+    except streaming.ContentBlocked as exc:
+        question, stream = exc.question, None
     except gate.Refused as exc:
         return _error_response(request, exc.message, exc.status, exc.headers)
     if not _is_htmx(request):
         return redirect("conversation", conversation_id=conversation.conversation_id)
     context = {
         **_exchange_context(
-            conversation, selectors.Exchange(question=question, answer=None), answer_id=stream.answer_id
+            conversation, selectors.Exchange(question=question, answer=None),
+            answer_id=stream.answer_id if stream is not None else None,
         ),
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
     }
@@ -314,6 +337,9 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
         conversation=conversation, turn_id=turn_id
     )
     stream = streaming.stream_for_question(question.turn_id)
+    if question.status == Turn.Status.BLOCKED:  # the input gate stopped it: never answered
+        await release_db_connection()
+        return sse_response(_single_error(_blocked_message(question)))
     if stream is None:
         answer = await sync_to_async(selectors.reply_get)(turn=question)
         remote_answer_id = None if answer else await turnlog.answer_for_question(question.turn_id)

@@ -93,6 +93,7 @@ def turn_record(turn: Turn, *, zero_retention: bool = False) -> dict[str, Any]:
         # cost in USD as a decimal string (exact; floats would round).
         **{name: getattr(turn, name) for name in ("pool", "model_version", "cached_tokens")},
         "cost_usd": str(turn.cost_usd) if turn.cost_usd is not None else None,
+        "moderation_verdict": turn.moderation_verdict or {},
         "created_at": turn.created_at.isoformat(),
         "zero_retention": zero_retention,
     }
@@ -117,14 +118,15 @@ def record_turn(record: dict[str, Any]) -> Turn:
 
 
 def _usage_fields(record: dict[str, Any]) -> dict[str, Any]:
-    """An assistant turn's pool, model version, cached tokens and cost from its record (absent
-    in records held before issue 5: blank / None)."""
+    """A turn's pool, model version, cached tokens, cost and moderation verdict from its record
+    (absent in records held before issues 5 and 6: blank / None / {})."""
     cost = record.get("cost_usd")
     return {
         "pool": record.get("pool") or "",
         "model_version": record.get("model_version") or "",
         "cached_tokens": record.get("cached_tokens"),
         "cost_usd": Decimal(cost) if cost is not None else None,
+        "moderation_verdict": record.get("moderation_verdict") or {},
     }
 
 
@@ -144,17 +146,19 @@ def answer_record(
     model_version: str = "",
     cached_tokens: int | None = None,
     cost_usd: Decimal | None = None,
+    moderation_verdict: dict | None = None,
 ) -> dict[str, Any]:
     """The record of an answer that finished now (tokens: counts; ``status``: Turn.Status;
     ``replaces_id``: the answer it regenerates; ``context_trimmed``: Turn.context_trimmed;
     ``pool`` / ``model_version`` / ``cached_tokens`` / ``cost_usd``: who answered and what it
-    cost, Turn's fields of those names)."""
+    cost; ``moderation_verdict``: the output gate's; Turn's fields of those names)."""
     turn = Turn(
         turn_id=turn_id, conversation_id=conversation_id, role=Turn.Role.ASSISTANT,
         content=content, status=status, token_count=completion_tokens,
         prompt_tokens=prompt_tokens, reply_to_id=reply_to_id, created_at=timezone.now(),
         replaces_id=replaces_id, context_trimmed=context_trimmed, pool=pool,
         model_version=model_version, cached_tokens=cached_tokens, cost_usd=cost_usd,
+        moderation_verdict=moderation_verdict or {},
     )  # fmt: skip
     return turn_record(turn, zero_retention=zero_retention)
 

@@ -42,12 +42,21 @@ class Refused(Exception):
     """A request refused before any engine work: ``status`` (HTTP), ``code`` (the /v1 error
     type), ``message`` (for a person), ``headers`` (to send with the refusal)."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        details: dict | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = headers or {}
+        # Extra fields for the /v1 error object (e.g. a moderation verdict's categories).
+        self.details = details or {}
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,9 @@ class Caller:
     org_pin: str = ""
     flags: frozenset[str] = field(default_factory=frozenset)
     service: bool = False
+    # The moderation policy of the organisation (thresholds, blocked terms, fail-open;
+    # moderation/verdicts.py Policy), or the defaults.
+    moderation: object | None = None
 
 
 def caller_for(user, org=None) -> Caller:
@@ -71,6 +83,7 @@ def caller_for(user, org=None) -> Caller:
     Sync (ORM); use :func:`acaller_for` from async code."""
     from accounts.models import Membership  # noqa: PLC0415 - app registry must be ready
     from accounts.services import user_is_service  # noqa: PLC0415
+    from moderation.verdicts import policy_for  # noqa: PLC0415
 
     if org is None:
         membership = (
@@ -85,6 +98,7 @@ def caller_for(user, org=None) -> Caller:
         org_pin=(org.pinned_pool or "") if org is not None else "",
         flags=frozenset(user.feature_flags or ()),
         service=user_is_service(user),
+        moderation=policy_for(org),
     )
 
 

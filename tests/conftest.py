@@ -39,6 +39,17 @@ def _fast_password_hashing():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _moderation_classifiers_loaded():
+    """Load the moderation classifiers once (as the server does at start, chatsite/asgi.py), so
+    no test's first turn waits for them past the check timeout."""
+    from moderation.base import moderator  # noqa: PLC0415
+    from moderation.verdicts import policy_for  # noqa: PLC0415
+
+    moderator().check_input("warm-up", policy_for(None))
+    moderator().check_output("warm-up", policy_for(None))
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _celery_tasks_run_in_process():
     """Celery tasks run inline (eagerly) in this process unless a test starts a real worker
     (tests/processes.py: celery_worker_process), as the tests of at-least-once delivery do."""

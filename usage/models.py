@@ -30,6 +30,7 @@ class UsageRecord(models.Model):
         COMPLETE = "complete", "Complete"
         CANCELLED = "cancelled", "Cancelled"
         FAILED = "failed", "Failed"
+        BLOCKED = "blocked", "Blocked"  # withdrawn by the output moderation gate (charged)
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,

@@ -54,7 +54,7 @@ def usage_record(
     - ``prompt_tokens``: the whole prompt prefilled, including ``cached_tokens`` (served from
       the prefix cache); ``completion_tokens``: tokens actually generated, also when the turn was
       cancelled or failed part way.
-    - ``status``: ``UsageRecord.Status`` value ("complete", "cancelled", "failed").
+    - ``status``: ``UsageRecord.Status`` value ("complete", "cancelled", "failed", "blocked").
 
     Cost (USD) is ``route_pool.cost(...)`` (inference/pools.py: uncached prompt tokens at the
     input price, cached at the cached-input price, completion at the output price, prices per

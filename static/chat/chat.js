@@ -83,6 +83,16 @@
       }
     });
     source.addEventListener("done", function (e) { finish(article, source, parse(e)); });
+    // The output gate withdrew the answer: take back what was shown and say why.
+    source.addEventListener("moderation", function (e) {
+      var payload = parse(e);
+      var bubble = article.querySelector("[data-stream-text]");
+      if (bubble) bubble.textContent = "";
+      fail(article, source, payload && payload.message);
+      article.classList.remove("failed");
+      article.classList.add("blocked");
+      if (payload && payload.turn_id) article.id = "turn-" + payload.turn_id;
+    });
     // A server-sent `event: error` carries data; a network error does not (the browser and the
     // sse extension reconnect on those).
     source.addEventListener("error", function (e) {

@@ -1,0 +1,179 @@
+"""Admission of one answer, before anything is stored or any engine work: the gateway's steps
+(inference/gate.py: route, shed, budget, rate limit) with the conversation's prompt assembled
+in between, and the input moderation gate (moderation/).
+
+:func:`turn_plan` returns a :class:`TurnPlan`, which conversations/streaming.py generates from;
+:func:`input_check` is the input gate. Refusals are ``gate.Refused`` (``ContentBlocked`` when
+moderation stopped the message, which is then stored with its verdict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from conversations import selectors, summaries
+from conversations.models import Turn
+from inference import gate
+from inference.pools import pool_engine
+from inference.prompts import PromptTooLong, prompt_assemble
+from inference.router import Route
+from moderation.base import acheck
+from moderation.verdicts import Policy, Verdict, policy_for
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """How one answer was admitted (inference/gate.py), before anything was stored.
+
+    ``route``: the pool that answers (and why); ``caller``: whose limits and tier;
+    ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
+    ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
+    ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
+    ``decision``: the rate-limit decision (its reservation is refunded when the answer ends;
+    None for the service credential or when Redis was down).
+    """
+
+    route: Route
+    caller: gate.Caller
+    token_ids: list[int]
+    max_tokens: int
+    context_trimmed: int
+    want_summary: bool
+    decision: object | None = None
+    # The moderation policy for this turn: the organisation's thresholds and blocked terms, and
+    # the turn's real system prompt (the output gate's leak check compares the answer with it).
+    policy: Policy | None = None
+
+
+class ContentBlocked(gate.Refused):
+    """The input gate stopped a message (moderation/): it is stored with status ``blocked``
+    and its verdict (``question``), and never reaches the engine. A 400 ``content_blocked`` on
+    /v1 with the categories and the stored turn's id; the page shows the message with why."""
+
+    def __init__(self, question: Turn, verdict: Verdict):
+        super().__init__(
+            400, "content_blocked", verdict.message(),
+            details={"categories": list(verdict.categories), "turn_id": str(question.turn_id)},
+        )  # fmt: skip
+        self.question = question
+        self.verdict = verdict
+
+
+def _system_prompt(conversation, route: Route) -> str:
+    """The system prompt a turn of ``conversation`` is answered with (the pool's preamble, then
+    the conversation's instructions or the default)."""
+    return gate.with_preamble(route, conversation.system_prompt or settings.CHAT_SYSTEM_PROMPT)
+
+
+def _prompt_prepare(
+    *,
+    conversation_id: UUID,
+    question: Turn,
+    system_prompt: str,
+    route: Route,
+    max_tokens: int,
+    planned: bool,
+    last_turn_at=None,
+) -> tuple[list[int], int, int, bool]:
+    """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
+    history). Returns (token ids, completion budget, context_trimmed, want_summary).
+    Raises PromptTooLong, Conversation.DoesNotExist."""
+    context = selectors.prompt_context(
+        conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at
+    )
+    # Stable first, changing last (inference/prompts.py): system, memory, summary, turns.
+    fitted = prompt_assemble(
+        system_prompt=system_prompt,
+        memory="",  # the user-memory block (issue 7) goes here
+        summary=context.summary,
+        exchanges=context.exchanges,
+        question=question.content,
+        encode_chat=pool_engine(route.pool).encode_chat,
+        max_model_len=route.pool.max_context,
+        max_tokens=max_tokens,
+    )
+    return (
+        fitted.token_ids,
+        fitted.max_tokens,
+        context.summarised + fitted.dropped_exchanges,
+        summaries.summary_wanted(fitted),
+    )
+
+
+async def turn_plan(
+    *,
+    conversation,
+    caller: gate.Caller,
+    question: Turn,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    explicit_max_tokens: bool = False,
+    planned: bool = False,
+) -> TurnPlan:
+    """Admit an answer to ``question`` (inference/gate.py): route to a pool (``model``: asked
+    for by this request, checked strictly; else the conversation's ``model``), shed under
+    load, size the completion budget, assemble the prompt, and take the rate limits for
+    prompt + max_tokens. No engine work and nothing stored. ``planned``: ``question`` is not
+    stored yet. Raises gate.Refused (400/403/429/503) - for a prompt longer than the pool's
+    context too (400 context_length_exceeded)."""
+    route = gate.route_for(caller, model, fallback=conversation.model)
+    route = gate.shed_for(caller, route)
+    budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
+    try:
+        # On the request's own thread and connection (thread-sensitive), not the shared
+        # executor: a request waiting there would hold its connection meanwhile, and a burst of
+        # turns could exhaust the connection pool.
+        token_ids, budget, trimmed, want_summary = await sync_to_async(_prompt_prepare)(
+            conversation_id=conversation.conversation_id,
+            question=question,
+            system_prompt=_system_prompt(conversation, route),
+            route=route,
+            max_tokens=budget,
+            planned=planned,
+            last_turn_at=conversation.last_turn_at,
+        )
+    except PromptTooLong as exc:
+        raise gate.Refused(400, "context_length_exceeded", str(exc)) from None
+    decision = await gate.rate_limit(caller, prompt_tokens=len(token_ids), max_tokens=budget)
+    policy = caller.moderation or await sync_to_async(policy_for)(None)
+    return TurnPlan(
+        route=route, caller=caller, token_ids=token_ids, max_tokens=budget,
+        context_trimmed=trimmed, want_summary=want_summary, decision=decision,
+        policy=dataclasses.replace(policy, system_prompt=_system_prompt(conversation, route)),
+    )  # fmt: skip
+
+
+async def input_check(plan: TurnPlan, text: str) -> Verdict | None:
+    """The input gate (DESIGN.md: after the rate limit, before any engine work): the verdict
+    on ``text`` under the turn's policy, or None while the gate is off
+    (settings.CHAT_MODERATION_INPUT). A classifier that fails or times out gives a flagged
+    ``moderation_unavailable`` verdict unless the organisation chose fail-open (PF-M2)."""
+    if not settings.CHAT_MODERATION_INPUT:
+        return None
+    return await acheck("input", text, plan.policy)
+
+
+async def refuse_unavailable(plan: TurnPlan, verdict: Verdict) -> None:
+    """Raise a 503 for a turn refused because the check itself failed (nothing wrong with the
+    message: it is not stored), after giving back the reserved tokens."""
+    await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
+    raise gate.Refused(
+        503, "moderation_unavailable", verdict.message(), {"Retry-After": "30"},
+        details={"categories": list(verdict.categories)},
+    )  # fmt: skip
+
+
+async def caller_of(conversation, caller: gate.Caller | None) -> gate.Caller:
+    """``caller``, or the conversation owner acting in the conversation's organisation."""
+    if caller is not None:
+        return caller
+
+    def owner_caller():
+        return gate.caller_for(conversation.owner, conversation.org)
+
+    return await sync_to_async(owner_caller)()
