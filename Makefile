@@ -23,7 +23,9 @@ test-fast: install
 # (resume latency, concurrent open SSE streams per daphne process), the state tier (turn append,
 # history pages: partitioned + keyset vs plain table + OFFSET, hot cache vs PostgreSQL), replica
 # read throughput, the prefix-cache hit rate of our prompt assembly vs a naive one, and paid-tier
-# TTFT under priority scheduling vs first come, first served (and with free traffic shed).
+# TTFT under priority scheduling vs first come, first served (and with free traffic shed), and the
+# moderation gates (prompt-injection precision/recall, input-gate latency under load, TTFT/TPOT
+# with the output gate on vs off).
 bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
@@ -31,6 +33,7 @@ bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.replica_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.context_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.priority_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_bench
 
 install: $(STAMP)
 

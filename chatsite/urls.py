@@ -40,6 +40,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include("api.urls")),
     path("", include("usage.urls")),
+    path("", include("moderation.urls")),
     path("metrics", health.metrics_view, name="metrics"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
