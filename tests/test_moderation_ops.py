@@ -13,10 +13,8 @@ import pytest
 from django.conf import settings
 from django.contrib.admin.sites import site as admin_site
 from django.test import Client
-from django.urls import URLResolver, include, path
 
 from accounts.models import Membership, Organisation
-from chatsite import urls as site_urls
 from conversations import services
 from conversations.models import Turn
 from moderation.forms import (
@@ -26,16 +24,7 @@ from moderation.forms import (
     OrganisationAdminForm,
 )
 
-# The site's URLs, plus the moderation page where chatsite/urls.py does not include it yet.
-urlpatterns = list(site_urls.urlpatterns)
-if not any(
-    isinstance(p, URLResolver) and getattr(p.urlconf_module, "__name__", "") == "moderation.urls"
-    for p in urlpatterns
-):
-    urlpatterns.append(path("", include("moderation.urls")))
-handler404 = site_urls.handler404
-
-pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
+pytestmark = pytest.mark.django_db
 
 PAGE = "/orgs/{}/moderation/"
 
