@@ -41,9 +41,11 @@ EVAL_PATH = DATA_DIR / "injection_eval.jsonl"
 # The injection model's name: the month its training set was written, then the set's digest.
 INJECTION_VERSION = "injection-2026-11"
 
-# Chunking (characters of normalised text) for the injection score and the offensive score.
+# Chunking (characters): a normalised text longer than INJECTION_WHOLE_CHARS is scored in
+# groups of whole sentences of up to INJECTION_CHUNK_CHARS (an attack is a sentence or three);
+# the offensive score in groups of up to OFFENSIVE_CHUNK_CHARS.
+INJECTION_WHOLE_CHARS = 600
 INJECTION_CHUNK_CHARS = 400
-INJECTION_CHUNK_STEP = 200
 OFFENSIVE_CHUNK_CHARS = 240
 _SENTENCE_END = re.compile(r"(?<=[.!?;:\n])\s+")
 
@@ -80,23 +82,30 @@ def load_examples(path: Path) -> list[Example]:
     return examples
 
 
-def _chunks(text: str, size: int, step: int) -> list[str]:
-    """Overlapping pieces of ``text`` of about ``size`` characters every ``step`` characters,
-    cut at spaces; ``[]`` when the text fits in one."""
-    if len(text) <= size:
-        return []
-    pieces = []
+def sentence_groups(text: str, size: int) -> list[str]:
+    """``text`` cut into consecutive pieces of ``size // 2`` to ``size`` characters, each cut
+    after the last sentence end (``.!?;:`` + space) in that range, else at the last space,
+    else at ``size``; a last piece shorter than ``size // 2`` joins the one before (so no
+    piece is a near-empty fragment that a classifier cannot read). Every character of the
+    text is in exactly one piece; ``[text]`` when it fits in one."""
+    pieces: list[str] = []
     start = 0
-    while start < len(text):
-        end = min(len(text), start + size)
-        if end < len(text):
-            space = text.rfind(" ", start + size // 2, end)
-            end = space if space > 0 else end
-        pieces.append(text[start:end])
-        if end >= len(text):
-            break
-        nxt = text.find(" ", start + step)
-        start = nxt + 1 if 0 <= nxt < end else start + step
+    length = len(text)
+    while length - start > size:
+        window = text[start + size // 2:start + size]
+        ends = [m.end() for m in _SENTENCE_END.finditer(window)]
+        if ends:
+            cut = start + size // 2 + ends[-1]
+        else:
+            space = window.rfind(" ")
+            cut = start + size // 2 + space + 1 if space >= 0 else start + size
+        pieces.append(text[start:cut].strip())
+        start = cut
+    rest = text[start:].strip()
+    if pieces and len(rest) < size // 2:
+        pieces[-1] = f"{pieces[-1]} {rest}".strip()
+    elif rest or not pieces:
+        pieces.append(rest)
     return pieces
 
 
@@ -123,10 +132,15 @@ class InjectionClassifier:
         self.pipeline.fit([normalise(e.text) for e in examples], [e.label for e in examples])
 
     def score(self, text: str) -> float:
-        """The probability (0..1) that ``text`` is a prompt-injection attempt: the highest over
-        the whole normalised text and its overlapping chunks."""
+        """The probability (0..1) that ``text`` is a prompt-injection attempt: of the whole
+        normalised text up to ``INJECTION_WHOLE_CHARS``, else the highest over its sentence
+        groups (each character is analysed once: the cost grows linearly, ~1.5 ms per 1,000
+        characters)."""
         normalised = normalise(text)
-        docs = [normalised, *_chunks(normalised, INJECTION_CHUNK_CHARS, INJECTION_CHUNK_STEP)]
+        if len(normalised) <= INJECTION_WHOLE_CHARS:
+            docs = [normalised]
+        else:
+            docs = sentence_groups(normalised, INJECTION_CHUNK_CHARS)
         return float(self.pipeline.predict_proba(docs)[:, 1].max())
 
 
@@ -148,6 +162,52 @@ def injection_classifier() -> InjectionClassifier:
             if _model is None:
                 _model = InjectionClassifier(load_examples(TRAIN_PATH))
     return _model
+
+
+class ProfanityModel:
+    """alt-profanity-check's shipped model, evaluated in one matrix product.
+
+    The library's ``predict_prob`` calls a ``CalibratedClassifierCV``: five linear SVMs, each
+    followed by its sigmoid calibration, probabilities averaged; scikit-learn runs them one by
+    one (~8 ms for 17 texts, most of it per-call overhead). This computes the same numbers from
+    the same fitted weights (the 5 decision functions as one sparse x dense product, then the 5
+    sigmoids), checked against ``predict_prob`` when built; if the shipped model is not of that
+    shape (a future version), it uses ``predict_prob`` itself.
+    """
+
+    CHECK_TEXTS = ("you are a complete idiot", "have a lovely day", "what the hell is this",
+                   "the report is attached", "shut up")
+
+    def __init__(self) -> None:
+        import numpy as np
+        from profanity_check import profanity_check as shipped
+
+        self._np = np
+        self._vectorizer = shipped.vectorizer
+        self._predict_prob = shipped.predict_prob
+        self._fast = False
+        try:
+            parts = shipped.model.calibrated_classifiers_
+            if shipped.model.method != "sigmoid" or list(shipped.model.classes_) != [0, 1]:
+                raise ValueError("not a binary sigmoid-calibrated model")
+            self._weights = np.vstack([c.estimator.coef_[0] for c in parts]).T
+            self._bias = np.array([c.estimator.intercept_[0] for c in parts])
+            self._a = np.array([c.calibrators[0].a_ for c in parts])
+            self._b = np.array([c.calibrators[0].b_ for c in parts])
+            self._fast = True
+            expected = self._predict_prob(list(self.CHECK_TEXTS))
+            if not np.allclose(self.predict_prob(list(self.CHECK_TEXTS)), expected, atol=1e-9):
+                self._fast = False
+        except (AttributeError, IndexError, ValueError):
+            self._fast = False
+
+    def predict_prob(self, texts: list[str]):
+        """Offensive probability (0..1) of each text, like ``profanity_check.predict_prob``."""
+        if not self._fast:
+            return self._predict_prob(texts)
+        np = self._np
+        decisions = self._vectorizer.transform(texts) @ self._weights + self._bias
+        return (1.0 / (1.0 + np.exp(decisions * self._a + self._b))).mean(axis=1)
 
 
 def _profanity_version() -> str:
@@ -216,9 +276,7 @@ class LocalModerator:
     name = "local"
 
     def __init__(self) -> None:
-        from profanity_check import predict_prob
-
-        self._profanity = predict_prob
+        self._profanity = ProfanityModel().predict_prob
         self._injection = injection_classifier()
         self.version = (
             f"local-1 (alt-profanity-check {_profanity_version()}, "
@@ -229,16 +287,8 @@ class LocalModerator:
         """alt-profanity-check's probability (0..1) that ``text`` is offensive: the highest over
         its sentences (grouped up to ~240 characters) of the spelling-normalised text."""
         basic = normalise_basic(text)
-        pieces: list[str] = []
-        current = ""
-        for sentence in _SENTENCE_END.split(basic):
-            if current and len(current) + len(sentence) > OFFENSIVE_CHUNK_CHARS:
-                pieces.append(current)
-                current = ""
-            current = f"{current} {sentence}" if current else sentence
-        if current:
-            pieces.append(current)
-        return float(max(self._profanity(pieces or [basic])))
+        pieces = sentence_groups(basic, OFFENSIVE_CHUNK_CHARS) or [basic]
+        return float(max(self._profanity(pieces)))
 
     def injection_score(self, text: str) -> float:
         """The prompt-injection probability of ``text`` (0..1), see ``InjectionClassifier``."""

@@ -47,11 +47,13 @@ _CONFUSABLES = str.maketrans(
 )
 _LEET = str.maketrans(
     {"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s", "!": "i",
-     "|": "l", "€": "e", "8": "b"}
+     "|": "l", "€": "e"}
 )
 # A token that mixes letters with leet characters (a plain number has no letter and is left).
 _LEET_TOKEN = re.compile(r"[\w@$!|€]*[a-z][\w@$!|€]*")
-_HAS_LEET = re.compile(r"[013457@$!|€8]")
+# Leetspeak puts a digit or symbol where a letter goes *inside* a word ("pr0mpt", "1gnore");
+# technical names end in digits ("python3", "rot13", "mp3", "ipv4") and are left alone.
+_HAS_LEET = re.compile(r"[013457@$!|€](?=[a-z])")
 # Three or more single letters each followed by one separator: "i g n o r e", "s-y-s-t-e-m".
 _SPELLED = re.compile(r"\b(?:[a-z][ .\-_*/]){3,}[a-z]\b")
 _SPACES = re.compile(r"\s+")
