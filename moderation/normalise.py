@@ -49,8 +49,10 @@ _LEET = str.maketrans(
     {"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s", "!": "i",
      "|": "l", "€": "e"}
 )
-# A token that mixes letters with leet characters (a plain number has no letter and is left).
-_LEET_TOKEN = re.compile(r"[\w@$!|€]*[a-z][\w@$!|€]*")
+# A run of word and leet characters (one character class: linear, no backtracking); only
+# runs with a letter are words (a plain number or "@@@@" is left alone).
+_LEET_TOKEN = re.compile(r"[\w@$!|€]+")
+_LETTER = re.compile(r"[a-z]")
 # Leetspeak puts a digit or symbol where a letter goes *inside* a word ("pr0mpt", "1gnore");
 # technical names end in digits ("python3", "rot13", "mp3", "ipv4") and are left alone.
 _HAS_LEET = re.compile(r"[013457@$!|€](?=[a-z])")
@@ -161,7 +163,9 @@ def _unicode(text: str) -> str:
 def _unleet(text: str) -> str:
     def fix(match: re.Match[str]) -> str:
         token = match.group(0)
-        return token.translate(_LEET) if _HAS_LEET.search(token) else token
+        if _HAS_LEET.search(token) and _LETTER.search(token):
+            return token.translate(_LEET)
+        return token
 
     return _LEET_TOKEN.sub(fix, text)
 
