@@ -112,7 +112,9 @@ class Verdict:
             reasons.append(reason)
         if not reasons:
             reasons = ["it was flagged by the safety checks"]
-        return f"{subject}: {'; and '.join(reasons)}."
+        if len(reasons) > 1:
+            reasons = [", ".join(reasons[:-1]) + " and " + reasons[-1]]
+        return f"{subject}: {reasons[0]}."
 
     @property
     def category(self) -> str | None:

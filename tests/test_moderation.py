@@ -324,8 +324,11 @@ def test_a_verdict_as_json_and_its_message(mod, policy):
     assert "alt-profanity-check 1.9.1" in stored["version"]
     assert verdict.message() == ("This message was not sent: it looks like an attempt to "
                                  "override the assistant's instructions.")
-    withdrawn = Verdict(True, ("system_prompt_leak",), {}, "local", "v", gate="output")
-    assert withdrawn.message().startswith("This answer was withdrawn: it repeated")
+    withdrawn = Verdict(True, ("offensive", "system_prompt_leak"), {}, "local", "v",
+                        gate="output")
+    assert withdrawn.message() == (
+        "This answer was withdrawn: it contains offensive language and it repeated the "
+        "assistant's confidential instructions.")
     assert set(CATEGORIES) >= {"offensive", "moderation_unavailable"}
 
 
