@@ -2,14 +2,16 @@
 
 - ``offensive``: alt-profanity-check's shipped model (``profanity_check.predict_prob``: a
   linear SVM over word n-grams, calibrated, trained by its authors on ~200k labelled texts),
-  applied to the spelling-normalised text in chunks of about a sentence, the score being the
-  highest chunk's (one insult in a long message is not diluted by the rest).
+  applied to each sentence of the spelling-normalised text, the score being the highest
+  sentence's (one insult in a long message is not diluted by the rest); evaluated with one
+  matrix product (``ProfanityModel``, same numbers as the library's ``predict_prob``).
 - ``prompt_injection``: a scikit-learn pipeline trained in this process at first use (~0.3 s)
   on ``moderation/data/injection_train.jsonl``: TF-IDF of word 1-2-grams and character 2-5-grams
   of the normalised text (moderation/normalise.py: Unicode, leetspeak, spelt-out letters, lines
   joined, base64/hex/ROT13 decoded and appended, FR/ES/DE/IT/PT glossed) -> logistic
-  regression. The score is the highest probability over the whole text and overlapping
-  ~400-character chunks (an instruction buried in a long pasted document still stands out).
+  regression. A text of up to 600 normalised characters is scored whole; a longer one in
+  consecutive 200-400-character pieces cut at sentence ends, the score being the highest
+  piece's (an instruction buried in a long pasted document still stands out).
   Judged on the separate, hand-written ``moderation/data/injection_eval.jsonl``
   (``injection_eval_scores``).
 - ``blocked_term``: the policy's terms, matched on ``normalise_basic`` text at word boundaries
