@@ -3,7 +3,7 @@ input gate's latency while the engine is busy, and what the output gate costs a 
 
 Run through the dev stack (``make bench`` runs it)::
 
-    python -m chatsite.devstack exec -- python -m bench.moderation_bench [--rounds 4]
+    python -m chatsite.devstack exec -- python -m bench.moderation_bench [--rounds 8]
 
 One real vLLM engine (:meth:`inference.engine.VllmEngine.from_settings`, the shipped model) runs
 in this process behind daphne (``chatsite.serve.FlowControlServer`` in a thread, serving
@@ -26,18 +26,22 @@ classifiers). Three parts, one run:
   /v1/conversations/{id}/turns``, SSE, an API key, ``--max-tokens`` per answer, greedy, a fresh
   conversation per turn so every turn's prompt is the same length), one at a time, in
   alternating phases with ``settings.CHAT_MODERATION_OUTPUT`` on and off (read per turn by
-  conversations/streaming.py): ``--rounds`` rounds, ordered on/off, off/on, ... so a slow drift
-  of the shared machine weighs on both sides alike, each phase the same ``--turns`` prompts. The
-  prompts are played once before (warm-up: prefix cache, moderator). TTFT = request sent -> first
+  conversations/streaming.py): ``--rounds`` rounds, ordered on/off, off/on, ..., each phase
+  ``--turns`` sequential turns on the same prompts as the other phase of its round (the rounds
+  cycle through ``PROMPT_SET`` prompts), so short bursts of load on the shared machine land on
+  both sides of a round alike. The prompts are played once before (warm-up: prefix cache,
+  moderator). Also printed: the median over rounds of each round's on/off ratio (robust to
+  one disturbed round). TTFT = request sent -> first
   ``token`` event with text; TPOT = (last token event - first) / (completion tokens - 1); both
   as bench/chat_bench.py measures them. Target: on / off <= 1.05 for TTFT p50 and TPOT p50.
   The input gate is on in both phases. Skipped (said so) when the output gate never runs.
 
-Rate limits, load shedding and reserved slots are off (this bench measures moderation, not
-them). Results: tables on stdout and ``var/bench/moderation_bench.json``. Each measured phase
-records the CPU used by other processes (the machine is small and shared); a disturbed phase is
-flagged. Exit status 0 when the run completed (``--strict``: 1 on a missed target), 2 when
-requests failed.
+The dev database is migrated first (part c creates a user, an API key and conversations in it
+and deletes them at the end). Rate limits, load shedding and reserved slots are off (this
+bench measures moderation, not them). Results: tables on stdout and
+``var/bench/moderation_bench.json``. Each measured phase records the CPU used by other
+processes (the machine is small and shared); a disturbed phase is flagged. Exit status 0 when
+the run completed (``--strict``: 1 on a missed target), 2 when requests failed.
 """
 
 # daphne installs Twisted's asyncio reactor at import; it must come before anything imports
@@ -68,6 +72,7 @@ INPUT_P99_TARGET_S = 0.050
 OUTPUT_RATIO_TARGET = 1.05
 PR_TARGET = 0.9
 LOAD_MAX_TOKENS = 512
+PROMPT_SET = 4  # part c's prompts (PROMPTS[:4]), cycled through by the rounds
 
 # Harmless prose for the 4,000-character input: a long message someone pastes with a question.
 SENTENCES = [
@@ -350,6 +355,9 @@ class Api:
         from accounts.models import User  # noqa: PLC0415
         from accounts.services import api_key_create  # noqa: PLC0415
 
+        # Leftovers of an interrupted earlier run (their conversations were deleted with them
+        # or are the user's to cascade).
+        User.objects.filter(username__startswith="modbench-").delete()
         self.user = User.objects.create_user(
             username=f"modbench-{secrets.token_hex(4)}", password=secrets.token_urlsafe(16),
             tier="paid",
@@ -425,10 +433,14 @@ class Api:
             with contextlib.suppress(Exception):
                 self.client.delete(f"/v1/conversations/{conversation_id}")
         self.client.close()
-        try:
-            self.user.delete()
-        except Exception as exc:  # noqa: BLE001 - a leftover bench user is harmless
-            log(f"could not delete bench user {self.user.username}: {exc!r}")
+        for attempt in (1, 2):
+            connections_close_all()  # this thread's connection may be minutes old
+            try:
+                self.user.delete()
+                return
+            except Exception as exc:  # noqa: BLE001 - a leftover bench user is harmless
+                if attempt == 2:
+                    log(f"could not delete bench user {self.user.username}: {exc!r}")
 
 
 def output_checks() -> float:
@@ -450,11 +462,25 @@ def output_seconds() -> tuple[float, float]:
     )
 
 
+def connections_close_all() -> None:
+    from django.db import connections  # noqa: PLC0415
+
+    connections.close_all()
+
+
 def output_part(server: Server, args) -> dict:
     from django.conf import settings  # noqa: PLC0415
 
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.turns)]
-    api = Api(server.url)
+    from django.db import OperationalError  # noqa: PLC0415
+
+    prompts = PROMPTS[:PROMPT_SET]
+    connections_close_all()  # this thread's connection is minutes old: start afresh
+    try:
+        api = Api(server.url)
+    except OperationalError as exc:  # a connection the shared dev PostgreSQL dropped meanwhile
+        log(f"database connection lost ({exc}); reconnecting")
+        connections_close_all()
+        api = Api(server.url)
     samples: list[TurnSample] = []
     meters: dict[str, list[dict]] = {"on": [], "off": []}
     checks = {"on": 0.0, "off": 0.0}
@@ -478,7 +504,10 @@ def output_part(server: Server, args) -> dict:
                 s_before = output_seconds()
                 meter = CpuMeter()
                 meter.start()
-                phase = [api.turn(p, args.max_tokens, gate, r, i) for i, p in enumerate(prompts)]
+                phase = []
+                for k in range(args.turns):
+                    index = (r * args.turns + k) % len(prompts)
+                    phase.append(api.turn(prompts[index], args.max_tokens, gate, r, index))
                 meters[gate].append(meter.stop())
                 checks[gate] += output_checks() - n_before
                 s_after = output_seconds()
@@ -525,10 +554,15 @@ def output_part(server: Server, args) -> dict:
             "tpot_ratio": ratio(percentile([t.tpot_s for t in on], 50),
                                 percentile([t.tpot_s for t in off], 50)),
         })  # fmt: skip
+    def median_ratio(key: str) -> float | None:
+        return percentile([r[key] for r in per_round if r[key] is not None], 50)
+
     return {
         "sides": sides,
         "ttft_ratio": ratio(sides["on"]["ttft_p50_s"], sides["off"]["ttft_p50_s"]),
         "tpot_ratio": ratio(sides["on"]["tpot_p50_s"], sides["off"]["tpot_p50_s"]),
+        "ttft_ratio_median_of_rounds": median_ratio("ttft_ratio"),
+        "tpot_ratio_median_of_rounds": median_ratio("tpot_ratio"),
         "per_round": per_round,
         "samples": [asdict(t) for t in samples],
     }
@@ -632,9 +666,13 @@ def report(result: dict, args, settings) -> dict:
             if r["ttft_ratio"] and r["tpot_ratio"]
         )
         print(
-            f"   on / off: TTFT p50 {out['ttft_ratio']:.3f}x, TPOT p50 {out['tpot_ratio']:.3f}x "
-            f"(per round TTFT/TPOT: {rounds})"
+            f"   on / off: TTFT p50 {out['ttft_ratio']:.3f}x, TPOT p50 {out['tpot_ratio']:.3f}x; "
+            f"median of the rounds' ratios: TTFT {out['ttft_ratio_median_of_rounds']:.3f}x, "
+            f"TPOT {out['tpot_ratio_median_of_rounds']:.3f}x"
         )
+        print(f"   per round TTFT/TPOT on/off: {rounds}")
+        print("   done lag: last token -> done event (the gate's check of the answer's tail and "
+              "storing the answer)")
         for what in ("ttft", "tpot"):
             value = out[f"{what}_ratio"]
             checks.append({
@@ -658,8 +696,12 @@ def report(result: dict, args, settings) -> dict:
 
 def run(args) -> int:
     from django.conf import settings  # noqa: PLC0415
+    from django.core.management import call_command  # noqa: PLC0415
+    from django.db import connections  # noqa: PLC0415
 
     started = time.perf_counter()
+    call_command("migrate", verbosity=0)  # the dev database: part c signs a user up in it
+    connections.close_all()  # part c reconnects minutes later (a fresh connection then)
     # This bench measures moderation: none of the tier machinery that would get in the way.
     unlimited = {"rpm": None, "tpm": None}
     settings.CHAT_RATE_LIMITS_BY_TIER = {t: dict(unlimited) for t in ("free", "paid", "enterprise")}
@@ -728,8 +770,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checks", type=int, default=200, help="input checks per row (>= 200)")
     parser.add_argument("--streams", type=int, default=8, help="engine streams under load")
-    parser.add_argument("--rounds", type=int, default=4, help="output gate on/off rounds")
-    parser.add_argument("--turns", type=int, default=4, help="turns per side per round")
+    parser.add_argument("--rounds", type=int, default=8, help="output gate on/off rounds")
+    parser.add_argument("--turns", type=int, default=2, help="turns per side per round")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--out", type=Path, default=VAR / "bench" / "moderation_bench.json")
