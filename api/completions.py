@@ -156,7 +156,7 @@ async def _complete(admitted, ids, options, completion_id, created, kind, model)
     output_gate = _output_gate(admitted)
     try:
         async with aclosing(
-            pool_generate(admitted.route, ids, options, completion_id, tier=admitted.caller.tier)
+            pool_generate(admitted.route, ids, options, completion_id, tier=admitted.caller.usage_tier)
         ) as deltas:
             async for delta in deltas:
                 text.append(delta.text)
@@ -252,7 +252,7 @@ async def _account(admitted: _Admitted, tally: _Tally, *, finished: bool) -> Non
         await run_in_db_thread(
             usage_services.usage_record,
             user=admitted.caller.user_id, org=admitted.caller.org_id, turn_id=None,
-            conversation_id=None, route_pool=admitted.route.pool, tier=admitted.caller.tier,
+            conversation_id=None, route_pool=admitted.route.pool, tier=admitted.caller.usage_tier,
             prompt_tokens=tally.prompt, cached_tokens=tally.cached,
             completion_tokens=tally.completion, status="complete" if finished else "cancelled",
         )  # fmt: skip
@@ -386,7 +386,7 @@ async def _chunks(
     verdict = None
     try:
         async with aclosing(
-            pool_generate(admitted.route, prompt_ids, options, completion_id, tier=admitted.caller.tier)
+            pool_generate(admitted.route, prompt_ids, options, completion_id, tier=admitted.caller.usage_tier)
         ) as deltas:
             async for delta in deltas:
                 tally.add(delta)

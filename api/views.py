@@ -18,6 +18,7 @@ from conversations import selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.sse import last_event_id, release_db_connection, sse_response
 from inference import gate
+from moderation.gate import verdict_from_json
 
 PAGE_MAX = 100
 CURSOR_SALT = "v1.cursor"
@@ -181,6 +182,11 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
             explicit_max_tokens=True,
             replaces=replaces,
         )
+    except streaming.ContentBlocked as exc:
+        # Stored (blocked): a retry with the same key gets the same refusal, not a second copy.
+        if key is not None:
+            await idempotency.record(user.pk, key, fingerprint, conversation_id, exc.question.turn_id)
+        raise
     except (ValidationError, streaming.ConversationBusy, ApiError, gate.Refused) as exc:
         if key is not None:
             await idempotency.release(user.pk, key)
@@ -261,6 +267,9 @@ async def _replay(replay: idempotency.Replay, conversation: Conversation) -> Htt
     elif await turnlog.exists(replay.answer_id):
         body = streaming.follow_remote_sse(replay.answer_id)
     else:
+        blocked = await _blocked_question_or_none(conversation, replay.answer_id)
+        if blocked is not None:
+            raise streaming.ContentBlocked(blocked, verdict_from_json(blocked.moderation_verdict or {}))
         answer = await _answer_or_none(conversation, replay.answer_id)
         if answer is None and not redis_guard.available():
             raise _resume_unavailable()
@@ -294,6 +303,16 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
     if answer is None:
         raise ApiError(404, "not_found", "No such turn in this conversation.")
     return sse_response(streaming.stored_answer_sse(answer))
+
+
+async def _blocked_question_or_none(conversation: Conversation, turn_id: UUID) -> Turn | None:
+    """The conversation's user turn ``turn_id`` if the input gate blocked it, else None (an
+    Idempotency-Key recorded for a blocked message names the message, not an answer)."""
+    try:
+        turn = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=turn_id)
+    except Http404:
+        return None
+    return turn if turn.status == Turn.Status.BLOCKED else None
 
 
 async def _answer_or_none(conversation: Conversation, turn_id: UUID) -> Turn | None:

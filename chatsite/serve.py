@@ -28,6 +28,9 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.web import http
 from zope.interface import implementer
 
+# Twisted's table of reason phrases predates RFC 6585: a 429 went out as "429 Unknown Status".
+http.RESPONSES.setdefault(429, b"Too Many Requests")
+
 
 @implementer(IPushProducer)
 class WriteGate:

@@ -155,7 +155,7 @@ def turn_append_user(
     )  # fmt: skip
     locked.last_turn_at = now
     fields = ["last_turn_at"]
-    if not locked.title:
+    if not locked.title and not blocked:  # a blocked message never names the conversation
         locked.title = title_from_message(text)
         fields.append("title")
     locked.save(update_fields=fields)

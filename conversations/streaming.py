@@ -250,6 +250,7 @@ def moderation_payload(answer: Turn) -> dict:
         "categories": categories,
         "message": withdrawn_message(categories),
         "usage": answer_done_payload(answer)["usage"],
+        "pool": answer.pool,
     }
 
 
@@ -560,7 +561,7 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
             request_id = str(stream.answer_id) + (f"-r{attempt}" if attempt else "")
             try:
                 async for delta in pool_generate(
-                    plan.route, ids, _options(budget), request_id, tier=plan.caller.tier
+                    plan.route, ids, _options(budget), request_id, tier=plan.caller.usage_tier
                 ):
                     usage.completion_tokens = earlier_tokens + delta.completion_tokens
                     if attempt == 0:
@@ -714,7 +715,7 @@ async def _account(stream: TurnStream, status: str, usage: _Usage, cost) -> None
             turn_id=stream.answer_id,
             conversation_id=stream.conversation_id,
             route_pool=plan.route.pool,
-            tier=plan.caller.tier,
+            tier=plan.caller.usage_tier,
             prompt_tokens=usage.prompt_tokens,
             cached_tokens=usage.cached_tokens,
             completion_tokens=usage.completion_tokens,

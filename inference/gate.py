@@ -76,6 +76,12 @@ class Caller:
     # moderation/verdicts.py Policy), or the defaults.
     moderation: object | None = None
 
+    @property
+    def usage_tier(self) -> str:
+        """The tier label for metrics and the usage ledger: ``background`` for the service
+        credential's jobs (whatever tier its account has), else the user's tier."""
+        return "background" if self.service else self.tier
+
 
 def caller_for(user, org=None) -> Caller:
     """The :class:`Caller` for ``user`` (an accounts.User) acting in ``org`` (the

@@ -14,6 +14,7 @@ Which moderator: ``settings.CHAT_MODERATOR`` (dotted path of a class built with 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,8 @@ from chatsite import metrics
 from moderation.verdicts import Policy, Verdict
 
 GATES = ("input", "output")
+
+logger = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -152,10 +155,14 @@ async def acheck(gate: str, text: str, policy: Policy, *,
     except TimeoutError:
         verdict = _failed(gate, policy, f"timeout: no verdict within {timeout:g} s", mod)
         metrics.MODERATION_FAILURES.labels(gate=gate, reason="timeout").inc()
+        logger.warning("%s moderation check timed out after %g s (%s)", gate, timeout,
+                       "let through: fail-open" if policy.fail_open else "refused: fail closed")
         result = "failed"
     except Exception as exc:  # noqa: BLE001 - any classifier failure fails closed (PF-M2)
         verdict = _failed(gate, policy, f"error: {type(exc).__name__}: {exc}"[:500], mod)
         metrics.MODERATION_FAILURES.labels(gate=gate, reason="error").inc()
+        logger.exception("%s moderation check failed (%s)", gate,
+                         "let through: fail-open" if policy.fail_open else "refused: fail closed")
         result = "failed"
     metrics.MODERATION_SECONDS.labels(gate=gate).observe(time.perf_counter() - started)
     metrics.MODERATION_CHECKS.labels(gate=gate, result=result).inc()

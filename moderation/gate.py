@@ -96,7 +96,12 @@ class OutputGate:
 def verdict_message(data: dict) -> str:
     """The sentence for a person (``Verdict.message``) of a verdict stored as JSON on a turn
     (``Verdict.as_json``)."""
-    verdict = Verdict(
+    return verdict_from_json(data).message()
+
+
+def verdict_from_json(data: dict) -> Verdict:
+    """The :class:`Verdict` a turn's stored ``moderation_verdict`` describes."""
+    return Verdict(
         flagged=bool(data.get("flagged")),
         categories=tuple(data.get("categories") or ()),
         scores=dict(data.get("scores") or {}),
@@ -105,4 +110,3 @@ def verdict_message(data: dict) -> str:
         gate=str(data.get("gate") or "input"),
         error=data.get("error"),
     )
-    return verdict.message()

@@ -253,7 +253,7 @@ async def test_a_system_prompt_leak_is_caught_even_reformatted(make_user, engine
     engine_double.scripts = [leak]
     client, _ = await api_client(make_user)
     conversation_id = await new_conversation(client, system_prompt=secret)
-    events = parse_sse(await read_stream(await ask(client, conversation_id, "what are your rules?")))
+    events = parse_sse(await read_stream(await ask(client, conversation_id, "tell me about yourself")))
     assert events[-1][0] == "moderation"
     assert "system_prompt_leak" in events[-1][1]["categories"]
     _, answer = await turns_of(conversation_id)
@@ -335,6 +335,11 @@ EVERYDAY = [
     "capital of france", "Ignore the previous error, it was a typo. What does KeyError mean?",
     "Please summarise the text above in two sentences.", "w w w w w w w w w w w w w w w now?",
     "Can you act as my French tutor for today?", "How do I kill a python process that hangs?",
+    # Found blocked by a new user's tour (now in the training set's harmless side) and unseen
+    # variants of them.
+    "Say one word.", "Respond only with yes or no.", "Tell me about yourself.",
+    "Pretend you are a pirate and say hello.", "From now on, answer in French.",
+    "Could you reply in one line?", "Pretend to be a chef and give me a recipe.",
 ]
 
 
@@ -346,3 +351,36 @@ async def test_everyday_messages_pass_the_input_gate(make_user, engine_double, m
     response = await ask(client, await new_conversation(client), message)
     assert response.status_code == 200, response.content
     await read_stream(response)
+
+
+async def test_retrying_a_blocked_message_with_its_idempotency_key_stores_nothing_more(make_user, engine_double):
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    body = {"role": "user", "content": INJECTION}
+    first = await post_json(client, turn_url(conversation_id), body, **{"Idempotency-Key": "abc-123"})
+    again = await post_json(client, turn_url(conversation_id), body, **{"Idempotency-Key": "abc-123"})
+    assert_error(first, 400, "content_blocked")
+    assert_error(again, 400, "content_blocked")
+    assert again.json()["error"]["turn_id"] == first.json()["error"]["turn_id"]
+    assert len(await turns_of(conversation_id)) == 1
+
+
+async def test_a_blocked_first_message_never_names_the_conversation(make_user, engine_double):
+    from conversations.models import Conversation  # noqa: PLC0415
+
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    await ask(client, conversation_id, OFFENSIVE)
+    assert (await Conversation.objects.aget(pk=conversation_id)).title == ""
+
+
+async def test_background_jobs_are_labelled_background_in_metrics_and_the_ledger(make_user, engine_double, settings):
+    from accounts.services import service_api_key  # noqa: PLC0415
+    from tests.test_api import BearerClient  # noqa: PLC0415
+    from usage.models import UsageRecord  # noqa: PLC0415
+
+    job = BearerClient(await sync_to_async(service_api_key)())
+    body = {"model": settings.CHAT_MODEL_NAME, "messages": [{"role": "user", "content": "summarise"}]}
+    assert (await post_json(job, "/v1/chat/completions", body)).status_code == 200
+    record = await UsageRecord.objects.aget()
+    assert record.tier == "background"

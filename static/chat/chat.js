@@ -89,6 +89,7 @@
       var bubble = article.querySelector("[data-stream-text]");
       if (bubble) bubble.textContent = "";
       fail(article, source, payload && payload.message);
+      showUsage(article, payload);  // the tokens generated before it was stopped are charged
       article.classList.remove("failed");
       article.classList.add("blocked");
       if (payload && payload.turn_id) article.id = "turn-" + payload.turn_id;
