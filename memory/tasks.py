@@ -1,0 +1,43 @@
+"""Celery tasks of long-term memory (memory/extraction.py): thin wrappers.
+
+Beat entry (chatsite/settings/base.py)::
+
+    CELERY_BEAT_SCHEDULE["memory.memory_sweep"] = {
+        "task": "memory.memory_sweep", "schedule": float(CHAT_MEMORY_SWEEP_S),
+    }
+"""
+
+from __future__ import annotations
+
+import logging
+from uuid import UUID
+
+from celery import shared_task
+from django.db import DatabaseError, InterfaceError
+
+from memory import extraction
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(
+    name="memory.memory_extract",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(DatabaseError, InterfaceError),
+    retry_backoff=5,
+    max_retries=3,
+)
+def memory_extract(conversation_id: str) -> dict:
+    """Celery: :func:`memory.extraction.conversation_memory_extract` for ``conversation_id`` (a
+    UUID string); returns ``{"status", "stored"}``. Safe to deliver more than once, one after
+    the other or at the same time: one idle period's facts are stored once (the marker's
+    compare-and-set). Queued by :func:`memory_sweep`, never by a turn."""
+    return extraction.conversation_memory_extract(conversation_id=UUID(conversation_id)).as_dict()
+
+
+@shared_task(name="memory.memory_sweep", acks_late=True)
+def memory_sweep() -> int:
+    """Celery beat, every ``CHAT_MEMORY_SWEEP_S``: :func:`memory.extraction.memory_sweep` now;
+    returns how many extractions it queued."""
+    return len(extraction.memory_sweep())
