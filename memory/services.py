@@ -9,6 +9,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 
@@ -126,4 +127,4 @@ def memory_set_enabled(*, user, enabled: bool) -> None:
     from their conversations and nothing is retrieved into their prompts; stored facts are kept
     (and listed) until deleted."""
     user.memory_enabled = bool(enabled)
-    type(user).objects.filter(pk=user.pk).update(memory_enabled=user.memory_enabled)
+    get_user_model().objects.filter(pk=user.pk).update(memory_enabled=user.memory_enabled)
