@@ -41,6 +41,7 @@ urlpatterns = [
     path("v1/", include("api.urls")),
     path("", include("usage.urls")),
     path("", include("moderation.urls")),
+    path("", include("memory.urls")),
     path("metrics", health.metrics_view, name="metrics"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

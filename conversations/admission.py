@@ -10,6 +10,7 @@ moderation stopped the message, which is then stored with its verdict).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -24,6 +25,8 @@ from inference.prompts import PromptTooLong, prompt_assemble
 from inference.router import Route
 from moderation.base import acheck
 from moderation.verdicts import Policy, Verdict, policy_for
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,21 +82,26 @@ def _prompt_prepare(
     max_tokens: int,
     planned: bool,
     last_turn_at=None,
+    conversation=None,
 ) -> tuple[list[int], int, int, bool]:
     """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
-    history). Returns (token ids, completion budget, context_trimmed, want_summary).
-    Raises PromptTooLong, Conversation.DoesNotExist."""
+    history and the owner's memory). ``conversation``: its owner's long-term memory facts most
+    similar to the question go into the prompt's memory block (memory/). Returns (token ids,
+    completion budget, context_trimmed, want_summary). Raises PromptTooLong,
+    Conversation.DoesNotExist."""
+    owner = conversation.owner if conversation is not None else None
     context = selectors.prompt_context(
         conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at
     )
+    engine = pool_engine(route.pool)
     # Stable first, changing last (inference/prompts.py): system, memory, summary, turns.
     fitted = prompt_assemble(
         system_prompt=system_prompt,
-        memory="",  # the user-memory block (issue 7) goes here
+        memory=_memory(owner, question.content, engine) if owner is not None else "",
         summary=context.summary,
         exchanges=context.exchanges,
         question=question.content,
-        encode_chat=pool_engine(route.pool).encode_chat,
+        encode_chat=engine.encode_chat,
         max_model_len=route.pool.max_context,
         max_tokens=max_tokens,
     )
@@ -103,6 +111,22 @@ def _prompt_prepare(
         context.summarised + fitted.dropped_exchanges,
         summaries.summary_wanted(fitted),
     )
+
+
+def _memory(user, query: str, engine) -> str:
+    """The memory block for ``user``'s prompt answering ``query``: their stored facts most like
+    it, within settings.CHAT_MEMORY_MAX_TOKENS (memory.selectors.memory_block); "" when memory
+    is off (globally or for the user) or nothing relevant is stored. A failure to retrieve
+    (e.g. the embedding model failing) is logged and the turn goes on without memory."""
+    if not settings.CHAT_MEMORY_ENABLED or not getattr(user, "memory_enabled", True):
+        return ""
+    from memory.selectors import memory_block  # noqa: PLC0415 - loads the embedding layer
+
+    try:
+        return memory_block(user=user, query=query, encode_tokens=lambda text: len(engine.encode_text(text)))
+    except Exception:  # noqa: BLE001 - memory is an extra; the answer must not fail for it
+        logger.exception("memory retrieval failed for user %s", user.pk)
+        return ""
 
 
 async def turn_plan(
@@ -136,6 +160,7 @@ async def turn_plan(
             max_tokens=budget,
             planned=planned,
             last_turn_at=conversation.last_turn_at,
+            conversation=conversation,
         )
     except PromptTooLong as exc:
         raise gate.Refused(400, "context_length_exceeded", str(exc)) from None

@@ -55,3 +55,8 @@ class UserMemory(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id}: {self.text[:60]}"
+
+
+# The extraction marker (memory/extraction_models.py) is a model of this app too: imported here so
+# Django registers it with the app (flushes, admin, checks see its table).
+from memory.extraction_models import ExtractionMarker  # noqa: E402, F401

@@ -136,22 +136,26 @@ def memory_block(
     max_tokens: int | None = None,
 ) -> str:
     """The prompt's memory block for a turn: the user's facts most similar to ``query`` as plain
-    ``- fact`` lines joined by newlines, most similar first (memory_search), sanitised
+    ``- fact`` lines joined by newlines, oldest first (chosen most similar first, memory_search), sanitised
     (memory_fact_sanitise), and within ``max_tokens`` (default ``CHAT_MEMORY_MAX_TOKENS``) as
     counted by ``encode_tokens`` (text -> token count; default ~4 characters per token). A fact
     that would pass the budget is left out and the next, shorter one tried. ``""`` when nothing
     is retrieved (memory off, no facts, none similar enough)."""
     budget = settings.CHAT_MEMORY_MAX_TOKENS if max_tokens is None else max_tokens
     count = encode_tokens or _approx_tokens
-    lines: list[str] = []
+    chosen: list[tuple[UserMemory, str]] = []
     for fact, _similarity in memory_search(user=user, query=query):
         clean = memory_fact_sanitise(fact.text)
         if not clean:
             continue
-        candidate = "\n".join([*lines, f"- {clean}"])
+        candidate = "\n".join([*(line for _, line in chosen), f"- {clean}"])
         if count(candidate) <= budget:
-            lines.append(f"- {clean}")
-    return "\n".join(lines)
+            chosen.append((fact, f"- {clean}"))
+    # Chosen by similarity, listed oldest first: turns that retrieve the same facts get the same
+    # block, whatever the similarity order, so their prompts share a prefix (the prefix cache
+    # hits; inference/prompts.py puts the block right after the system prompt).
+    chosen.sort(key=lambda item: (item[0].created_at, str(item[0].fact_id)))
+    return "\n".join(line for _, line in chosen)
 
 
 amemory_search = sync_to_async(memory_search)

@@ -457,6 +457,11 @@ CELERY_BEAT_SCHEDULE["conversations.conversations_purge_expired"] = {
 # Monthly partitions of conversations_turn are created this many months ahead of the current
 # one (daily beat task; `manage.py turn_partitions`). A DEFAULT partition catches the rest.
 CHAT_TURN_PARTITIONS_AHEAD = env_int("CHAT_TURN_PARTITIONS_AHEAD", 3)
+# Long-term memory: queue fact extraction for conversations idle for CHAT_MEMORY_IDLE_S.
+CELERY_BEAT_SCHEDULE["memory.memory_sweep"] = {
+    "task": "memory.memory_sweep",
+    "schedule": float(CHAT_MEMORY_SWEEP_S),
+}
 CELERY_BEAT_SCHEDULE["conversations.turn_partitions_ensure"] = {
     "task": "conversations.turn_partitions_ensure",
     "schedule": crontab(hour=2, minute=41),  # daily, off the hour

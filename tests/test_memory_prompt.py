@@ -1,0 +1,88 @@
+"""User memory in the turn's prompt (issue 7): the owner's facts most like the message go into
+the prompt's memory block, right after the system prompt (a stable position: the prefix cache
+keeps hitting); never another user's; none when memory is off. Real embedding model and real
+PostgreSQL with pgvector; the scripted engine double records the prompt."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from inference.prompts import MEMORY_HEADING
+from memory import services as memory_services
+from tests.test_api import api_client, new_conversation, post_json
+from tests.test_views import read_stream
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FACTS = ["prefers metric units", "is learning Rust", "has a grey cat called Pixel", "lives in Lyon", "is vegetarian"]
+
+
+@pytest.fixture
+def prompts(engine_double, monkeypatch) -> list[list[dict]]:
+    seen: list[list[dict]] = []
+    encode = engine_double.encode_chat
+    monkeypatch.setattr(engine_double, "encode_chat", lambda m: seen.append(list(m)) or encode(m))
+    return seen
+
+
+async def ask(client, content: str) -> None:
+    conversation_id = await new_conversation(client)
+    response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": content})
+    assert response.status_code == 200, response.content
+    await read_stream(response)
+
+
+async def test_the_most_relevant_fact_goes_into_the_memory_block_after_the_system_prompt(make_user, prompts):
+    client, user = await api_client(make_user)
+    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
+    await ask(client, "How many kilometres is a marathon?")
+    system = prompts[-1][0]
+    assert system["role"] == "system"
+    head, _, block = system["content"].partition(MEMORY_HEADING)
+    assert block, system["content"]
+    assert "metric units" in block
+    assert head.startswith("You are")  # the system prompt first, then the memory block
+
+
+async def test_another_users_facts_never_reach_the_prompt(make_user, prompts):
+    client, _ = await api_client(make_user, username="ann")
+    _, bob = await api_client(make_user, username="bob")
+    await sync_to_async(memory_services.memory_add)(user=bob, texts=["The user is secretly a spy called Nightjar."])
+    await ask(client, "Who is the spy called Nightjar?")
+    assert all("Nightjar" not in m["content"] or m["role"] == "user" for m in prompts[-1])
+    assert MEMORY_HEADING not in prompts[-1][0]["content"]
+
+
+async def test_memory_off_puts_nothing_in_the_prompt(make_user, prompts):
+    client, user = await api_client(make_user)
+    await sync_to_async(memory_services.memory_add)(user=user, texts=["The user prefers metric units."])
+    await sync_to_async(memory_services.memory_set_enabled)(user=user, enabled=False)
+    await ask(client, "How many kilometres is a marathon?")
+    assert MEMORY_HEADING not in prompts[-1][0]["content"]
+
+
+async def test_a_deleted_fact_is_gone_from_the_next_prompt(make_user, prompts):
+    client, user = await api_client(make_user)
+    (fact,) = await sync_to_async(memory_services.memory_add)(user=user, texts=["The user prefers metric units."])
+    await sync_to_async(memory_services.memory_remove)(user=user, fact_ids=[fact.fact_id])
+    await ask(client, "How many kilometres is a marathon?")
+    assert "metric" not in prompts[-1][0]["content"]
+
+
+async def test_the_same_facts_give_the_same_block_whatever_their_similarity_order(make_user, prompts):
+    """The block lists the retrieved facts in a fixed order (oldest first), so turns that
+    retrieve the same facts share the prompt prefix (the prefix cache hits)."""
+    from memory.selectors import memory_search  # noqa: PLC0415
+
+    client, user = await api_client(make_user)
+    await sync_to_async(memory_services.memory_add)(user=user, texts=["The user prefers metric units.", "The user is learning Rust."])
+    questions = ["Metric units or imperial? Also any Rust tips?", "How do I write a for loop in Rust, in metric?"]
+    rankings = [
+        [f.text for f, _ in await sync_to_async(memory_search)(user=user, query=q)] for q in questions
+    ]
+    assert rankings[0] != rankings[1] and sorted(rankings[0]) == sorted(rankings[1])  # the premise
+    for question in questions:
+        await ask(client, question)
+    first, second = (p[0]["content"] for p in prompts[-2:])
+    assert first.partition(MEMORY_HEADING)[2] == second.partition(MEMORY_HEADING)[2] != ""
