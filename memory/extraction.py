@@ -61,13 +61,15 @@ from memory.extraction_models import ExtractionMarker
 
 logger = logging.getLogger(__name__)
 
-EXTRACTION_INSTRUCTIONS = (
-    "You read a conversation between a user and an AI assistant and list durable facts about "
-    "the user that the user stated: their name, where they live, their work, family, pets, "
-    "preferences, plans and long-lasting circumstances. Only facts the user said about "
-    "themselves; nothing the assistant said, no passing requests, no questions, no guesses. "
-    'Write each fact as one short sentence about "the user" (for example "The user lives in '
-    'Lyon."). Answer with JSON: {"facts": [...]}; an empty list when there are none.'
+# The request: a plain system prompt and the question after the transcript. SmolLM2-135M under
+# the JSON schema answered [] to every conversation when the rules came as a system prompt, and
+# copied a worked example's facts into its answers; this form (tried against both) lists facts
+# for a conversation that states some and [] for one that states none.
+EXTRACTION_SYSTEM = "You are a helpful assistant."
+EXTRACTION_QUESTION = (
+    "What durable facts did the user state about themselves (name, home, work, family, pets, "
+    "likes, plans)? Only what the user said, not the assistant; no guesses. Answer as JSON "
+    '{"facts": [short sentences starting with "The user"]}, an empty list if none.'
 )
 # Longest message text, in characters, put into the extraction prompt (a long answer is mostly
 # not about the user; a long question is clipped further if one exchange alone does not fit).
@@ -149,8 +151,8 @@ def extraction_messages(exchanges: Sequence[tuple[str, str]]) -> list[dict[str, 
         f"User: {q}\nAssistant: {a}" if a else f"User: {q}" for q, a in exchanges
     )
     return [
-        {"role": "system", "content": EXTRACTION_INSTRUCTIONS},
-        {"role": "user", "content": f"Conversation:\n{transcript}\n\nFacts about the user as JSON:"},
+        {"role": "system", "content": EXTRACTION_SYSTEM},
+        {"role": "user", "content": f"Here is a conversation:\n{transcript}\n\n{EXTRACTION_QUESTION}"},
     ]
 
 
