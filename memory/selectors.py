@@ -29,18 +29,18 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection
 
 from memory.embeddings import embed_one
 from memory.models import UserMemory
 
 _SEARCH_SQL = """
 WITH mine AS MATERIALIZED (
-    SELECT fact_id, (embedding <=> %s::vector) AS distance
+    SELECT fact_id, user_id, text, source, source_conversation_id, created_at,
+           (embedding <=> %s::vector) AS distance
     FROM user_memory
     WHERE user_id = %s
 )
-SELECT fact_id, distance FROM mine ORDER BY distance, fact_id LIMIT %s
+SELECT * FROM mine ORDER BY distance, fact_id LIMIT %s
 """
 
 
@@ -65,13 +65,12 @@ def memory_get_for_user(*, fact_id: UUID, user) -> UserMemory | None:
     return UserMemory.objects.filter(user=user, fact_id=fact_id).defer("embedding").first()
 
 
-def memory_nearest(*, user, vector: list[float], k: int) -> list[tuple[UUID, float]]:
-    """The ids of the user's ``k`` facts nearest to ``vector`` (a normalised embedding), with
-    their cosine similarity (1 - cosine distance, -1..1), most similar first. An exact scan
-    over the user's rows (module docstring)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_SEARCH_SQL, [vector_literal(vector), user.pk, k])
-        return [(fact_id, 1.0 - float(distance)) for fact_id, distance in cursor.fetchall()]
+def memory_nearest(*, user, vector: list[float], k: int) -> list[tuple[UserMemory, float]]:
+    """The user's ``k`` facts nearest to ``vector`` (a normalised embedding), with their cosine
+    similarity (1 - cosine distance, -1..1), most similar first; one query, an exact scan over
+    the user's rows (module docstring). The facts' embeddings are not loaded."""
+    facts = UserMemory.objects.raw(_SEARCH_SQL, [vector_literal(vector), user.pk, k])
+    return [(fact, 1.0 - float(fact.distance)) for fact in facts]
 
 
 def memory_search(
@@ -91,12 +90,7 @@ def memory_search(
     floor = settings.CHAT_MEMORY_MIN_SIMILARITY if min_similarity is None else min_similarity
     if k <= 0 or not UserMemory.objects.filter(user=user).exists():
         return []
-    nearest = [(fid, sim) for fid, sim in memory_nearest(user=user, vector=embed_one(query), k=k) if sim >= floor]
-    if not nearest:
-        return []
-    facts = UserMemory.objects.defer("embedding").in_bulk([fid for fid, _ in nearest])
-    # A fact deleted between the two reads is left out.
-    return [(facts[fid], sim) for fid, sim in nearest if fid in facts]
+    return [(fact, sim) for fact, sim in memory_nearest(user=user, vector=embed_one(query), k=k) if sim >= floor]
 
 
 # Chat-template and role markers of the common template families (ChatML <|im_start|>, Llama 3
