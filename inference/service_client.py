@@ -36,23 +36,33 @@ def http_client() -> httpx.Client:
 
 
 def chat_complete(
-    messages: Sequence[dict[str, str]], *, max_tokens: int, temperature: float = 0.0
+    messages: Sequence[dict[str, str]],
+    *,
+    max_tokens: int,
+    temperature: float = 0.0,
+    model: str | None = None,
+    response_format: dict | None = None,
 ) -> str:
-    """One non-streamed chat completion of ``messages`` ([{role, content}]) by the served model
-    (``settings.CHAT_MODEL_NAME``); returns the answer's text (may be empty).
+    """One non-streamed chat completion of ``messages`` ([{role, content}]) by ``model`` (a pool
+    name; default the served model, ``settings.CHAT_MODEL_NAME``: the service tier's default
+    pool); returns the answer's text (may be empty).
 
-    ``max_tokens`` caps the completion (tokens); ``temperature`` 0 is greedy (repeatable jobs).
+    ``max_tokens`` caps the completion (tokens); ``temperature`` 0 is greedy (repeatable jobs);
+    ``response_format``: OpenAI's, e.g. ``{"type": "json_schema", "json_schema": {...}}`` (vLLM
+    structured output: the answer matches the schema).
     Waits up to ``settings.CHAT_INTERNAL_API_TIMEOUT_S`` seconds (jobs queue behind chats).
     Raises ServiceCallError on a transport error or any answer but 200 with a completion (the
     message carries the endpoint's error text).
     """
     body = {
-        "model": settings.CHAT_MODEL_NAME,
+        "model": model or settings.CHAT_MODEL_NAME,
         "messages": list(messages),
         "max_tokens": max_tokens,
         "temperature": temperature,
         "stream": False,
     }
+    if response_format is not None:
+        body["response_format"] = response_format
     try:
         with http_client() as client:
             response = client.post("/v1/chat/completions", json=body)
