@@ -25,8 +25,9 @@ class UserMemory(models.Model):
         MANUAL = "manual", "Added by hand"
 
     fact_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of its own: the (user, created_at) index below serves user_id lookups.
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories"
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories", db_index=False
     )
     text = models.TextField()
     embedding = VectorField(dimensions=embedding_dimension())

@@ -31,7 +31,7 @@ class Migration(migrations.Migration):
                 ('source_conversation_id', models.UUIDField(blank=True, null=True)),
                 ('source', models.CharField(choices=[('extracted', 'Extracted from a conversation'), ('manual', 'Added by hand')], default='manual', max_length=16)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memories', to=settings.AUTH_USER_MODEL)),
+                ('user', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='memories', to=settings.AUTH_USER_MODEL)),
             ],
             options={
                 'verbose_name': 'user memory',
