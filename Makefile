@@ -25,7 +25,8 @@ test-fast: install
 # read throughput, the prefix-cache hit rate of our prompt assembly vs a naive one, and paid-tier
 # TTFT under priority scheduling vs first come, first served (and with free traffic shed), and the
 # moderation gates (prompt-injection precision/recall, input-gate latency under load, TTFT/TPOT
-# with the output gate on vs off).
+# with the output gate on vs off), and user memory (retrieval latency with 100,000 facts, turn TTFT
+# with memory on vs off).
 bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
@@ -34,6 +35,7 @@ bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.context_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.priority_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.memory_bench
 
 install: $(STAMP)
 
