@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET
 from pydantic.json_schema import models_json_schema
 
 from api import schemas
+from memory.api import MemoryPatch
 
 REF = "#/components/schemas/{model}"
 UUID_PARAM = {"type": "string", "format": "uuid"}
@@ -84,6 +85,7 @@ def build_document() -> dict:
             (schemas.TurnRegenerate, "validation"),
             (schemas.ChatCompletionCreate, "validation"),
             (schemas.CompletionCreate, "validation"),
+            (MemoryPatch, "validation"),
         ],
         ref_template=REF,
     )
@@ -156,6 +158,14 @@ def build_document() -> dict:
     }
     components["ChatCompletion"] = {"type": "object", "required": ["id", "object", "choices"]}
     components["ModelList"] = {"type": "object", "required": ["object", "data"]}
+    components["UserMemory"] = {
+        "type": "object",
+        "required": ["memory_enabled", "facts"],
+        "properties": {
+            "memory_enabled": {"type": "boolean"},
+            "facts": {"type": "array", "items": {"type": "object", "required": ["fact_id", "text"]}},
+        },
+    }
 
     paths = {
         "/v1/conversations": {
@@ -304,6 +314,27 @@ def build_document() -> dict:
                     **BODY_ERRORS,
                     **ADMISSION_ERRORS,
                     "404": _error("Unknown model."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/users/{user_id}/memory": {
+            "parameters": [{"name": "user_id", "in": "path", "required": True, "schema": {"type": "integer"}}],
+            "get": {
+                "operationId": "getUserMemory",
+                "responses": {
+                    "200": _json(REF.format(model="UserMemory")),
+                    "404": _error("No such user (or not you)."),
+                    **COMMON,
+                },
+            },
+            "patch": {
+                "operationId": "patchUserMemory",
+                "requestBody": _body("MemoryPatch"),
+                "responses": {
+                    "200": _json(REF.format(model="UserMemory")),
+                    **BODY_ERRORS,
+                    "404": _error("No such user (or not you)."),
                     **COMMON,
                 },
             },

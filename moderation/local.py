@@ -258,16 +258,21 @@ def _prompt_grams(system_prompt: str) -> tuple[int, frozenset, frozenset]:
     return run, runs, trigrams
 
 
+# System prompts shorter than this many words are not checked for leaks (see leak_score).
+LEAK_MIN_WORDS = 10
+
+
 def leak_score(window: str, system_prompt: str) -> float:
     """How much of ``system_prompt`` the answer ``window`` repeats, 0..1, after ``leak_words``
     on both (case, whitespace, punctuation, bullets and numbering ignored): 1.0 when
     ``min(8, prompt words)`` consecutive prompt words appear in the window, else the share of
-    the prompt's word 3-grams found in the window. Prompts under 3 words score 0 (nothing
-    to recognise)."""
+    the prompt's word 3-grams found in the window. Prompts under ``LEAK_MIN_WORDS`` words score
+    0: a short instruction ("You are a helpful, concise assistant.") cannot be told apart from
+    the assistant describing itself ("I am a helpful, concise assistant"), and is no secret."""
     if not system_prompt:
         return 0.0
     run, runs, trigrams = _prompt_grams(system_prompt)
-    if run < 3 or not trigrams:
+    if len(leak_words(system_prompt)) < LEAK_MIN_WORDS or not trigrams:
         return 0.0
     words = leak_words(window)
     if any(tuple(words[i:i + run]) in runs for i in range(len(words) - run + 1)):

@@ -384,3 +384,15 @@ async def test_background_jobs_are_labelled_background_in_metrics_and_the_ledger
     assert (await post_json(job, "/v1/chat/completions", body)).status_code == 200
     record = await UsageRecord.objects.aget()
     assert record.tier == "background"
+
+
+async def test_an_answer_describing_itself_like_the_short_default_prompt_is_not_a_leak(make_user, engine_double, settings):
+    """Found by CI with the real model: "Just say hi." was answered "Hi! I'm a helpful,
+    concise assistant..." and withdrawn as a leak of the 6-word default system prompt, which
+    is no secret and cannot be told apart from the assistant describing itself."""
+    settings.CHAT_MODERATION_STEP_CHARS = 8
+    engine_double.scripts = [["Hi! I'm a helpful,", " concise assistant.", " You are a helpful", " person too."]]
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    events = parse_sse(await read_stream(await ask(client, conversation_id, "Just say hi.")))
+    assert events[-1][0] == "done"

@@ -42,8 +42,10 @@ def test_every_documented_operation_names_its_methods_as_the_view_allows():
     from django.urls import resolve
 
     for path, item in build_document()["paths"].items():
-        sample = path.replace("{conversation_id}", "00000000-0000-0000-0000-000000000001").replace(
-            "{turn_id}", "00000000-0000-0000-0000-000000000002"
+        sample = (
+            path.replace("{conversation_id}", "00000000-0000-0000-0000-000000000001")
+            .replace("{turn_id}", "00000000-0000-0000-0000-000000000002")
+            .replace("{user_id}", "1")
         )
         view = resolve(sample).func
         methods = {m.upper() for m in item if m != "parameters"}
