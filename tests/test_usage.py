@@ -252,24 +252,6 @@ def test_the_answering_pool_is_charged_not_the_requested_one(make_user):
     assert (row.pool, row.cost_usd) == ("mini", Decimal("0.00450000"))
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_async_twin_records_from_async_code(make_user):
-    """ausage_record (used at the end of a generation task) stores the same record."""
-    from asgiref.sync import sync_to_async  # noqa: PLC0415
-
-    user = await sync_to_async(make_user)()
-    org = await Organisation.objects.acreate(name="Acme", slug="acme-async")
-    turn_id = uuid.uuid4()
-    row = await services.ausage_record(
-        user=user, org=org.pk, turn_id=turn_id, conversation_id=None, route_pool=pool("frontier"),
-        tier="paid", prompt_tokens=10, cached_tokens=0, completion_tokens=10, status="failed",
-    )
-    stored = await UsageRecord.objects.aget(turn_id=turn_id)
-    assert stored.pk == row.pk
-    assert (stored.user_id, stored.org_id, stored.status) == (user.pk, org.pk, "failed")
-    assert stored.cost_usd == Decimal("0.00035000")  # (10 * 5 + 10 * 30) / 1M
-
-
 def test_usage_is_stored_in_the_default_database_whatever_region_is_pinned(settings):
     """Usage is global data: written and read in ``default`` even inside a regional
     conversation's pinned block, and never migrated into a region's database."""

@@ -109,37 +109,3 @@ def usage_record(
         logger.info("usage_record: turn %s was already recorded; not charged again", turn_id)
     return record
 
-
-async def ausage_record(
-    *,
-    user: User | int | None,
-    org: Organisation | int | None,
-    turn_id: UUID | None,
-    conversation_id: UUID | None,
-    route_pool: Pool,
-    tier: str,
-    prompt_tokens: int,
-    cached_tokens: int,
-    completion_tokens: int,
-    status: str,
-) -> UsageRecord:
-    """:func:`usage_record` for async code: the same arguments, result and errors.
-
-    Runs on the database executor through ``conversations.sse.run_in_db_thread``, which closes
-    the connections it used afterwards: usage is recorded at the end of a generation task that
-    may outlive its request (and Django transactions do not work in async code)."""
-    from conversations.sse import run_in_db_thread  # noqa: PLC0415 - keeps usage's imports light
-
-    return await run_in_db_thread(
-        usage_record,
-        user=user,
-        org=org,
-        turn_id=turn_id,
-        conversation_id=conversation_id,
-        route_pool=route_pool,
-        tier=tier,
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens,
-        completion_tokens=completion_tokens,
-        status=status,
-    )
