@@ -1,0 +1,3 @@
+"""Attachments routes; included at the site root by chatsite/urls.py: ``path("", include("attachments.urls"))``."""
+
+urlpatterns: list = []

@@ -1,0 +1,3 @@
+"""Feedback routes; included at the site root by chatsite/urls.py: ``path("", include("feedback.urls"))``."""
+
+urlpatterns: list = []
