@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
+from django.core.validators import MinValueValidator
 from django.db import models
 
 
@@ -53,6 +54,17 @@ class Organisation(models.Model):
     moderation_thresholds = models.JSONField(default=dict, blank=True)
     blocked_terms = models.JSONField(default=list, blank=True)
     moderation_fail_open = models.BooleanField(default=False)
+    # Not for training (workspaces/): every turn of the organisation's conversations is stored
+    # with Turn.training_eligible False from the next turn on (True otherwise).
+    not_for_training = models.BooleanField(default=False)
+    # The organisation's own shared limits, requests / tokens per minute, replacing its tier's
+    # (settings.CHAT_ORG_RATE_LIMITS_BY_TIER) one by one; None: the tier's (inference/ratelimit.py).
+    rate_limit_rpm = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    rate_limit_tpm = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="organisations"

@@ -42,9 +42,20 @@ class Conversation(models.Model):
     # the summarisation task once the conversation outgrows the prompt budget; blank: none yet.
     summary = models.TextField(blank=True)
     summary_through = models.DateTimeField(null=True, blank=True)
+    # Shared with its organisation's workspace (workspaces/): the org's current members may read
+    # it (read-only); only the owner writes. Meaningless without ``org``.
+    shared_with_org = models.BooleanField(default=False, db_default=False)
 
     class Meta:
-        indexes = [models.Index(fields=["owner", "-last_turn_at"], name="conv_owner_recent")]
+        indexes = [
+            models.Index(fields=["owner", "-last_turn_at"], name="conv_owner_recent"),
+            # A workspace's shared conversations, most recently active first (workspaces/).
+            models.Index(
+                fields=["org", "-last_turn_at"],
+                name="conv_org_shared_recent",
+                condition=models.Q(shared_with_org=True),
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.title or str(self.conversation_id)
@@ -115,6 +126,10 @@ class Turn(models.Model):
     model_version = models.CharField(max_length=100, blank=True, default="", db_default="")
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
+    # Whether the turn may be used to train models: False when it was written in a conversation
+    # of an organisation with ``not_for_training`` set, True otherwise (decided when the turn is
+    # written: conversations/services.py). A database default too, like ``pool`` above.
+    training_eligible = models.BooleanField(default=True, db_default=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
