@@ -6,6 +6,8 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 
 def default_region() -> str:
@@ -30,6 +32,34 @@ class User(AbstractUser):
     # Long-term memory (memory/): off means nothing is extracted from this user's conversations
     # and nothing is retrieved into their prompts.
     memory_enabled = models.BooleanField(default=True)
+    # Sign-in security (issue 10; accounts/services.py). Mixed into the session auth hash, so a
+    # new value ("sign out everywhere") ends every session of the user in any session store,
+    # even ones UserSession does not list. Empty: exactly Django's own hash.
+    session_salt = models.CharField(max_length=32, blank=True, default="")
+    # The address this person proved they control (they followed a password reset link sent to
+    # it, or an OpenID Connect provider vouched for it). OIDC sign-in joins only an account whose
+    # email is verified: otherwise anyone could pre-register a victim's address with a password.
+    verified_email = models.EmailField(blank=True, default="")
+
+    def get_session_auth_hash(self) -> str:
+        """Django's session hash (HMAC-SHA256 of the password hash) with ``session_salt``."""
+        return self._salted_session_auth_hash()
+
+    def get_session_auth_fallback_hash(self):
+        for secret in settings.SECRET_KEY_FALLBACKS:
+            yield self._salted_session_auth_hash(secret=secret)
+
+    def _salted_session_auth_hash(self, secret: str | None = None) -> str:
+        return salted_hmac(
+            "django.contrib.auth.models.AbstractBaseUser.get_session_auth_hash",
+            self.password + self.session_salt,
+            secret=secret,
+            algorithm="sha256",
+        ).hexdigest()
+
+    @property
+    def email_is_verified(self) -> bool:
+        return bool(self.email) and self.verified_email.lower() == self.email.lower()
 
 
 class Organisation(models.Model):
@@ -120,3 +150,24 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class UserSession(models.Model):
+    """A signed-in browser session, listed on the sessions page (issue 10). Recorded at sign-in
+    (accounts/signals.py); ``last_seen_at``, ``ip`` and ``user_agent`` are refreshed at most once
+    a minute (accounts/middleware.py). ``session_key`` is a credential: never rendered."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="login_sessions"
+    )
+    session_key = models.CharField(max_length=40, unique=True)
+    user_agent = models.CharField(max_length=300, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("-last_seen_at",)
+
+    def __str__(self) -> str:
+        return f"{self.user} session since {self.created_at:%Y-%m-%d %H:%M}"
