@@ -1,0 +1,229 @@
+"""Share links: the owner's pages (a conversation's links: create, update, revoke; all their
+links) and the public pages (``/s/<token>/``, and "Continue this conversation").
+
+Thin: parse, call a service or selector, render. Every form posts with CSRF; nothing here
+needs script. Public pages send ``Referrer-Policy: no-referrer`` (the token is in the URL, and
+links in the conversation must not carry it to other sites), ``X-Robots-Tag: noindex`` and
+``Cache-Control: no-store`` (a revoked link must not live on in a cache), 404s included.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
+
+from conversations import selectors as conversation_selectors
+from conversations.models import Turn
+from conversations.rendering import markdown_to_safe_html
+from sharing import selectors, services
+from sharing.models import ShareLink
+
+
+def _private(response: HttpResponse) -> HttpResponse:
+    """Headers of every page that shows a share URL or a shared conversation."""
+    response["Referrer-Policy"] = "no-referrer"
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _public(response: HttpResponse) -> HttpResponse:
+    """Headers of the public shared pages (their 404s too)."""
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    return _private(response)
+
+
+def _share_url(request: HttpRequest, link: ShareLink) -> str:
+    return request.build_absolute_uri(reverse("shared", args=[link.token]))
+
+
+# --- the owner's pages -------------------------------------------------------------------------
+
+
+def _manage_page(request: HttpRequest, conversation, *, error: str = "", status: int = 200) -> HttpResponse:
+    links = [
+        {"link": link, "url": _share_url(request, link)}
+        for link in selectors.share_link_list(conversation=conversation)
+    ]
+    newest = selectors.newest_turn(conversation=conversation)
+    response = render(
+        request,
+        "sharing/manage.html",
+        {
+            "conversation": conversation,
+            "links": links,
+            "error": error,
+            # Whether the conversation has turns newer than a link's snapshot ("Update" says so).
+            "newest_at": newest.created_at if newest is not None else None,
+        },
+        status=status,
+    )
+    return _private(response)
+
+
+@require_http_methods(["GET", "HEAD", "POST"])
+@login_required
+def share_manage(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """``GET``: the conversation's share page (its working links, each with Update and Revoke).
+    ``POST``: make a new link to the conversation as it is now, then back to the page (400 with
+    the page and the reason when it cannot be shared). 404 unless the conversation is the
+    user's."""
+    conversation = conversation_selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    if request.method == "POST":
+        try:
+            services.share_link_create(conversation=conversation, user=request.user)
+        except ValidationError as exc:
+            return _manage_page(request, conversation, error=exc.messages[0], status=400)
+        except PermissionDenied as exc:
+            return _manage_page(request, conversation, error=str(exc), status=403)
+        messages.success(request, "Link created. Anyone with it can read the conversation up to now.")
+        return redirect("share-manage", conversation_id=conversation.pk)
+    return _manage_page(request, conversation)
+
+
+def _back(request: HttpRequest, conversation) -> HttpResponse:
+    """Where a link action returns: the shared-links settings page when it came from there
+    (``back=all``), else the conversation's share page."""
+    if request.POST.get("back") == "all":
+        return redirect("shared-links")
+    return redirect("share-manage", conversation_id=conversation.pk)
+
+
+@require_POST
+@login_required
+def share_update(request: HttpRequest, conversation_id: UUID, link_id: int) -> HttpResponse:
+    """Move a link's snapshot up to the conversation's newest turn (same URL). 404 unless the
+    conversation is the user's and the link one of its working links."""
+    conversation = conversation_selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    link = selectors.share_link_get_for_owner(conversation=conversation, link_id=link_id)
+    try:
+        services.share_link_update(conversation=conversation, link=link, user=request.user)
+    except ValidationError as exc:
+        return _manage_page(request, conversation, error=exc.messages[0], status=400)
+    except PermissionDenied as exc:
+        return _manage_page(request, conversation, error=str(exc), status=403)
+    messages.success(request, "Link updated: it now shows the conversation up to now.")
+    return _back(request, conversation)
+
+
+@require_POST
+@login_required
+def share_revoke(request: HttpRequest, conversation_id: UUID, link_id: int) -> HttpResponse:
+    """Revoke a link: from now on it answers 404. 404 unless the conversation is the user's and
+    the link one of its working links."""
+    conversation = conversation_selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    link = selectors.share_link_get_for_owner(conversation=conversation, link_id=link_id)
+    try:
+        services.share_link_revoke(conversation=conversation, link=link, user=request.user)
+    except PermissionDenied as exc:
+        return _manage_page(request, conversation, error=str(exc), status=403)
+    messages.success(request, "Link revoked: it no longer works.")
+    return _back(request, conversation)
+
+
+@require_safe
+@login_required
+def shared_links(request: HttpRequest) -> HttpResponse:
+    """Every working link the user made, across their conversations, with Revoke."""
+    links = [
+        {"link": link, "url": _share_url(request, link)}
+        for link in selectors.share_link_list_for_user(user=request.user)
+    ]
+    return _private(render(request, "sharing/shared_links.html", {"links": links}))
+
+
+# --- the public pages --------------------------------------------------------------------------
+
+
+def _not_found(request: HttpRequest) -> HttpResponse:
+    return _public(
+        render(request, "sharing/not_found.html", {"message": selectors.NOT_FOUND}, status=404)
+    )
+
+
+def _exchange_context(exchange: selectors.SharedExchange) -> dict:
+    """Template context of one shared exchange: the message as plain text (autoescaped), the
+    answer as sanitised HTML (conversations/rendering.py, PF-X1) and a note on its status."""
+    answer = exchange.answer
+    note = ""
+    if answer is None:
+        note = "No answer had been written yet when this was shared."
+    elif answer.status == Turn.Status.BLOCKED:
+        note = "This answer was withdrawn by moderation."
+    elif answer.status == Turn.Status.FAILED:
+        note = "The answer failed."
+    elif answer.status == Turn.Status.CANCELLED:
+        note = "Stopped."
+    elif not answer.content:
+        note = "The model gave an empty answer."
+    show_text = answer is not None and answer.status not in (Turn.Status.BLOCKED, Turn.Status.FAILED)
+    return {
+        "question": exchange.question,
+        "answer": answer,
+        "answer_html": markdown_to_safe_html(answer.content) if show_text else "",
+        "note": note,
+    }
+
+
+def _shared_page(
+    request: HttpRequest, token: str, *, confirm: bool = False, error: str = "", status: int = 200
+) -> HttpResponse:
+    """The shared page of ``token`` (or the 404 page). ``confirm``: ask the signed-in viewer
+    to confirm continuing; ``error``: why continuing did not work (shown above the button)."""
+    try:
+        snapshot = selectors.snapshot_get(token=token)
+    except Http404:
+        return _not_found(request)
+    context = {
+        "token": token,
+        "snapshot": snapshot,
+        "title": snapshot.title or "Shared conversation",
+        "exchanges": [_exchange_context(x) for x in snapshot.exchanges],
+        "confirm": confirm,
+        "error": error,
+    }
+    return _public(render(request, "sharing/shared.html", context, status=status))
+
+
+@require_safe
+def shared(request: HttpRequest, token: str) -> HttpResponse:
+    """The public, read-only page of a share link (no sign-in needed). 404 (a page that says
+    so) for a link that is malformed, unknown, revoked, to a deleted conversation, or whose
+    creator can no longer read the conversation."""
+    return _shared_page(request, token)
+
+
+@require_http_methods(["GET", "HEAD", "POST"])
+def shared_continue(request: HttpRequest, token: str) -> HttpResponse:
+    """"Continue this conversation". Anonymous: off to sign in, then back here. ``GET`` (signed
+    in): the shared page asking to confirm. ``POST``: copy the snapshot into a new conversation
+    of the viewer's and open it. 404 as for :func:`shared`; 400 with the page and the reason
+    when the viewer's account cannot hold the copy."""
+    if not request.user.is_authenticated:
+        try:
+            selectors.snapshot_get(token=token)  # a dead link says so before any sign-in
+        except Http404:
+            return _not_found(request)
+        return _public(redirect_to_login(reverse("shared-continue", args=[token])))
+    if request.method != "POST":
+        return _shared_page(request, token, confirm=True)
+    try:
+        copy = services.share_continue(token=token, user=request.user)
+    except Http404:
+        return _not_found(request)
+    except ValidationError as exc:
+        return _shared_page(request, token, confirm=True, error=exc.messages[0], status=400)
+    return redirect("conversation", conversation_id=copy.pk)
