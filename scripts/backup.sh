@@ -9,7 +9,7 @@
 # "region_<name>" (replicas are copies: not dumped). Each dump is DIR/<NAME>.dump, written to a
 # temporary name, checked by listing it with pg_restore, then renamed, so a file with the final
 # name is always a complete dump. DIR also gets SHA256SUMS. DIR defaults to
-# var/backups/<UTC time>; it must not contain dumps already.
+# $CHAT_BACKUP_DIR/<UTC time> (CHAT_BACKUP_DIR: var/backups); it must not contain dumps already.
 #
 # Each dump is one consistent snapshot of its database (pg_dump runs in one repeatable-read
 # transaction; writers are not blocked). Dumps of different databases are taken one after the
@@ -43,7 +43,7 @@ while getopts "o:h" opt; do
     esac
 done
 shift $((OPTIND - 1))
-OUT="${OUT:-$ROOT/var/backups/$(date -u +%Y%m%dT%H%M%SZ)}"
+OUT="${OUT:-${CHAT_BACKUP_DIR:-$ROOT/var/backups}/$(date -u +%Y%m%dT%H%M%SZ)}"
 
 # NAME<TAB>URL lines: from the arguments, else from the environment.
 if [ "$#" -gt 0 ]; then

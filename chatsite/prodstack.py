@@ -1,0 +1,518 @@
+"""The production topology on one machine, for trying it out and for the tests.
+
+::
+
+    python -m chatsite.prodstack run [--gateways 3] [--https-port 8443] [--http-port 8080]
+                                     [--base-port 8100] [--engine-url URL] [--engine-class DOTTED]
+    python -m chatsite.prodstack service-key
+    python -m chatsite.prodstack render-site --listen 80 --server-name chat.example.org \\
+        --upstream 127.0.0.1:8101 --upstream 127.0.0.1:8102 --static-root /srv/chatsite/staticfiles
+    python -m chatsite.prodstack render-tls --listen 443 --cert FULLCHAIN.pem --key PRIVKEY.pem
+
+``run`` (``make run-prod``) starts, all with ``chatsite.settings.production``:
+
+- the **engine process**: daphne with the vLLM engine, on loopback only (``--base-port``), the
+  one process that holds the model; gateways and Celery jobs reach it through its
+  OpenAI-compatible ``/v1`` with the service key. With ``--engine-url`` none is started and that
+  server (another machine's engine process, or ``vllm serve``) is used instead.
+- **N gateways**: daphne processes with no engine of their own
+  (``CHAT_ENGINE_CLASS=inference.remote.OpenAIRemoteEngine``), on the ports after it; they serve
+  the pages, the API and the answer streams.
+- a **Celery worker** and **Celery beat**;
+- **nginx** with the shipped site (deploy/nginx.conf, one upstream ``server`` per gateway) and
+  TLS (deploy/nginx-tls.conf, a self-signed certificate made here), serving the collected static
+  files itself; plain HTTP on ``--http-port`` is redirected to HTTPS by the app.
+
+Before that it migrates (every region's database too), collects the static files and registers
+the service key. It uses the environment's ``DATABASE_URL`` / ``REDIS_URL``, else starts the
+embedded PostgreSQL and Redis of ``make run`` (chatsite/devstack.py). Production settings need
+``DJANGO_SECRET_KEY``: when it is unset, a random one is made once and kept in the work folder
+(``var/prodstack/secret-key``, mode 0600). ``--state-file`` receives a JSON description of what
+runs where once everything is ready (the tests read it). Ctrl-C or SIGTERM stops everything;
+a process that exits meanwhile is started again (as systemd's ``Restart=on-failure`` would).
+
+Real deployments use the systemd units in deploy/systemd/ instead (README, "Production").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chatsite import devstack
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE_TEMPLATE = ROOT / "deploy" / "nginx.conf"
+TLS_TEMPLATE = ROOT / "deploy" / "nginx-tls.conf"
+SETTINGS = "chatsite.settings.production"
+REMOTE_ENGINE = "inference.remote.OpenAIRemoteEngine"
+
+
+# --- rendering the shipped nginx files -----------------------------------------------------------
+
+
+def render_template(text: str, values: dict[str, str | list[str]]) -> str:
+    """Fill ``{{NAME}}`` placeholders of a shipped nginx file, as deploy/README.md's sed does.
+
+    Comment lines are left alone. A value that is a list repeats each line holding its
+    placeholder once per item (``server {{UPSTREAM}};`` becomes one ``server`` line per
+    gateway). Raises ValueError for a placeholder without a value or a value never used (a
+    template and its renderer out of step).
+    """
+    out: list[str] = []
+    used: set[str] = set()
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("#"):
+            out.append(line)
+            continue
+        copies = [line]
+        for name, value in values.items():
+            token = "{{" + name + "}}"
+            if token not in line:
+                continue
+            used.add(name)
+            items = value if isinstance(value, list) else [value]
+            copies = [copy.replace(token, item) for copy in copies for item in items]
+        for copy in copies:
+            if "{{" in copy:
+                raise ValueError(f"no value for the placeholder in: {copy.strip()!r}")
+        out.extend(copies)
+    if unused := set(values) - used:
+        raise ValueError(f"placeholders not in the template: {sorted(unused)}")
+    return "".join(out)
+
+
+def render_site(*, listen: str, server_name: str, upstreams: list[str], static_root: Path | str) -> str:
+    """deploy/nginx.conf for ``upstreams`` (``host:port`` of each gateway)."""
+    if not upstreams:
+        raise ValueError("at least one upstream (gateway address) is needed")
+    return render_template(
+        SITE_TEMPLATE.read_text(),
+        {
+            "LISTEN": listen,
+            "SERVER_NAME": server_name,
+            "UPSTREAM": list(upstreams),
+            "STATIC_ROOT": str(static_root).rstrip("/"),
+        },
+    )
+
+
+def render_tls(*, listen: str, cert: Path | str, key: Path | str) -> str:
+    """deploy/nginx-tls.conf: the site's HTTPS listener and certificate."""
+    return render_template(
+        TLS_TEMPLATE.read_text(), {"TLS_LISTEN": listen, "TLS_CERT": str(cert), "TLS_KEY": str(key)}
+    )
+
+
+def self_signed_certificate(cert_path: Path, key_path: Path, hosts: Iterable[str]) -> None:
+    """A self-signed certificate (EC P-256, 30 days) for ``hosts`` (names and IP addresses):
+    for trying HTTPS out locally only. Uses ``cryptography`` (installed with daphne)."""
+    import ipaddress  # noqa: PLC0415
+
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415
+
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host.strip("[]"))))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "chatsite prodstack (local)")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_path.chmod(0o600)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def nginx_binary() -> str:
+    """nginx's path (Debian installs it in /usr/sbin). Raises RuntimeError if it is missing."""
+    found = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+    if found is None:
+        raise RuntimeError("nginx is missing: run `make nginx` (apt-get install nginx-light)")
+    return found
+
+
+def nginx_main_conf(binary: str, work: Path, site: Path) -> str:
+    """A main nginx.conf around the site, like Debian's /etc/nginx/nginx.conf (mime types,
+    sendfile), with every file nginx writes under ``work`` (so it runs as any user) and an
+    access log that records which gateway served each request (``upstream=``)."""
+    built = subprocess.run([binary, "-V"], capture_output=True, text=True).stderr
+    temp_paths = [f"client_body_temp_path {work}/client_body;", f"proxy_temp_path {work}/proxy;"]
+    for module in ("fastcgi", "uwsgi", "scgi"):
+        if f"--without-http_{module}_module" not in built:
+            temp_paths.append(f"{module}_temp_path {work}/{module};")
+    # As root, nginx's workers would run as `nobody`, which may not read the work folder.
+    user = "user root;" if os.geteuid() == 0 else ""
+    temp = "\n    ".join(temp_paths)
+    return f"""{user}
+worker_processes 2;
+events {{ worker_connections 1024; }}
+http {{
+    include /etc/nginx/mime.types;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    log_format chatsite '$remote_addr [$time_local] "$request" $status $body_bytes_sent '
+                        'upstream=$upstream_addr rt=$request_time';
+    access_log {work}/access.log chatsite;
+    {temp}
+    include {site};
+}}
+"""
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen | None, timeout_s: float) -> bool:
+    """Poll ``url`` until it answers 200 (True), ``proc`` exits or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return True
+        time.sleep(0.5)
+    return False
+
+
+@dataclass
+class Child:
+    """A supervised process: how to start it again, and its log file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+@dataclass
+class Stack:
+    """What ``run`` started, in start order (stopped in reverse)."""
+
+    work: Path
+    children: list[Child] = field(default_factory=list)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
+        child = Child(name, argv, env, self.work / "logs" / f"{name}.log")
+        child.start()
+        self.children.append(child)
+        return child
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            if child.proc is not None:
+                devstack.stop_process_group(child.proc, grace_s=10)
+
+
+def daphne_argv(port: int) -> list[str]:
+    """daphne with write backpressure (chatsite/serve.py) on loopback ``port``. The client
+    address comes from nginx's ``X-Real-IP`` (its ``$remote_addr``), not ``X-Forwarded-For``,
+    whose first entry (the one daphne would take) is whatever the client sent."""
+    return [sys.executable, "-m", "chatsite.serve", "-b", "127.0.0.1", "-p", str(port),
+            "--proxy-headers", "--proxy-headers-host", "X-Real-IP",
+            "chatsite.asgi:application"]  # fmt: skip
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """Run ``manage.py args`` with ``env``; return its stdout. Raises CalledProcessError."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], env=env, cwd=ROOT, check=True,
+        stdout=subprocess.PIPE, text=True,
+    ).stdout  # fmt: skip
+
+
+def secret_key(work: Path) -> str:
+    """The local stack's secret key, made once (50 random URL-safe bytes) and kept in
+    ``work/secret-key`` (0600)."""
+    path = work / "secret-key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def prepare(env: dict[str, str]) -> str:
+    """Migrate every database, collect the static files, register the service key; return the
+    key (``service-key``)."""
+    manage(env, "migrate", "--noinput")
+    regions = json.loads(env.get("CHAT_REGION_DATABASE_URLS") or "{}")
+    for region in regions:
+        manage(env, "migrate", "--noinput", f"--database=region_{region}")
+    manage(env, "collectstatic", "--noinput", "--verbosity", "0")
+    out = subprocess.run(
+        [sys.executable, "-m", "chatsite.prodstack", "service-key"], env=env, cwd=ROOT, check=True,
+        stdout=subprocess.PIPE, text=True,
+    ).stdout  # fmt: skip
+    return out.strip()
+
+
+@contextlib.contextmanager
+def production_env(work: Path, https_port: int) -> Iterator[dict[str, str]]:
+    """The environment every process of the stack gets: production settings, the database and
+    Redis (embedded ones when DATABASE_URL / REDIS_URL are unset), and local defaults for what
+    production requires (secret key, hosts, static root)."""
+    with devstack.stack_env() as env:
+        env.pop("CHAT_TEST_DB_NAME", None)
+        env["DJANGO_SETTINGS_MODULE"] = SETTINGS
+        if not env.get("DJANGO_SECRET_KEY"):
+            env["DJANGO_SECRET_KEY"] = secret_key(work)
+            print(f"using the local secret key in {work / 'secret-key'}", flush=True)
+        env.setdefault("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
+        env.setdefault("DJANGO_STATIC_ROOT", str(work / "staticfiles"))
+        if https_port != 443:
+            # Django's HTTP -> HTTPS redirect must name the HTTPS port.
+            env.setdefault("DJANGO_SECURE_SSL_HOST", f"127.0.0.1:{https_port}")
+        yield env
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the whole stack (module docstring), wait until it serves, supervise it until
+    SIGINT/SIGTERM; returns 0 after a requested stop, 1 if it never became ready."""
+    work = Path(args.workdir).resolve()
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    (work / "nginx").mkdir(exist_ok=True)
+    stop_requested = False
+
+    def on_signal(signum, frame):
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    https_port = args.https_port or free_port()
+    http_port = args.http_port or free_port()
+    with production_env(work, https_port) as env:
+        stack = Stack(work)
+        try:
+            print("migrating, collecting static files...", flush=True)
+            service_key = prepare(env)
+            ports = [free_port() if args.base_port == 0 else args.base_port + i for i in range(args.gateways + 1)]
+            if args.engine_url:
+                engine_url = args.engine_url.rstrip("/")
+            else:
+                engine_url = f"http://127.0.0.1:{ports[0]}"
+                engine_env = {
+                    **env,
+                    # Reached only over loopback by gateways and jobs, never through nginx.
+                    "DJANGO_SECURE_SSL_REDIRECT": "off",
+                    "CHAT_INTERNAL_API_URL": engine_url,
+                }
+                if args.engine_class:
+                    engine_env["CHAT_ENGINE_CLASS"] = args.engine_class
+                engine = stack.spawn("engine", daphne_argv(ports[0]), engine_env)
+                print("starting the engine process (loading the model: ~30 s)...", flush=True)
+                if not wait_http_ok(f"{engine_url}/readyz", engine.proc, args.ready_timeout):
+                    print(f"the engine did not become ready:\n{engine.log_tail()}", file=sys.stderr)
+                    return 1
+            gateway_env = {
+                **env,
+                "CHAT_INTERNAL_API_URL": engine_url,
+                "CHAT_ENGINE_CLASS": REMOTE_ENGINE,
+                "CHAT_ENGINE_URL": engine_url,
+                "CHAT_ENGINE_API_KEY": service_key,
+            }
+            gateways = [
+                stack.spawn(f"gateway-{i}", daphne_argv(port), gateway_env)
+                for i, port in enumerate(ports[1:], 1)
+            ]
+            job_env = {**env, "CHAT_INTERNAL_API_URL": engine_url}
+            stack.spawn("celery-worker", [
+                sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-l", "INFO",
+                "--concurrency", os.environ.get("CHAT_CELERY_CONCURRENCY", "1"),
+            ], job_env)  # fmt: skip
+            stack.spawn("celery-beat", [
+                sys.executable, "-m", "celery", "-A", "chatsite", "beat", "-l", "INFO",
+                "-s", str(work / "celerybeat-schedule"),
+            ], job_env)  # fmt: skip
+            start_nginx(stack, env, ports[1:], http_port, https_port)
+            for gateway, port in zip(gateways, ports[1:], strict=True):
+                if not wait_http_ok(f"http://127.0.0.1:{port}/readyz", gateway.proc, args.ready_timeout):
+                    print(f"{gateway.name} did not become ready:\n{gateway.log_tail()}", file=sys.stderr)
+                    return 1
+            url = f"https://127.0.0.1:{https_port}/"
+            state = {
+                "url": url,
+                "http_url": f"http://127.0.0.1:{http_port}/",
+                "engine_url": engine_url,
+                "gateways": [f"http://127.0.0.1:{port}" for port in ports[1:]],
+                "static_root": env["DJANGO_STATIC_ROOT"],
+                "access_log": str(work / "nginx" / "access.log"),
+                "logs": str(work / "logs"),
+                "pids": {c.name: c.proc.pid for c in stack.children},
+            }
+            if args.state_file:
+                tmp = Path(args.state_file).with_suffix(".tmp")
+                tmp.write_text(json.dumps(state, indent=2))
+                tmp.replace(args.state_file)
+            print(f"\n  Production stack ready: {url} (self-signed certificate)\n"
+                  f"  {args.gateways} gateways behind nginx, engine at {engine_url}; "
+                  f"logs in {work / 'logs'}. Ctrl-C stops it.\n", flush=True)  # fmt: skip
+            while not stop_requested:
+                for child in stack.children:
+                    if child.proc.poll() is not None and not stop_requested:
+                        child.restarts += 1
+                        print(f"{child.name} exited ({child.proc.returncode}); starting it again",
+                              flush=True)  # fmt: skip
+                        child.start()
+                time.sleep(0.5)
+            return 0
+        finally:
+            stack.stop()
+
+
+def start_nginx(
+    stack: Stack, env: dict[str, str], gateway_ports: list[int], http_port: int, https_port: int
+) -> Child:
+    """nginx in the foreground with the shipped site and TLS snippet, rendered for this stack."""
+    binary = nginx_binary()
+    work = stack.work / "nginx"
+    tls_dir = work / "chatsite.d"  # the site includes chatsite.d/*.conf beside the main config
+    tls_dir.mkdir(exist_ok=True)
+    cert, key = work / "tls-cert.pem", work / "tls-key.pem"
+    if not cert.exists():
+        self_signed_certificate(cert, key, ["127.0.0.1", "localhost"])
+    site = work / "chatsite.conf"
+    site.write_text(
+        render_site(
+            listen=f"127.0.0.1:{http_port}",
+            server_name="_",
+            upstreams=[f"127.0.0.1:{port}" for port in gateway_ports],
+            static_root=env["DJANGO_STATIC_ROOT"],
+        )
+    )
+    (tls_dir / "tls.conf").write_text(render_tls(listen=f"127.0.0.1:{https_port}", cert=cert, key=key))
+    conf = work / "nginx.conf"
+    conf.write_text(nginx_main_conf(binary, work, site))
+    child = stack.spawn("nginx", [
+        binary, "-e", "stderr", "-p", str(work), "-c", str(conf),
+        "-g", f"daemon off; pid {work}/nginx.pid; error_log stderr;",
+    ], env)  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            raise RuntimeError(f"nginx did not start:\n{child.log_tail()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", https_port), 0.2):
+            return child
+        time.sleep(0.05)
+    raise RuntimeError(f"nginx did not listen on {https_port}:\n{child.log_tail()}")
+
+
+def print_service_key() -> int:
+    """Print the service key (registering it on first use): what engine-less gateways send to
+    the engine process as CHAT_ENGINE_API_KEY. Derived from DJANGO_SECRET_KEY unless
+    CHAT_SERVICE_API_KEY is set (accounts.services.service_api_key)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
+    import django  # noqa: PLC0415
+
+    django.setup()
+    from accounts.services import service_api_key  # noqa: PLC0415
+
+    print(service_api_key())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m chatsite.prodstack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="start engine, gateways, Celery and nginx")
+    run_parser.add_argument("--gateways", type=int, default=int(os.environ.get("GATEWAYS", "3")))
+    run_parser.add_argument("--https-port", type=int, default=int(os.environ.get("HTTPS_PORT", "8443")),
+                            help="nginx's HTTPS port (0: any free one)")
+    run_parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", "8080")),
+                            help="nginx's plain-HTTP port, redirected to HTTPS (0: any free one)")
+    run_parser.add_argument("--base-port", type=int, default=int(os.environ.get("BASE_PORT", "8100")),
+                            help="the engine's port; gateways use the next ones (0: free ports)")
+    run_parser.add_argument("--engine-url", default=os.environ.get("CHAT_ENGINE_URL", ""),
+                            help="use this engine server instead of starting one")
+    run_parser.add_argument("--engine-class", default="",
+                            help="the engine process's CHAT_ENGINE_CLASS (default: the vLLM engine)")
+    run_parser.add_argument("--workdir", default=str(devstack.VAR / "prodstack"))
+    run_parser.add_argument("--state-file", default="")
+    run_parser.add_argument("--ready-timeout", type=float, default=600)
+    sub.add_parser("service-key", help="print the service key (engine-less gateways use it)")
+    site_parser = sub.add_parser("render-site", help="print deploy/nginx.conf filled in")
+    site_parser.add_argument("--listen", required=True)
+    site_parser.add_argument("--server-name", required=True)
+    site_parser.add_argument("--upstream", action="append", required=True, help="once per gateway")
+    site_parser.add_argument("--static-root", required=True)
+    tls_parser = sub.add_parser("render-tls", help="print deploy/nginx-tls.conf filled in")
+    tls_parser.add_argument("--listen", default="443")
+    tls_parser.add_argument("--cert", required=True)
+    tls_parser.add_argument("--key", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        if args.gateways < 1:
+            parser.error("--gateways must be at least 1")
+        return run(args)
+    if args.command == "service-key":
+        return print_service_key()
+    if args.command == "render-site":
+        sys.stdout.write(render_site(listen=args.listen, server_name=args.server_name,
+                                     upstreams=args.upstream, static_root=args.static_root))  # fmt: skip
+        return 0
+    sys.stdout.write(render_tls(listen=args.listen, cert=args.cert, key=args.key))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
