@@ -6,3 +6,6 @@ class FeedbackConfig(AppConfig):
 
     name = "feedback"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from feedback import metrics  # noqa: F401, PLC0415 - registers chat_feedback_total

@@ -8,7 +8,7 @@ from memory.models import UserMemory
 @admin.register(UserMemory)
 class UserMemoryAdmin(admin.ModelAdmin):
     list_display = ("text", "user", "source", "source_conversation_id", "created_at")
-    list_filter = ("source",)
+    list_filter = ("source", "user__tier", "created_at")
     search_fields = ("user__username", "user__email", "text")
     # The 384-float vector means nothing to a person, and editing the text without re-embedding
     # would make retrieval disagree with what is shown: facts are read-only here (delete only).
@@ -23,3 +23,6 @@ class UserMemoryAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # a fact needs its embedding: add through the memory page or the API
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # every field is read-only (see above); a wrong fact is deleted

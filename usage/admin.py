@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 
+from conversations.admin import ModelVersionFilter, PoolFilter
 from usage.models import UsageRecord
 
 
@@ -10,11 +11,16 @@ class UsageRecordAdmin(admin.ModelAdmin):
     list_display = (
         "created_at", "user", "org", "pool", "model_version", "tier", "tokens", "cost", "status",
     )
-    list_filter = ("pool", "tier", "status", "created_at")
-    search_fields = ("user__username", "turn_id", "conversation_id")
+    # Pools and versions from the configuration: a DISTINCT over the whole ledger per page
+    # would grow with it.
+    list_filter = (PoolFilter, ModelVersionFilter, "tier", "status", "org", "created_at")
+    search_fields = (
+        "user__username", "user__email", "org__name", "org__slug", "=turn_id", "=conversation_id",
+    )  # fmt: skip
     date_hierarchy = "created_at"
     list_select_related = ("user", "org")
     ordering = ("-created_at", "-id")
+    show_full_result_count = False  # one COUNT(*) of the ledger per page is enough
 
     @admin.display(description="tokens (prompt + completion)")
     def tokens(self, record: UsageRecord) -> str:

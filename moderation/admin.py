@@ -1,0 +1,93 @@
+"""Moderation verdicts in the admin: every turn a gate judged (``Turn.moderation_verdict``), as
+the proxy ModeratedTurn, filterable by outcome, category, gate, status, role, pool and model
+version. Read-only, like the turn log they are part of."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from conversations.admin import (
+    ModelVersionFilter,
+    PoolFilter,
+    RegionFilter,
+    TurnAdminBase,
+    excerpt,
+)
+from moderation.models import ModeratedTurn
+from moderation.verdicts import CATEGORIES
+
+
+class OutcomeFilter(admin.SimpleListFilter):
+    """Flagged (the text must not pass) or clean verdicts."""
+
+    title = "outcome"
+    parameter_name = "outcome"
+
+    def lookups(self, request, model_admin):
+        return (("flagged", "Flagged"), ("clean", "Clean"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "flagged":
+            return queryset.filter(moderation_verdict__flagged=True)
+        if self.value() == "clean":
+            return queryset.filter(moderation_verdict__flagged=False)
+        return queryset
+
+
+class CategoryFilter(admin.SimpleListFilter):
+    """Verdicts that flagged a category (moderation/verdicts.py ``CATEGORIES``)."""
+
+    title = "category"
+    parameter_name = "category"
+
+    def lookups(self, request, model_admin):
+        return [(c, c.replace("_", " ")) for c in CATEGORIES]
+
+    def queryset(self, request, queryset):
+        if self.value() not in CATEGORIES:
+            return queryset
+        return queryset.filter(moderation_verdict__contains={"categories": [self.value()]})
+
+
+class GateFilter(admin.SimpleListFilter):
+    """The gate that judged: input (the user's message) or output (the answer)."""
+
+    title = "gate"
+    parameter_name = "gate"
+
+    def lookups(self, request, model_admin):
+        return (("input", "Input (messages)"), ("output", "Output (answers)"))
+
+    def queryset(self, request, queryset):
+        if self.value() not in ("input", "output"):
+            return queryset
+        return queryset.filter(moderation_verdict__gate=self.value())
+
+
+@admin.register(ModeratedTurn)
+class ModeratedTurnAdmin(TurnAdminBase):
+    list_display = (
+        "created_at", "verdict", "role", "status", "text", "pool", "model_version",
+        "conversation",
+    )  # fmt: skip
+    list_filter = (
+        RegionFilter, OutcomeFilter, CategoryFilter, GateFilter, "status", "role", PoolFilter,
+        ModelVersionFilter,
+    )  # fmt: skip
+
+    def get_queryset(self, request):
+        # Turns a gate judged; the conversation in the same query (see ModeratedTurn).
+        return (
+            super().get_queryset(request)
+            .exclude(moderation_verdict={})
+            .select_related("conversation")
+        )  # fmt: skip
+
+    @admin.display(description="verdict")
+    def verdict(self, turn: ModeratedTurn) -> str:
+        return self.moderation(turn)
+
+    @admin.display(description="text")
+    def text(self, turn: ModeratedTurn) -> str:
+        """The start of the judged text (a withdrawn answer keeps none of the flagged text)."""
+        return excerpt(turn.content, 60) or "-"
