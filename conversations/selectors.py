@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
-from accounts.models import User
+from accounts.models import Membership, User
 from conversations import cache, regions, versions, writeback
 from conversations import partitions  # noqa: I001 - turn_created_range
 from conversations.models import Conversation, Turn
@@ -42,6 +42,47 @@ def conversation_get_for_user(*, conversation_id: UUID, user: User) -> Conversat
 
 
 aconversation_get_for_user = sync_to_async(conversation_get_for_user)
+
+
+@regions.routed
+def conversation_view_for_user(*, conversation_id: UUID, user: User) -> Conversation:
+    """Return a conversation ``user`` may *read*: their own (what
+    :func:`conversation_get_for_user` returns), or one shared with its organisation's workspace
+    (``shared_with_org``) when both ``user`` and the conversation's owner are members of that
+    organisation now. Only the owner may write: callers render the result read-only when
+    ``conversation.owner_id != user.pk``.
+
+    Membership is read on every call (no cache), so removing a member, or the owner leaving,
+    takes the access away on the very next request. Raises Http404 if the conversation is
+    missing *or* not readable (an anonymous user, another organisation's member, a removed
+    member, a conversation not shared), so an id never reveals that it exists.
+    """
+    if not getattr(user, "is_authenticated", False):
+        raise Http404("No such conversation.")
+    conversation = Conversation.objects.filter(conversation_id=conversation_id).first()
+    if conversation is None:
+        raise Http404("No such conversation.")
+    if conversation.owner_id == user.pk or conversation_shared_with(
+        conversation=conversation, user=user
+    ):
+        return conversation
+    raise Http404("No such conversation.")
+
+
+aconversation_view_for_user = sync_to_async(conversation_view_for_user)
+
+
+def conversation_shared_with(*, conversation: Conversation, user: User) -> bool:
+    """Whether ``conversation`` is shared with a workspace that ``user`` (not its owner) reads
+    now: it is ``shared_with_org``, and both ``user`` and its owner are current members of its
+    organisation (one indexed query on the global database; none when it is not shared)."""
+    if not conversation.shared_with_org or conversation.org_id is None:
+        return False
+    people = {user.pk, conversation.owner_id}
+    members = Membership.objects.filter(
+        organisation_id=conversation.org_id, user_id__in=people
+    ).values_list("user_id", flat=True)
+    return set(members) == people
 
 
 def _turn_order(turn: Turn) -> tuple:

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 from accounts.models import Organisation, User
 from conversations import cache, regions, retention
 from conversations.models import Conversation, Turn
+from workspaces.selectors import org_training_eligible
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +152,8 @@ def turn_append_user(
     now = timezone.now()
     turn = Turn.objects.create(
         conversation=locked, role=Turn.Role.USER, content=text, created_at=now,
-        replaces_id=replaces_id, **moderation,
+        replaces_id=replaces_id, training_eligible=org_training_eligible(org_id=locked.org_id),
+        **moderation,
     )  # fmt: skip
     locked.last_turn_at = now
     fields = ["last_turn_at"]
@@ -272,6 +274,7 @@ def turn_append_assistant(
         cached_tokens=cached_tokens,
         cost_usd=cost_usd,
         moderation_verdict=moderation_verdict or {},
+        training_eligible=org_training_eligible(org_id=locked.org_id),
     )
     if locked.last_turn_at is None or now > locked.last_turn_at:
         locked.last_turn_at = now

@@ -129,10 +129,15 @@ def home(request: HttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 def conversation_detail(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
-    """The whole conversation (404 if it is not the user's)."""
-    conversation = selectors.conversation_get_for_user(
+    """The whole conversation: the user's own, or (read-only, workspaces/) one shared with a
+    workspace they are in. 404 otherwise."""
+    conversation = selectors.conversation_view_for_user(
         conversation_id=conversation_id, user=request.user
     )
+    if conversation.owner_id != request.user.pk:
+        from workspaces.views import shared_conversation_page  # noqa: PLC0415
+
+        return shared_conversation_page(request, conversation)
     return render(request, "chat/page.html", _page_context(request, conversation))
 
 

@@ -75,6 +75,10 @@ class Caller:
     # The moderation policy of the organisation (thresholds, blocked terms, fail-open;
     # moderation/verdicts.py Policy), or the defaults.
     moderation: object | None = None
+    # The organisation's own RPM / TPM limits (Organisation.rate_limit_rpm / _tpm), replacing
+    # its tier's; None: the tier's (ratelimit.limits_for).
+    org_rpm: int | None = None
+    org_tpm: int | None = None
 
     @property
     def usage_tier(self) -> str:
@@ -105,6 +109,8 @@ def caller_for(user, org=None) -> Caller:
         flags=frozenset(user.feature_flags or ()),
         service=user_is_service(user),
         moderation=policy_for(org),
+        org_rpm=org.rate_limit_rpm if org is not None else None,
+        org_tpm=org.rate_limit_tpm if org is not None else None,
     )
 
 
@@ -192,7 +198,9 @@ async def rate_limit(
     when prompt + max_tokens exceeds a TPM limit outright."""
     if caller.service:
         return None
-    user_limits, org_limits = ratelimit.limits_for(tier=caller.tier, org_tier=caller.org_tier)
+    user_limits, org_limits = ratelimit.limits_for(
+        tier=caller.tier, org_tier=caller.org_tier, org_rpm=caller.org_rpm, org_tpm=caller.org_tpm
+    )
     try:
         decision = await ratelimit.rate_limit_take(
             user_id=caller.user_id, org_id=caller.org_id, user_limits=user_limits,

@@ -220,12 +220,16 @@ def _limits_from(table: dict | None, tier: str, setting: str) -> Limits:
     return Limits(**values)
 
 
-def limits_for(*, tier: str, org_tier: str | None) -> tuple[Limits, Limits | None]:
+def limits_for(
+    *, tier: str, org_tier: str | None, org_rpm: int | None = None, org_tpm: int | None = None
+) -> tuple[Limits, Limits | None]:
     """The user's limits for ``tier`` (settings.CHAT_RATE_LIMITS_BY_TIER) and, when the request
     belongs to an organisation (``org_tier`` not None), the organisation's
     (settings.CHAT_ORG_RATE_LIMITS_BY_TIER); else None for the org. A missing tier, a None
-    table or a None value means unlimited. Raises ImproperlyConfigured for a value that is not
-    a positive integer (naming the setting, tier and limit)."""
+    table or a None value means unlimited. ``org_rpm`` / ``org_tpm``: the organisation's own
+    limits (Organisation.rate_limit_rpm / _tpm, workspaces/), each replacing its tier's; None
+    keeps the tier's. Raises ImproperlyConfigured for a value that is not a positive integer
+    (naming the setting, tier and limit)."""
     user = _limits_from(
         getattr(settings, "CHAT_RATE_LIMITS_BY_TIER", None), tier, "CHAT_RATE_LIMITS_BY_TIER"
     )
@@ -236,6 +240,11 @@ def limits_for(*, tier: str, org_tier: str | None) -> tuple[Limits, Limits | Non
         org_tier,
         "CHAT_ORG_RATE_LIMITS_BY_TIER",
     )
+    if org_rpm is not None or org_tpm is not None:
+        org = Limits(
+            rpm=org_rpm if org_rpm is not None else org.rpm,
+            tpm=org_tpm if org_tpm is not None else org.tpm,
+        )
     return user, org
 
 

@@ -226,11 +226,14 @@ class RateLimit(NamedTuple):
 def rate_limits_for_user(*, user: User) -> list[RateLimit]:
     """The user's own limits (``settings.CHAT_RATE_LIMITS_BY_TIER`` by their tier), then each
     of their organisations' shared limits (``settings.CHAT_ORG_RATE_LIMITS_BY_TIER`` by the
-    organisation's tier), by organisation name. A tier missing from a setting: unlimited."""
+    organisation's tier, or the organisation's own RPM / TPM where set: workspaces/), by
+    organisation name. A tier missing from a setting: unlimited."""
     own = settings.CHAT_RATE_LIMITS_BY_TIER.get(user.tier) or {}
     limits = [RateLimit("you", own.get("rpm"), own.get("tpm"))]
     org_limits = getattr(settings, "CHAT_ORG_RATE_LIMITS_BY_TIER", {})
     for org in Organisation.objects.filter(membership__user=user).order_by("name"):
         shared = org_limits.get(org.tier) or {}
-        limits.append(RateLimit(org.name, shared.get("rpm"), shared.get("tpm")))
+        rpm = org.rate_limit_rpm if org.rate_limit_rpm is not None else shared.get("rpm")
+        tpm = org.rate_limit_tpm if org.rate_limit_tpm is not None else shared.get("tpm")
+        limits.append(RateLimit(org.name, rpm, tpm))
     return limits

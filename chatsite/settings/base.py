@@ -577,3 +577,21 @@ def _redis_cache_options() -> dict:
 
 
 CACHES["default"]["OPTIONS"].update(_redis_cache_options())
+
+# --- Workspaces (issue 8; workspaces/) -------------------------------------------------------------
+# Organisation invitations (by link or email) can be accepted until this many days after they
+# were made.
+CHAT_WORKSPACE_INVITATION_TTL_DAYS = env_int("CHAT_WORKSPACE_INVITATION_TTL_DAYS", 7)
+# Invitation emails go through Django's mail API. Default: the console backend (the message is
+# printed to the server's output); set DJANGO_EMAIL_BACKEND (e.g.
+# django.core.mail.backends.smtp.EmailBackend) and the DJANGO_EMAIL_* variables for real mail.
+EMAIL_BACKEND = os.environ.get(
+    "DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend"
+)
+EMAIL_HOST = os.environ.get("DJANGO_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("DJANGO_EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("DJANGO_EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("DJANGO_EMAIL_TIMEOUT_S", 10)
+DEFAULT_FROM_EMAIL = os.environ.get("DJANGO_DEFAULT_FROM_EMAIL", "chatsite <noreply@localhost>")
