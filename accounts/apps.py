@@ -8,3 +8,11 @@ class AccountsConfig(AppConfig):
     def ready(self) -> None:
         # Registers the model-pool system check (manage.py check and server start).
         from accounts import checks  # noqa: F401, PLC0415
+        # Issue 10: session records at sign-in/out, the OIDC settings check, and the admin's
+        # sign-in form under the same failed-sign-in throttle as the site's.
+        from django.contrib import admin  # noqa: PLC0415
+
+        from accounts import oidc, signals  # noqa: F401, PLC0415
+        from accounts.forms import ThrottledAdminAuthenticationForm  # noqa: PLC0415
+
+        admin.site.login_form = ThrottledAdminAuthenticationForm

@@ -1,4 +1,4 @@
-"""Writes for accounts: API keys."""
+"""Writes for accounts: API keys, signed-in sessions, password events."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
+from importlib import import_module
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from accounts.models import ApiKey, Tier, User
+from accounts import throttle
+from accounts.models import ApiKey, Tier, User, UserSession
 
 KEY_PREFIX = "sk-"  # what a key looks like: sk-<prefix>.<secret>
 PREFIX_BYTES = 6  # 12 hex chars: public id of the key
@@ -123,3 +126,112 @@ def service_api_key() -> str:
         except IntegrityError:
             pass  # another process registered it at the same moment
     return f"{KEY_PREFIX}{prefix}.{secret}"
+
+
+# --- Signed-in sessions and password events (issue 10) -----------------------------------------
+
+
+def _session_store(session_key: str | None = None):
+    """A session of the configured engine (settings.SESSION_ENGINE), by key."""
+    return import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+
+
+def session_is_alive(session_key: str) -> bool:
+    """Whether the session store still holds an unexpired session ``session_key``."""
+    store = _session_store(session_key)
+    store.load()  # a missing or expired session leaves the store without a key
+    return store.session_key is not None
+
+
+@transaction.atomic
+def user_session_record(
+    *, user: User, session_key: str, ip: str | None, user_agent: str
+) -> UserSession:
+    """Record the session a sign-in just made (or refresh it), and drop the user's rows not seen
+    for longer than a session lives (``settings.SESSION_COOKIE_AGE``, seconds)."""
+    now = timezone.now()
+    row, _ = UserSession.objects.update_or_create(
+        session_key=session_key,
+        defaults={"user": user, "ip": ip, "user_agent": user_agent, "last_seen_at": now},
+    )
+    stale_before = now - timedelta(seconds=settings.SESSION_COOKIE_AGE)
+    UserSession.objects.filter(user=user, last_seen_at__lt=stale_before).delete()
+    return row
+
+
+def user_session_touch(*, user: User, session_key: str, ip: str | None, user_agent: str) -> None:
+    """Refresh a session's last-seen time, address and user agent (accounts/middleware.py calls
+    it at most once a minute per session). A signed-in session with no row yet (one from before
+    sessions were recorded) gets one."""
+    values = {"ip": ip, "user_agent": user_agent, "last_seen_at": timezone.now()}
+    if not UserSession.objects.filter(session_key=session_key, user=user).update(**values):
+        UserSession.objects.get_or_create(session_key=session_key, defaults={"user": user, **values})
+
+
+def user_session_rekey(*, old_key: str | None, new_key: str | None) -> None:
+    """Follow a session whose key was cycled (``update_session_auth_hash``) to its new key."""
+    if old_key and new_key and old_key != new_key:
+        UserSession.objects.filter(session_key=old_key).update(session_key=new_key)
+
+
+def user_session_forget(*, session_key: str | None) -> None:
+    """Drop the row of a session that signed out (the session store flushes the session)."""
+    if session_key:
+        UserSession.objects.filter(session_key=session_key).delete()
+
+
+@transaction.atomic
+def user_session_end(*, user_session: UserSession) -> None:
+    """Sign one session out: delete it from the session store and from the list."""
+    _session_store(user_session.session_key).delete()
+    user_session.delete()
+
+
+@transaction.atomic
+def user_sessions_prune(*, user: User) -> int:
+    """Drop the user's rows whose session has ended (expired, or deleted from the store, e.g.
+    by ``clearsessions``); returns how many. Reads the store once per row (a user has few)."""
+    gone = [
+        row.pk
+        for row in UserSession.objects.filter(user=user).only("pk", "session_key")
+        if not session_is_alive(row.session_key)
+    ]
+    UserSession.objects.filter(pk__in=gone).delete()
+    return len(gone)
+
+
+@transaction.atomic
+def user_sessions_end(*, user: User, keep_session_key: str | None = None) -> int:
+    """Sign ``user`` out everywhere, except the session ``keep_session_key`` (None: all of them).
+
+    Every listed session is deleted from the session store and the list, and
+    ``User.session_salt`` gets a new random value, which changes the user's session auth hash:
+    any session not listed (another store, a signed-cookie session, one made before sessions
+    were recorded) fails Django's hash check on its next request and is flushed. The caller
+    keeping its own session must then call ``update_session_auth_hash(request, user)`` (and
+    :func:`user_session_rekey`, as that cycles the key). Returns the number of listed sessions
+    ended. API keys are not touched: they are revoked on their own page.
+    """
+    user.session_salt = secrets.token_hex(16)
+    user.save(update_fields=["session_salt"])
+    rows = UserSession.objects.filter(user=user)
+    if keep_session_key:
+        rows = rows.exclude(session_key=keep_session_key)
+    rows = list(rows)
+    for row in rows:
+        _session_store(row.session_key).delete()
+    UserSession.objects.filter(pk__in=[row.pk for row in rows]).delete()
+    return len(rows)
+
+
+@transaction.atomic
+def user_password_reset_completed(*, user: User) -> None:
+    """After a person set a new password through a reset link mailed to ``user.email``: that
+    address is verified (they read its mail), every session of the account ends, and its failed
+    sign-ins are forgotten (the lockout message tells a locked-out person to reset)."""
+    if user.email:
+        user.verified_email = user.email
+        user.save(update_fields=["verified_email"])
+    user_sessions_end(user=user)
+    username = user.get_username()
+    transaction.on_commit(lambda: throttle.login_account_clear(username=username))

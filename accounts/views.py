@@ -1,13 +1,22 @@
-from django.contrib.auth import login
+"""Account pages: sign-up, sign-in (throttled), password reset and change, signed-in sessions,
+API keys."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import login, logout, update_session_auth_hash
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from accounts import services
-from accounts.forms import SignUpForm
+from accounts import selectors, services, throttle
+from accounts.forms import SignUpForm, ThrottledAuthenticationForm
 from accounts.models import ApiKey
+from accounts.request_info import client_ip
 
 
 def signup(request: HttpRequest) -> HttpResponse:
@@ -19,7 +28,158 @@ def signup(request: HttpRequest) -> HttpResponse:
         user = form.save()
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("home")
-    return render(request, "registration/signup.html", {"form": form})
+    return render(
+        request, "registration/signup.html", {"form": form},
+        status=400 if form.is_bound else 200,
+    )  # fmt: skip
+
+
+def _oidc_context() -> dict:
+    if not settings.CHAT_OIDC_ENABLED:
+        return {"oidc_enabled": False}
+    from accounts.oidc import provider_name  # noqa: PLC0415 - mozilla-django-oidc only when on
+
+    return {"oidc_enabled": True, "oidc_provider": provider_name()}
+
+
+class LoginView(auth_views.LoginView):
+    """Sign in with username and password (throttled: accounts/throttle.py), or, when it is
+    configured, with the OpenID Connect provider. A locked account or address gets 429 with
+    Retry-After and the lock's message; other failures 400."""
+
+    form_class = ThrottledAuthenticationForm
+
+    def get_context_data(self, **kwargs):
+        return {**super().get_context_data(**kwargs), **_oidc_context()}
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        if form.lockout is not None:
+            response.status_code = 429
+            response["Retry-After"] = str(form.lockout.retry_after_s)
+        else:
+            response.status_code = 400
+        return response
+
+
+class PasswordResetView(auth_views.PasswordResetView):
+    """Ask for a reset link by email (Django's token: single use, ``PASSWORD_RESET_TIMEOUT``).
+    Limited per address (429 when over) and per email (silently: the page looks the same
+    whether or not a mail went out, or an account exists)."""
+
+    def form_valid(self, form):
+        ip = client_ip(self.request)
+        lockout = throttle.reset_request_lockout(ip=ip)
+        if lockout is not None:
+            form.add_error(None, ValidationError(lockout.message, code="locked"))
+            response = self.form_invalid(form)
+            response.status_code = 429
+            response["Retry-After"] = str(lockout.retry_after_s)
+            return response
+        if throttle.reset_request_count(email=form.cleaned_data["email"], ip=ip):
+            return super().form_valid(form)
+        return redirect(self.get_success_url())
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        response.status_code = 400
+        return response
+
+
+class PasswordResetConfirmView(auth_views.PasswordResetConfirmView):
+    """Set a new password from a reset link. Then: the email is verified, every session of the
+    account ends, and its failed sign-ins are forgotten (services.user_password_reset_completed)."""
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        services.user_password_reset_completed(user=form.user)
+        return response
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        response.status_code = 400
+        return response
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    """Change the password (current one required). This session stays signed in; every other
+    session of the account ends (the password hash they were bound to changed; their entries
+    are deleted from the session store too)."""
+
+    def form_valid(self, form):
+        old_key = self.request.session.session_key
+        services.user_sessions_end(user=form.user, keep_session_key=old_key)
+        # Saves the password; update_session_auth_hash binds this session to the new hash (new
+        # password, new salt) and cycles its key.
+        response = super().form_valid(form)
+        services.user_session_rekey(old_key=old_key, new_key=self.request.session.session_key)
+        messages.success(self.request, "Your password was changed. Your other sessions were signed out.")
+        return response
+
+    def form_invalid(self, form):
+        response = super().form_invalid(form)
+        response.status_code = 400
+        return response
+
+
+def _keep_this_session(request: HttpRequest) -> None:
+    """After the user's session salt changed: bind this session to the new hash (which cycles
+    its key) and move its row to the new key."""
+    old_key = request.session.session_key
+    update_session_auth_hash(request, request.user)
+    services.user_session_rekey(old_key=old_key, new_key=request.session.session_key)
+
+
+@login_required
+def sessions(request: HttpRequest) -> HttpResponse:
+    """The user's signed-in sessions: device, address, first and last seen; this one marked."""
+    services.user_sessions_prune(user=request.user)
+    listing = selectors.user_session_list(
+        user=request.user, current_session_key=request.session.session_key
+    )
+    response = render(request, "accounts/sessions.html", {"sessions": listing})
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@login_required
+def session_end(request: HttpRequest, session_id: int) -> HttpResponse:
+    """Sign one session out (404 if it is not the user's). Ending this one signs out here."""
+    row = selectors.user_session_get_for_user(session_id=session_id, user=request.user)
+    if row.session_key == request.session.session_key:
+        logout(request)
+        messages.info(request, "You are signed out.")
+        return redirect("login")
+    services.user_session_end(user_session=row)
+    messages.success(request, "That session was signed out.")
+    return redirect("sessions")
+
+
+@require_POST
+@login_required
+def sessions_end_others(request: HttpRequest) -> HttpResponse:
+    """Sign out every session of the user except this one."""
+    ended = services.user_sessions_end(
+        user=request.user, keep_session_key=request.session.session_key
+    )
+    _keep_this_session(request)
+    messages.success(
+        request,
+        f"Signed out of {ended} other session{'' if ended == 1 else 's'}." if ended
+        else "Your other sessions were signed out.",
+    )  # fmt: skip
+    return redirect("sessions")
+
+
+@require_POST
+@login_required
+def sessions_end_all(request: HttpRequest) -> HttpResponse:
+    """Sign out everywhere, this session included."""
+    services.user_sessions_end(user=request.user)
+    logout(request)
+    messages.info(request, "You were signed out everywhere, on this device too.")
+    return redirect("login")
 
 
 @login_required
@@ -47,3 +207,29 @@ def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id, user=request.user)
     services.api_key_revoke(api_key=api_key)
     return redirect("api-keys")
+
+
+def duration_words(seconds: float) -> str:
+    """A whole duration in words: 3600 -> "1 hour", 5400 -> "90 minutes", 259200 -> "3 days"."""
+    seconds = int(seconds)
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = seconds // size
+            return f"{n} {unit}{'' if n == 1 else 's'}"
+    return f"{seconds} seconds"
+
+
+class PasswordResetDoneView(auth_views.PasswordResetDoneView):
+    """The "check your email" page, saying how long the link works."""
+
+    def get_context_data(self, **kwargs):
+        return {
+            **super().get_context_data(**kwargs),
+            "reset_timeout_text": duration_words(settings.PASSWORD_RESET_TIMEOUT),
+        }
+
+
+password_reset_done = PasswordResetDoneView.as_view()
+password_reset_complete = auth_views.PasswordResetCompleteView.as_view()
+password_change_done = auth_views.PasswordChangeDoneView.as_view()
+logout_view = auth_views.LogoutView.as_view()

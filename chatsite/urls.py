@@ -33,10 +33,10 @@ urlpatterns = [
     path("c/<uuid:conversation_id>/rename", views.conversation_rename, name="conversation-rename"),
     path("c/<uuid:conversation_id>/delete", views.conversation_delete, name="conversation-delete"),
     path("search", views.conversation_search, name="conversation-search"),
-    path("accounts/signup/", account_views.signup, name="signup"),
     path("settings/api-keys/", account_views.api_keys, name="api-keys"),
     path("settings/api-keys/<int:key_id>/revoke", account_views.api_key_revoke, name="api-key-revoke"),
-    path("accounts/", include("django.contrib.auth.urls")),
+    # Sign-in (throttled), sign-up, password reset and change, sessions, OIDC when on.
+    path("", include("accounts.urls")),
     path("admin/", admin.site.urls),
     path("v1/", include("api.urls")),
     path("", include("usage.urls")),

@@ -1,0 +1,72 @@
+"""Reads for accounts: the signed-in sessions page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+
+from django.http import Http404
+from ua_parser import parse as parse_user_agent
+
+from accounts.models import User, UserSession
+
+
+@dataclass(frozen=True)
+class SessionListing:
+    """One row of the sessions page. ``device``: "Firefox on Linux", "Mobile Safari on iOS
+    (iPhone)", or "Unknown device"; ``user_agent`` the raw header (autoescaped when shown)."""
+
+    id: int
+    device: str
+    user_agent: str
+    ip: str | None
+    created_at: datetime
+    last_seen_at: datetime
+    is_current: bool
+
+
+@lru_cache(maxsize=1024)
+def device_label(user_agent: str) -> str:
+    """A short name for the browser and system a User-Agent header describes, by ua-parser
+    (uap-core's regexes, the data Browserscope and others use); "Unknown device" when it finds
+    neither."""
+    if not user_agent:
+        return "Unknown device"
+    result = parse_user_agent(user_agent)
+    browser = result.user_agent.family if result.user_agent else None
+    system = result.os.family if result.os else None
+    device = result.device.family if result.device else None
+    browser = None if browser in (None, "Other") else browser
+    system = None if system in (None, "Other") else system
+    if not browser and not system:
+        return "Unknown device"
+    label = " on ".join(part for part in (browser, system) if part)
+    if device and device not in ("Other", "Spider") and device != system:
+        label += f" ({device})"
+    return label
+
+
+def user_session_list(*, user: User, current_session_key: str | None) -> list[SessionListing]:
+    """The user's signed-in sessions, the current one first, then by last seen (newest first)."""
+    rows = [
+        SessionListing(
+            id=row.pk,
+            device=device_label(row.user_agent),
+            user_agent=row.user_agent,
+            ip=row.ip,
+            created_at=row.created_at,
+            last_seen_at=row.last_seen_at,
+            is_current=bool(current_session_key) and row.session_key == current_session_key,
+        )
+        for row in UserSession.objects.filter(user=user).order_by("-last_seen_at")
+    ]
+    return sorted(rows, key=lambda r: not r.is_current)  # stable: keeps last-seen order
+
+
+def user_session_get_for_user(*, session_id: int, user: User) -> UserSession:
+    """The user's session row ``session_id``. Raises Http404 if missing *or* not theirs."""
+    row = UserSession.objects.filter(pk=session_id, user=user).first()
+    if row is None:
+        raise Http404("No such session.")
+    return row
