@@ -128,7 +128,29 @@ def build_document() -> dict:
             "cost_usd": {"type": ["string", "null"]},
             "moderation_verdict": {"type": "object"},
             "created_at": {"type": "string", "format": "date-time"},
+            # User turns: the files sent with it (attachments/); [] for the others.
+            "attachments": {"type": "array", "items": {"$ref": REF.format(model="Attachment")}},
         },
+    }
+    components["Attachment"] = {
+        "type": "object",
+        "required": ["attachment_id", "name", "content_type", "size", "tokens", "total_tokens", "truncated"],
+        "properties": {
+            "attachment_id": UUID_PARAM,
+            "name": {"type": "string"},
+            "content_type": {"enum": ["text/plain", "application/pdf"]},
+            "size": {"type": "integer", "minimum": 1},
+            # Tokens of its text that go into the prompt; the whole text's; whether it was cut.
+            "tokens": {"type": "integer", "minimum": 0},
+            "total_tokens": {"type": "integer", "minimum": 0},
+            "total_tokens_estimated": {"type": "boolean"},
+            "truncated": {"type": "boolean"},
+        },
+    }
+    components["AttachmentUpload"] = {
+        "type": "object",
+        "required": ["file"],
+        "properties": {"file": {"type": "string", "format": "binary"}},
     }
     conversation_props = {
         "conversation_id": UUID_PARAM,
@@ -226,8 +248,33 @@ def build_document() -> dict:
                     **BODY_ERRORS,
                     "422": _error("The Idempotency-Key was used for a different request."),
                     **ADMISSION_ERRORS,
-                    "404": _error("No such conversation (or not yours), or an unknown model."),
+                    "404": _error("No such conversation (or not yours), an unknown model, or an "
+                                  "attachment that is not this conversation's."),
                     "409": _error("An answer is still being written in this conversation."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/conversations/{conversation_id}/attachments": {
+            "parameters": [CONVERSATION_ID],
+            "post": {
+                "operationId": "uploadAttachment",
+                "description": "Upload one file (plain text in UTF-8, Markdown, source code, or a PDF, "
+                               "judged by its content) to send with a later turn "
+                               "(`attachments` in the turn's body).",
+                "requestBody": {
+                    "required": True,
+                    "content": {"multipart/form-data": {"schema": {"$ref": REF.format(model="AttachmentUpload")}}},
+                },
+                "responses": {
+                    "201": _json(REF.format(model="Attachment"), "Stored; not sent with a message yet."),
+                    "400": _error("No file, several files, a malformed body, an empty file or one with "
+                                  "no text, or a damaged or password-protected PDF."),
+                    "403": _error("The conversation's organisation keeps no data: no files."),
+                    "404": _error("No such conversation (or not yours)."),
+                    "409": _error("The conversation holds as many files as it may."),
+                    "413": _error("The file (or a PDF's page count) is over the limit."),
+                    "415": _error("Not multipart/form-data, or the file is not UTF-8 text or a PDF."),
                     **COMMON,
                 },
             },

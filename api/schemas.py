@@ -35,6 +35,9 @@ class TurnCreate(Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     # Edit: the id of the user turn this message replaces (append-only; the old one is kept).
     replaces: UUID | None = None
+    # Files uploaded with POST /v1/conversations/{id}/attachments to send with this message
+    # (their text joins its prompt; attachments/). At most CHAT_ATTACHMENT_MAX_FILES.
+    attachments: list[UUID] = Field(default_factory=list, max_length=32)
 
 
 class TurnRegenerate(Strict):

@@ -13,6 +13,9 @@ from django.utils.dateparse import parse_datetime
 from api import idempotency, schemas
 from api.errors import ApiError
 from api.http import api_view, parse_json, query_int
+from attachments.api import attachment_json
+from attachments.selectors import attachments_by_turn
+from attachments.services import turn_attachments
 from chatsite import redis_guard
 from conversations import selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
@@ -144,11 +147,15 @@ async def conversation_detail(request: HttpRequest, conversation_id: UUID) -> Ht
     turns, more = await sync_to_async(selectors.turn_page)(
         conversation=conversation, before=before, limit=limit
     )
+    files = await sync_to_async(attachments_by_turn)(conversation=conversation, turn_ids=[t.turn_id for t in turns])
     oldest = turns[0] if turns else None
     return JsonResponse(
         {
             **_conversation_json(conversation),
-            "turns": [_turn_json(t) for t in turns],
+            "turns": [
+                {**_turn_json(t), "attachments": [attachment_json(a) for a in files.get(t.turn_id, ())]}
+                for t in turns
+            ],
             "next_cursor": _cursor_dump("turns", oldest.created_at, oldest.turn_id) if more else None,
         }
     )
@@ -174,14 +181,18 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
             return await _replay(replay, conversation)
     try:
         replaces = await _replaced_user_turn(conversation, body.replaces)
-        question, stream = await streaming.turn_submit(
-            conversation=conversation,
-            content=body.content,
-            model=body.model,
-            max_tokens=body.max_tokens,
-            explicit_max_tokens=True,
-            replaces=replaces,
-        )
+        # Uploaded files sent with it (404 / 400 for ids that are not this conversation's
+        # unsent files: attachments/services.py); an edit keeps the original's files.
+        async with turn_attachments(conversation=conversation, attachment_ids=body.attachments) as attached:
+            question, stream = await streaming.turn_submit(
+                conversation=conversation,
+                content=body.content,
+                model=body.model,
+                max_tokens=body.max_tokens,
+                explicit_max_tokens=True,
+                replaces=replaces,
+            )
+            await attached.link(question)
     except streaming.ContentBlocked as exc:
         # Stored (blocked): a retry with the same key gets the same refusal, not a second copy.
         if key is not None:

@@ -19,6 +19,7 @@ from django.conf import settings
 
 from conversations import selectors, summaries
 from conversations.models import Turn
+from attachments.prompt import question_with_files
 from inference import gate
 from inference.pools import pool_engine
 from inference.prompts import PromptTooLong, prompt_assemble
@@ -100,7 +101,10 @@ def _prompt_prepare(
         memory=_memory(owner, question.content, engine) if owner is not None else "",
         summary=context.summary,
         exchanges=context.exchanges,
-        question=question.content,
+        # Attached files (attachments/prompt.py) go into the question, within the budget.
+        question=question_with_files(
+            question, system_prompt=system_prompt, engine=engine, budget=route.pool.max_context - max_tokens
+        ),
         encode_chat=engine.encode_chat,
         max_model_len=route.pool.max_context,
         max_tokens=max_tokens,

@@ -84,6 +84,10 @@ def _purge(conversations, *, owner_ids=None, org_ids=None, cutoff: datetime) -> 
         # none is appended to a conversation after it was judged expired.
         ids = list(query.select_for_update().values_list("pk", flat=True))
         if ids:
+            from attachments.services import attachment_files_forget  # noqa: PLC0415
+
+            # Their attached files leave storage once this deletion is committed.
+            attachment_files_forget(conversation_ids=ids, using=conversations.db)
             conversations.filter(pk__in=ids).delete()
     for conversation_id in ids:
         _forget_copies(conversation_id)

@@ -111,7 +111,11 @@ def conversation_delete(*, conversation: Conversation) -> None:
     holds in Redis: conversations/writeback.py)."""
     from conversations import cache, writeback  # noqa: PLC0415 - writeback imports this module
 
+    from attachments.services import attachment_files_forget  # noqa: PLC0415
+
     conversation_id = conversation.pk
+    # Its attached files leave storage once the deletion is committed (rows go by CASCADE).
+    attachment_files_forget(conversation_ids=[conversation_id], using=regions.conversation_db(conversation))
     conversation.delete()
     transaction.on_commit(lambda: writeback.conversation_held_forget(conversation_id))
     transaction.on_commit(lambda: cache.forget(conversation_id))  # its hot cache entry

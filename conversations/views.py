@@ -22,6 +22,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from attachments import services as attachment_services
 from chatsite import redis_guard
 from conversations import retention, selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
@@ -174,6 +175,10 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         services.model_check(model)
     except ValidationError as exc:
         return _error_response(request, exc.messages[0], 400)
+    try:  # files sent with the message (multipart): checked before anything is stored
+        uploads = await sync_to_async(attachment_services.uploads_read)(files=request.FILES.getlist("files"))
+    except attachment_services.AttachmentRejected as exc:
+        return _error_response(request, exc.message, exc.status)
     caller = await gate.acaller_for(user)
     if conversation_id is None:
         try:
@@ -192,9 +197,12 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         )
         created = False
     try:
-        question, stream = await streaming.turn_submit(
-            conversation=conversation, content=content, model=model
-        )
+        # The files go into this message's prompt; refused with it (AttachmentRejected too).
+        async with attachment_services.turn_attachments(conversation=conversation, uploads=uploads) as attached:
+            question, stream = await streaming.turn_submit(
+                conversation=conversation, content=content, model=model
+            )
+            await attached.link(question)
     except streaming.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
     except streaming.ContentBlocked as exc:
@@ -248,9 +256,11 @@ async def turn_edit(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
     )
     original = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=turn_id)
     try:
-        question, stream = await streaming.turn_submit(
-            conversation=conversation, content=content, replaces=original
-        )
+        async with attachment_services.turn_attachments(conversation=conversation) as attached:
+            question, stream = await streaming.turn_submit(
+                conversation=conversation, content=content, replaces=original
+            )
+            await attached.link(question)  # the edit takes the original's files along
     except streaming.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
     except streaming.ContentBlocked as exc:

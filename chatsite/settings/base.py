@@ -654,3 +654,31 @@ OIDC_TIMEOUT = float(os.environ.get("CHAT_OIDC_TIMEOUT_S", "10"))  # each call t
 AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
 if CHAT_OIDC_ENABLED:
     AUTHENTICATION_BACKENDS.append("accounts.oidc.OIDCBackend")
+
+# --- Attachments (issue 8; attachments/) -------------------------------------------------------
+# Files uploaded into a turn live in Django storage, by default a FileSystemStorage under
+# MEDIA_ROOT/attachments (files 0600, folders 0700). There is no MEDIA_URL: files are never served
+# from a public URL, only through the permission-checked download view (attachments/views.py).
+# CHAT_ATTACHMENT_STORAGE is a STORAGES-style entry: point its BACKEND at another storage (e.g.
+# S3 through django-storages) to keep them elsewhere.
+MEDIA_ROOT = os.environ.get("DJANGO_MEDIA_ROOT", "") or str(BASE_DIR / "var" / "media")
+CHAT_ATTACHMENT_STORAGE = {
+    "BACKEND": os.environ.get(
+        "CHAT_ATTACHMENT_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage"
+    ),
+    "OPTIONS": {
+        "location": os.environ.get("CHAT_ATTACHMENT_ROOT", "")
+        or str(Path(MEDIA_ROOT) / "attachments"),
+        "file_permissions_mode": 0o600,
+        "directory_permissions_mode": 0o700,
+    },
+}
+# Largest file accepted (bytes; 413 above). A reverse proxy must let the chat page's form through:
+# up to CHAT_ATTACHMENT_MAX_FILES of these in one request (nginx client_max_body_size).
+CHAT_ATTACHMENT_MAX_BYTES = env_int("CHAT_ATTACHMENT_MAX_BYTES", 10 * 1024 * 1024)
+# Most tokens of one file's text that go into a prompt; the rest is cut, with a visible notice
+# ("[file truncated: first N of M tokens]" in the prompt, and on the file's chip).
+CHAT_ATTACHMENT_MAX_TOKENS = env_int("CHAT_ATTACHMENT_MAX_TOKENS", 1024)
+CHAT_ATTACHMENT_MAX_FILES = env_int("CHAT_ATTACHMENT_MAX_FILES", 4)  # files per message
+CHAT_ATTACHMENT_MAX_PDF_PAGES = env_int("CHAT_ATTACHMENT_MAX_PDF_PAGES", 100)  # 413 above
+CHAT_ATTACHMENT_MAX_PER_CONVERSATION = env_int("CHAT_ATTACHMENT_MAX_PER_CONVERSATION", 50)

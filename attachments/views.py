@@ -1,0 +1,43 @@
+"""The permission-checked download of an attached file (never a public media URL)."""
+
+from __future__ import annotations
+
+import logging
+from uuid import UUID
+
+from django.contrib.auth.decorators import login_required
+from django.http import FileResponse, Http404, HttpRequest
+from django.views.decorators.http import require_GET
+
+from attachments import selectors
+from attachments.services import attachment_storage
+
+logger = logging.getLogger(__name__)
+
+
+@require_GET
+@login_required
+def attachment_download(request: HttpRequest, conversation_id: UUID, attachment_id: UUID) -> FileResponse:
+    """The file as uploaded, to whoever may see its conversation (404 for anyone else, and for
+    ids that do not exist; signed-out visitors go to sign in).
+
+    Never run as a page: ``Content-Disposition: attachment``, ``X-Content-Type-Options:
+    nosniff``, a content type decided from the content at upload (``text/plain; charset=utf-8``
+    or ``application/pdf`` only), and a CSP that allows nothing, should a browser render it
+    anyway."""
+    attachment = selectors.attachment_get_for_user(
+        conversation_id=conversation_id, attachment_id=attachment_id, user=request.user
+    )
+    try:
+        handle = attachment_storage().open(attachment.storage_name, "rb")
+    except (FileNotFoundError, OSError):
+        logger.error("attachment %s: file %s missing from storage", attachment.pk, attachment.storage_name)
+        raise Http404("This file is no longer stored.") from None
+    content_type = attachment.content_type
+    if content_type.startswith("text/"):
+        content_type += "; charset=utf-8"
+    response = FileResponse(handle, as_attachment=True, filename=attachment.name, content_type=content_type)
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    response["Cache-Control"] = "private, no-store"
+    return response
