@@ -400,3 +400,28 @@ def test_rejoining_restores_access(acme):
     issued = services.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
     services.invitation_accept(token=issued.token, user=rita)
     assert client_for(acme, "removed").get(f"/c/{acme['shared'].pk}/").status_code == 200
+
+
+def test_removing_a_member_revokes_their_links_to_the_organisations_conversations(
+    acme, django_capture_on_commit_callbacks
+):
+    """Links max made to his Acme conversation stop at once and stay revoked after he is
+    invited back (sharing.services.share_links_revoke_for, called once the removal commits)."""
+    from sharing.models import ShareLink  # noqa: PLC0415
+    from sharing.services import share_link_create  # noqa: PLC0415
+
+    conversation = conversation_services.conversation_create(owner=acme["max"], title="roadmap")
+    conversation_services.turn_append_user(conversation=conversation, content="what next?")
+    link = share_link_create(conversation=conversation, user=acme["max"])
+    anyone = Client()
+    assert anyone.get(f"/s/{link.token}/").status_code == 200
+
+    with django_capture_on_commit_callbacks(execute=True):
+        removed = client_for(acme, "owner").post(f"/orgs/acme/members/{acme['max'].pk}/remove")
+    assert removed.status_code == 303
+
+    assert anyone.get(f"/s/{link.token}/").status_code == 404
+    assert ShareLink.objects.get(pk=link.pk).revoked_at is not None
+    issued = services.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
+    services.invitation_accept(token=issued.token, user=acme["max"])
+    assert anyone.get(f"/s/{link.token}/").status_code == 404

@@ -28,6 +28,7 @@ from django.utils.text import slugify
 from accounts.models import Membership, Organisation, User
 from conversations import regions
 from conversations.models import Conversation
+from sharing.services import share_links_revoke_for
 from workspaces.models import Invitation
 from workspaces.selectors import Role, Seat
 
@@ -438,18 +439,12 @@ def member_role_set(*, seat: Seat, membership: Membership, role: str) -> Members
 
 def _share_links_revoke(*, user_id: int, org_id: int) -> None:
     """Revoke the share links user ``user_id`` made to organisation ``org_id``'s
-    conversations, once this transaction commits, through the sharing app's
-    ``share_links_revoke_for(user_id=, org_id=)`` when it offers one. Links are refused at view
-    time anyway once their maker is not a member (sharing/selectors.py ``creator_can_read``);
-    this makes the revocation stick if they are invited back."""
-    try:
-        from sharing import services as sharing_services  # noqa: PLC0415 - optional app hook
-    except ImportError:
-        return
-    revoke = getattr(sharing_services, "share_links_revoke_for", None)
-    if revoke is None:
-        return
-    transaction.on_commit(lambda: revoke(user_id=user_id, org_id=org_id), robust=True)
+    conversations (sharing/services.py ``share_links_revoke_for``, every region), once this
+    transaction has committed: they stay revoked if the person is invited back. (They already
+    answer 404 from the moment the membership is gone: the shared page checks its maker's
+    membership on every view, sharing/selectors.py ``creator_can_read``; so a failure here is
+    logged, not raised, and takes nobody's access back.)"""
+    transaction.on_commit(lambda: share_links_revoke_for(user=user_id, org=org_id), robust=True)
 
 
 # --- conversations in the workspace -----------------------------------------------------------
