@@ -57,6 +57,10 @@ INSTALLED_APPS = [
     "usage",
     "moderation",
     "memory",
+    "workspaces",
+    "sharing",
+    "attachments",
+    "feedback",
 ]
 
 MIDDLEWARE = [
@@ -533,7 +537,7 @@ CHAT_REGIONS = tuple(
 )
 # Apps whose rows live in a region's database; everything else (accounts, organisations, API
 # keys, sessions, auth) is global and lives in `default`.
-CHAT_REGIONAL_APPS = ("conversations",)
+CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback")
 # Read-your-writes: for this many seconds after a user's conversation data was written, that
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
