@@ -425,3 +425,16 @@ def test_removing_a_member_revokes_their_links_to_the_organisations_conversation
     issued = services.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
     services.invitation_accept(token=issued.token, user=acme["max"])
     assert anyone.get(f"/s/{link.token}/").status_code == 404
+
+
+def test_every_member_sees_the_policies_in_force_on_the_overview(acme, settings):
+    settings.CHAT_ORG_RATE_LIMITS_BY_TIER = {"enterprise": {"rpm": 1200, "tpm": 400_000}}
+    client_for(acme, "owner").post(
+        "/orgs/acme/policies/",
+        {"region": "eu-west", "pinned_pool": "", "not_for_training": "on", "rate_limit_rpm": "7"},
+    )
+    page = client_for(acme, "member").get("/orgs/acme/").content.decode()
+    assert '<span id="limit-rpm">7</span>' in page  # its own
+    assert '<span id="limit-tpm">400,000</span>' in page  # the tier's
+    assert "not for training" in page
+    assert "/orgs/acme/policies/" not in page  # members do not get the link to change them

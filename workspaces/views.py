@@ -101,10 +101,13 @@ def org_overview(request: HttpRequest, slug: str) -> HttpResponse:
     """An organisation as its members see it: your role, its policies in force, the members'
     count and what you can do there. Members of any role; 404 for everyone else."""
     seat = selectors.seat_get(slug=slug, user=request.user)
+    tier_limits = org_tier_limits(seat.org)
+    own = {"rpm": seat.org.rate_limit_rpm, "tpm": seat.org.rate_limit_tpm}
     context = {
         **_nav(seat, "overview"),
         "member_count": len(selectors.member_list(org=seat.org)),
-        "tier_limits": org_tier_limits(seat.org),
+        # What applies: the organisation's own limit, else its tier's (None: unlimited).
+        "limits": {k: own[k] if own[k] is not None else tier_limits[k] for k in own},
         "tier_retention_days": retention.retention_days_for_tier(seat.org.tier),
     }
     return render(request, "workspaces/org_overview.html", context)
