@@ -343,18 +343,17 @@ def run(args: argparse.Namespace) -> int:
     with production_env(work, https_port) as env:
         stack = Stack(work)
         try:
+            ports = [free_port() if args.base_port == 0 else args.base_port + i for i in range(args.gateways + 1)]
+            engine_url = (args.engine_url or f"http://127.0.0.1:{ports[0]}").rstrip("/")
+            # Every process's background jobs reach the model there.
+            env["CHAT_INTERNAL_API_URL"] = engine_url
             print("migrating, collecting static files...", flush=True)
             service_key = prepare(env)
-            ports = [free_port() if args.base_port == 0 else args.base_port + i for i in range(args.gateways + 1)]
-            if args.engine_url:
-                engine_url = args.engine_url.rstrip("/")
-            else:
-                engine_url = f"http://127.0.0.1:{ports[0]}"
+            if not args.engine_url:
                 engine_env = {
                     **env,
                     # Reached only over loopback by gateways and jobs, never through nginx.
                     "DJANGO_SECURE_SSL_REDIRECT": "off",
-                    "CHAT_INTERNAL_API_URL": engine_url,
                 }
                 if args.engine_class:
                     engine_env["CHAT_ENGINE_CLASS"] = args.engine_class
@@ -365,7 +364,6 @@ def run(args: argparse.Namespace) -> int:
                     return 1
             gateway_env = {
                 **env,
-                "CHAT_INTERNAL_API_URL": engine_url,
                 "CHAT_ENGINE_CLASS": REMOTE_ENGINE,
                 "CHAT_ENGINE_URL": engine_url,
                 "CHAT_ENGINE_API_KEY": service_key,
@@ -374,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
                 stack.spawn(f"gateway-{i}", daphne_argv(port), gateway_env)
                 for i, port in enumerate(ports[1:], 1)
             ]
-            job_env = {**env, "CHAT_INTERNAL_API_URL": engine_url}
+            job_env = env
             stack.spawn("celery-worker", [
                 sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-l", "INFO",
                 "--concurrency", os.environ.get("CHAT_CELERY_CONCURRENCY", "1"),

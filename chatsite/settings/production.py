@@ -97,6 +97,9 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
 # Probes and metrics are asked of each daphne process directly, over plain HTTP on loopback.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# The redirect keeps the request's host (and port); name the HTTPS host[:port] when the HTTPS
+# port is not 443, e.g. DJANGO_SECURE_SSL_HOST=chat.example.org:8443.
+SECURE_SSL_HOST = os.environ.get("DJANGO_SECURE_SSL_HOST") or None
 # HSTS (RFC 6797): a year, subdomains included, preload-ready. Start lower (DJANGO_HSTS_SECONDS=300)
 # while trying TLS out; browsers remember the header for max-age seconds.
 SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000)
