@@ -247,3 +247,29 @@ def test_a_removed_members_old_invitations_still_work_for_whom_they_were_meant(a
     nina = make_user("nina")
     assert signed_in(nina).post(path).status_code == 303
     assert is_member(acme, nina)
+
+
+# --- the admin --------------------------------------------------------------------------------
+
+
+def test_the_admin_lists_invitations_by_state_and_withdraws_them(acme, django_user_model):
+    seat = selectors.seat_get(slug="acme", user=acme["owner"])
+    pending = services.invitation_create(seat=seat, email="nina@example.com").invitation
+    used = services.invitation_create(seat=seat)
+    services.invitation_accept(token=used.token, user=django_user_model.objects.create_user("ned"))
+    staff = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client = signed_in(staff)
+
+    listing = client.get("/admin/workspaces/invitation/?state=pending").content.decode()
+    assert "nina@example.com" in listing and f"/{used.invitation.pk}/change/" not in listing
+    assert client.get("/admin/workspaces/invitation/add/").status_code == 403  # secrets are not made here
+
+    response = client.post(
+        "/admin/workspaces/invitation/",
+        {"action": "withdraw", "_selected_action": [pending.pk, used.invitation.pk]},
+    )
+    assert response.status_code == 302
+    pending.refresh_from_db()
+    used.invitation.refresh_from_db()
+    assert pending.revoked_at is not None
+    assert used.invitation.revoked_at is None  # an accepted one stays accepted
