@@ -2,9 +2,15 @@
 links) and the public pages (``/s/<token>/``, and "Continue this conversation").
 
 Thin: parse, call a service or selector, render. Every form posts with CSRF; nothing here
-needs script. Public pages send ``Referrer-Policy: no-referrer`` (the token is in the URL, and
-links in the conversation must not carry it to other sites), ``X-Robots-Tag: noindex`` and
-``Cache-Control: no-store`` (a revoked link must not live on in a cache), 404s included.
+needs script. The shared page sends ``Referrer-Policy: no-referrer`` (the token is in its URL,
+and links in the conversation must not carry it to other sites), ``X-Robots-Tag: noindex`` and
+``Cache-Control: no-store`` (a revoked link must not live on in a cache), its 404 too.
+
+Why the shared page has no form: under ``no-referrer`` a browser sends ``Origin: null`` with
+a form's POST (Fetch standard, "serialize a request origin"), which Django's CSRF check rightly
+refuses. So "Continue this conversation" is a link to a small confirmation page, which shows
+no conversation content and posts under the site's ``same-origin`` policy (a Referer only ever
+goes to this site). The owner's pages hold forms too and keep that default policy.
 """
 
 from __future__ import annotations
@@ -28,15 +34,16 @@ from sharing.models import ShareLink
 
 
 def _private(response: HttpResponse) -> HttpResponse:
-    """Headers of every page that shows a share URL or a shared conversation."""
-    response["Referrer-Policy"] = "no-referrer"
+    """Headers of every page that shows a share URL or a shared conversation: never cached."""
     response["Cache-Control"] = "no-store"
     return response
 
 
-def _public(response: HttpResponse) -> HttpResponse:
-    """Headers of the public shared pages (their 404s too)."""
+def _public(response: HttpResponse, *, referrer_policy: str = "no-referrer") -> HttpResponse:
+    """Headers of the public pages (their 404s too): not indexed, not cached, and (the shared
+    page) no Referer at all. The confirmation page, which has a form, passes ``same-origin``."""
     response["X-Robots-Tag"] = "noindex, nofollow"
+    response["Referrer-Policy"] = referrer_policy
     return _private(response)
 
 
@@ -178,11 +185,8 @@ def _exchange_context(exchange: selectors.SharedExchange) -> dict:
     }
 
 
-def _shared_page(
-    request: HttpRequest, token: str, *, confirm: bool = False, error: str = "", status: int = 200
-) -> HttpResponse:
-    """The shared page of ``token`` (or the 404 page). ``confirm``: ask the signed-in viewer
-    to confirm continuing; ``error``: why continuing did not work (shown above the button)."""
+def _shared_page(request: HttpRequest, token: str) -> HttpResponse:
+    """The shared page of ``token``, or the 404 page."""
     try:
         snapshot = selectors.snapshot_get(token=token)
     except Http404:
@@ -192,10 +196,25 @@ def _shared_page(
         "snapshot": snapshot,
         "title": snapshot.title or "Shared conversation",
         "exchanges": [_exchange_context(x) for x in snapshot.exchanges],
-        "confirm": confirm,
+    }
+    return _public(render(request, "sharing/shared.html", context))
+
+
+def _confirm_page(request: HttpRequest, token: str, *, error: str = "", status: int = 200) -> HttpResponse:
+    """Asks the signed-in viewer to confirm copying the snapshot (its title and size only; no
+    conversation text, no outbound links), or the 404 page. ``error``: why it did not work."""
+    try:
+        snapshot = selectors.snapshot_get(token=token)
+    except Http404:
+        return _not_found(request)
+    context = {
+        "token": token,
+        "title": snapshot.title or "Shared conversation",
+        "exchange_count": len(snapshot.exchanges),
         "error": error,
     }
-    return _public(render(request, "sharing/shared.html", context, status=status))
+    response = render(request, "sharing/continue.html", context, status=status)
+    return _public(response, referrer_policy="same-origin")
 
 
 @require_safe
@@ -209,9 +228,9 @@ def shared(request: HttpRequest, token: str) -> HttpResponse:
 @require_http_methods(["GET", "HEAD", "POST"])
 def shared_continue(request: HttpRequest, token: str) -> HttpResponse:
     """"Continue this conversation". Anonymous: off to sign in, then back here. ``GET`` (signed
-    in): the shared page asking to confirm. ``POST``: copy the snapshot into a new conversation
-    of the viewer's and open it. 404 as for :func:`shared`; 400 with the page and the reason
-    when the viewer's account cannot hold the copy."""
+    in): a page asking to confirm. ``POST``: copy the snapshot into a new conversation of the
+    viewer's and open it. 404 as for :func:`shared`; 400 with the confirmation page and the
+    reason when the viewer's account cannot hold the copy."""
     if not request.user.is_authenticated:
         try:
             selectors.snapshot_get(token=token)  # a dead link says so before any sign-in
@@ -219,11 +238,11 @@ def shared_continue(request: HttpRequest, token: str) -> HttpResponse:
             return _not_found(request)
         return _public(redirect_to_login(reverse("shared-continue", args=[token])))
     if request.method != "POST":
-        return _shared_page(request, token, confirm=True)
+        return _confirm_page(request, token)
     try:
         copy = services.share_continue(token=token, user=request.user)
     except Http404:
         return _not_found(request)
     except ValidationError as exc:
-        return _shared_page(request, token, confirm=True, error=exc.messages[0], status=400)
+        return _confirm_page(request, token, error=exc.messages[0], status=400)
     return redirect("conversation", conversation_id=copy.pk)

@@ -159,7 +159,7 @@ def test_a_question_unanswered_at_share_time_shows_no_later_answer(make_user):
     link = share(conversation)
     answer(conversation, question, "Late answer")
 
-    html = main_of(page(link))
+    html = snapshot_of(page(link))
 
     assert "Pending question" in html and "Late answer" not in html
     assert "No answer had been written yet" in html
@@ -352,9 +352,25 @@ def test_an_anonymous_viewer_signs_in_then_continues(make_user):
 
     assert to_login.status_code == 302 and next_path == continue_url(link)
     assert signed_in.status_code == 302 and signed_in["Location"] == continue_url(link)
-    assert confirm.status_code == 200 and "Continue this conversation as" in confirm.content.decode()
+    assert confirm.status_code == 200 and 'id="continue-form"' in confirm.content.decode()
     copy = Conversation.objects.get(owner=viewer)
     assert done.status_code == 302 and done["Location"] == reverse("conversation", args=[copy.pk])
+
+
+def test_the_continue_confirmation_names_the_snapshot_and_shows_none_of_its_text(make_user):
+    """Given a signed-in viewer, the confirmation page (same-origin Referer policy, so it may
+    hold a form) names the title and the number of exchanges, and shows no conversation text
+    (nothing of the conversation's own links on a page that sends a Referer)."""
+    owner, viewer = make_user(), make_user()
+    conversation = converse(owner, [("Secret question", "See https://example.com/x"), ("Q2", "A2")])
+    conversation_services.conversation_rename(conversation=conversation, title="Shared title")
+    link = share(conversation)
+
+    html = client_for(viewer).get(continue_url(link)).content.decode()
+
+    assert "Shared title" in html and "2 exchanges" in html
+    assert "Secret question" not in html and "example.com" not in html
+    assert not Conversation.objects.filter(owner=viewer).exists()  # a GET copies nothing
 
 
 def test_an_anonymous_post_to_continue_copies_nothing(make_user):
@@ -439,15 +455,15 @@ def test_a_hostile_title_and_message_render_inert_on_the_shared_page(make_user):
 
 
 def test_a_hostile_title_renders_inert_on_the_owners_pages(make_user):
-    """PF-X1. The owner's share page and shared-links page show a hostile title as text (their
-    only markup besides it is their own CSRF forms)."""
+    """PF-X1. The owner's share page, shared-links page and the continue confirmation show a
+    hostile title as text (their only markup besides it is their own CSRF forms)."""
     hostile = "<img src=x onerror=alert(1)><script>alert(2)</script>"
     owner = make_user()
     conversation = converse(owner, [("Q", "A")])
     conversation_services.conversation_rename(conversation=conversation, title=hostile)
-    share(conversation)
+    link = share(conversation)
 
-    for url in (manage_url(conversation), reverse("shared-links")):
+    for url in (manage_url(conversation), reverse("shared-links"), continue_url(link)):
         html = main_of(client_for(owner).get(url).content.decode())
         problems = [p for p in dangerous_markup(html) if p != "<form> element"]
         assert problems == [], url
