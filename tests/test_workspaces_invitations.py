@@ -273,3 +273,24 @@ def test_the_admin_lists_invitations_by_state_and_withdraws_them(acme, django_us
     used.invitation.refresh_from_db()
     assert pending.revoked_at is not None
     assert used.invitation.revoked_at is None  # an accepted one stays accepted
+
+
+def test_opening_an_invitation_you_accepted_says_you_joined(acme, make_user):
+    _, path = invite(acme)
+    nina = make_user("nina")
+    client = signed_in(nina)
+    assert client.post(path).status_code == 303
+    again = client.get(path)
+    assert again.status_code == 409
+    assert "You already joined Acme with this invitation" in again.content.decode()
+
+
+def test_an_organisation_name_cannot_break_the_email_headers(acme):
+    """Names are one line when made on the page; one edited in the admin is made one line for
+    the subject (Django refuses a header with a newline: that would be a 500)."""
+    Organisation = type(acme["org"])
+    Organisation.objects.filter(pk=acme["org"].pk).update(name="Acme\nBcc: everyone@example.com")
+    response, _ = invite(acme, email="nina@example.com")
+    assert response.status_code == 201
+    assert mail.outbox[0].subject == "Invitation to join Acme Bcc: everyone@example.com"
+    assert mail.outbox[0].bcc == []

@@ -237,7 +237,7 @@ def invitation_email_send(*, issued: IssuedInvitation, accept_url: str) -> bool:
     )
     try:
         sent = mail.send_mail(
-            subject=f"Invitation to join {org.name}",
+            subject=f"Invitation to join {' '.join(org.name.split())}",  # one header line
             message=body,
             from_email=None,  # settings.DEFAULT_FROM_EMAIL
             recipient_list=[invitation.email],
@@ -300,6 +300,8 @@ def invitation_problem(*, invitation: Invitation, user: User, now=None) -> Invit
         return InvitationRefused(
             410, f"This invitation to {org.name} was withdrawn. Ask its owners for a new one."
         )
+    if invitation.accepted_at is not None and invitation.accepted_by_id == user.pk:
+        return InvitationRefused(409, f"You already joined {org.name} with this invitation.")
     if invitation.accepted_at is not None:
         return InvitationRefused(
             410,
@@ -339,9 +341,13 @@ def invitation_accept(*, token: str, user: User) -> Membership:
     problem = invitation_problem(invitation=invitation, user=user)
     if problem is not None:
         raise problem
-    membership = Membership.objects.create(
-        organisation=invitation.organisation, user=user, role=invitation.role
-    )
+    try:
+        with transaction.atomic():
+            membership = Membership.objects.create(
+                organisation=invitation.organisation, user=user, role=invitation.role
+            )
+    except IntegrityError:  # joined at this moment through another invitation
+        raise InvitationRefused(409, f"You are already a member of {invitation.organisation.name}.") from None
     invitation.accepted_at = timezone.now()
     invitation.accepted_by = user
     invitation.save(update_fields=["accepted_at", "accepted_by"])
