@@ -28,6 +28,8 @@ SKIPPED_PREFIXES = ("/v1/", "/static/")
 
 
 class UserSessionMiddleware:
+    """Refreshes the current session's UserSession row at most once a minute (module doc)."""
+
     sync_capable = True
     async_capable = True
 

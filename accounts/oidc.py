@@ -76,25 +76,25 @@ class OIDCBackend(OIDCAuthenticationBackend):
         # every backend too; this one must never exchange a code taken from that request's URL.
         if "nonce" not in kwargs:
             return None
-        name = provider_name()
+        unverifiable = f"The answer from {provider_name()} could not be verified. Start again."
         try:
             return super().authenticate(request, **kwargs)
         except SuspiciousOperation as exc:  # a bad signature or nonce, no matching key
             logger.warning("OIDC sign-in refused: %s", exc)
             if not getattr(request, FAILURE_ATTR, None):
-                setattr(request, FAILURE_ATTR, f"The answer from {name} could not be verified. "
-                        "Start again.")
-            return None
+                setattr(request, FAILURE_ATTR, unverifiable)
         except jwt.PyJWTError as exc:  # e.g. an expired ID token
             logger.warning("OIDC ID token refused: %s", exc)
-            setattr(request, FAILURE_ATTR, f"The answer from {name} could not be verified. "
-                    "Start again.")
-            return None
+            setattr(request, FAILURE_ATTR, unverifiable)
         except requests.RequestException as exc:  # the token, userinfo or keys call failed
             logger.warning("OIDC provider call failed: %s", exc)
-            setattr(request, FAILURE_ATTR, f"{name} could not be reached or refused the sign-in. "
-                    "Try again in a moment.")
-            return None
+            setattr(
+                request,
+                FAILURE_ATTR,
+                f"{provider_name()} could not be reached or refused the sign-in. Try again in a "
+                "moment.",
+            )
+        return None
 
     def get_or_create_user(self, access_token, id_token, payload):
         """Checks the ID token's audience (this client) and, with ``CHAT_OIDC_ISSUER``, its
