@@ -403,6 +403,13 @@ class ConversationAdmin(RegionalAdmin):
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
+    def get_deleted_objects(self, objs, request):
+        """As Django's, except that the turns (read-only here: nobody may delete one on its
+        own) do not stop their conversation's deletion: they go with it."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        perms_needed -= {Turn._meta.verbose_name, TurnInline.verbose_name}
+        return deleted, counts, perms_needed, protected
+
     def delete_model(self, request, obj) -> None:
         services.conversation_delete(conversation=obj)
 

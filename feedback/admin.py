@@ -50,7 +50,7 @@ class FeedbackAdmin(RegionalAdmin):
     id_search_fields = ("turn_id", "conversation_id")
     search_help_text = "Words of the comment, a username or email, or a turn or conversation id."
     date_hierarchy = "updated_at"
-    ordering = ("-updated_at", "-id")
+    ordering = ("-updated_at", "-feedback_id")
     list_select_related = ("conversation",)
     # The rated answer without a join: it may not be written to the turn log yet (held in
     # Redis awaiting write-back), and a join would drop the rating from the list.

@@ -28,6 +28,7 @@ class FeedbackCreate(Strict):
 def feedback_json(row: Feedback) -> dict:
     """One rating in the API's shape."""
     return {
+        "feedback_id": str(row.feedback_id),
         "conversation_id": str(row.conversation_id),
         "turn_id": str(row.turn_id),
         "rating": row.rating,
@@ -53,8 +54,8 @@ def _rate(user, conversation_id: UUID, turn_id: UUID, body: FeedbackCreate) -> d
 
 @api_view("POST")
 async def answer_feedback(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> JsonResponse:
-    """``POST {"rating": "up" | "down", "comment"?: str}`` -> 200 ``{"conversation_id",
-    "turn_id", "rating", "comment", "pool", "model_version", "created_at", "updated_at"}``.
+    """``POST {"rating": "up" | "down", "comment"?: str}`` -> 200 ``{"feedback_id",
+    "conversation_id", "turn_id", "rating", "comment", "pool", "model_version", "created_at", "updated_at"}``.
     One rating per user and answer: posting again replaces the rating and the comment (an
     omitted comment clears it). 404 when the conversation is not the caller's or has no turn
     ``turn_id``; 400 when the turn is the user's message rather than an answer, for a rating

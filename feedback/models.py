@@ -9,6 +9,8 @@ so that reference carries no constraint either (DESIGN.md: none across databases
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -26,6 +28,9 @@ class Feedback(models.Model):
         UP = "up", "Thumbs up"
         DOWN = "down", "Thumbs down"
 
+    # A UUID, not a sequence: rows of one table live in several region databases, and an id
+    # must name one row wherever it is (admin links, the API).
+    feedback_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     conversation = models.ForeignKey(
         "conversations.Conversation",
         on_delete=models.CASCADE,
@@ -52,7 +57,7 @@ class Feedback(models.Model):
     class Meta:
         verbose_name = "feedback"
         verbose_name_plural = "feedback"
-        ordering = ("-updated_at", "-id")
+        ordering = ("-updated_at", "-feedback_id")
         constraints = [
             models.UniqueConstraint(fields=["turn", "user"], name="feedback_one_per_user_turn"),
             models.CheckConstraint(

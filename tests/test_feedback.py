@@ -86,7 +86,7 @@ def text(response) -> str:
 
 
 def rows() -> list[tuple]:
-    return list(Feedback.objects.order_by("id").values_list("user__username", "turn_id", "rating", "comment"))
+    return list(Feedback.objects.order_by("created_at").values_list("user__username", "turn_id", "rating", "comment"))
 
 
 class _Buttons(HTMLParser):
