@@ -3,23 +3,26 @@
 in between, and the input moderation gate (moderation/).
 
 :func:`turn_plan` returns a :class:`TurnPlan`, which conversations/streaming.py generates from;
-:func:`input_check` is the input gate. Refusals are ``gate.Refused`` (``ContentBlocked`` when
+:func:`input_check_start` starts the input gate. Refusals are ``gate.Refused`` (``ContentBlocked`` when
 moderation stopped the message, which is then stored with its verdict).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from attachments.prompt import question_with_files
 from conversations import selectors, summaries
 from conversations.models import Turn
-from attachments.prompt import question_with_files
 from inference import gate
 from inference.pools import pool_engine
 from inference.prompts import PromptTooLong, prompt_assemble
@@ -84,10 +87,12 @@ def _prompt_prepare(
     planned: bool,
     last_turn_at=None,
     conversation=None,
+    memory_query: Future | None = None,
 ) -> tuple[list[int], int, int, bool]:
     """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
     history and the owner's memory). ``conversation``: its owner's long-term memory facts most
-    similar to the question go into the prompt's memory block (memory/). Returns (token ids,
+    similar to the question go into the prompt's memory block (memory/); ``memory_query``: the
+    question's embedding, started early (:func:`memory_query_start`). Returns (token ids,
     completion budget, context_trimmed, want_summary). Raises PromptTooLong,
     Conversation.DoesNotExist."""
     owner = conversation.owner if conversation is not None else None
@@ -98,7 +103,7 @@ def _prompt_prepare(
     # Stable first, changing last (inference/prompts.py): system, memory, summary, turns.
     fitted = prompt_assemble(
         system_prompt=system_prompt,
-        memory=_memory(owner, question.content, engine) if owner is not None else "",
+        memory=_memory(owner, question.content, engine, memory_query) if owner is not None else "",
         summary=context.summary,
         exchanges=context.exchanges,
         # Attached files (attachments/prompt.py) go into the question, within the budget.
@@ -117,17 +122,22 @@ def _prompt_prepare(
     )
 
 
-def _memory(user, query: str, engine) -> str:
+def _memory(user, query: str, engine, query_vector: Future | None = None) -> str:
     """The memory block for ``user``'s prompt answering ``query``: their stored facts most like
     it, within settings.CHAT_MEMORY_MAX_TOKENS (memory.selectors.memory_block); "" when memory
     is off (globally or for the user) or nothing relevant is stored. A failure to retrieve
     (e.g. the embedding model failing) is logged and the turn goes on without memory."""
     if not settings.CHAT_MEMORY_ENABLED or not getattr(user, "memory_enabled", True):
+        if query_vector is not None:
+            query_vector.cancel()  # started for nothing: free the embedding thread
         return ""
     from memory.selectors import memory_block  # noqa: PLC0415 - loads the embedding layer
 
     try:
-        return memory_block(user=user, query=query, encode_tokens=lambda text: len(engine.encode_text(text)))
+        return memory_block(
+            user=user, query=query, encode_tokens=lambda text: len(engine.encode_text(text)),
+            query_vector=query_vector,
+        )  # fmt: skip
     except Exception:  # noqa: BLE001 - memory is an extra; the answer must not fail for it
         logger.exception("memory retrieval failed for user %s", user.pk)
         return ""
@@ -142,12 +152,14 @@ async def turn_plan(
     max_tokens: int | None = None,
     explicit_max_tokens: bool = False,
     planned: bool = False,
+    memory_query: Future | None = None,
 ) -> TurnPlan:
     """Admit an answer to ``question`` (inference/gate.py): route to a pool (``model``: asked
     for by this request, checked strictly; else the conversation's ``model``), shed under
     load, size the completion budget, assemble the prompt, and take the rate limits for
     prompt + max_tokens. No engine work and nothing stored. ``planned``: ``question`` is not
-    stored yet. Raises gate.Refused (400/403/429/503) - for a prompt longer than the pool's
+    stored yet. ``memory_query``: the question's embedding for memory retrieval, started when
+    the request arrived (:func:`memory_query_start`); None: embedded during assembly. Raises gate.Refused (400/403/429/503) - for a prompt longer than the pool's
     context too (400 context_length_exceeded)."""
     route = gate.route_for(caller, model, fallback=conversation.model)
     route = gate.shed_for(caller, route)
@@ -165,6 +177,7 @@ async def turn_plan(
             planned=planned,
             last_turn_at=conversation.last_turn_at,
             conversation=conversation,
+            memory_query=memory_query,
         )
     except PromptTooLong as exc:
         raise gate.Refused(400, "context_length_exceeded", str(exc)) from None
@@ -177,14 +190,48 @@ async def turn_plan(
     )  # fmt: skip
 
 
-async def input_check(plan: TurnPlan, text: str) -> Verdict | None:
-    """The input gate (DESIGN.md: after the rate limit, before any engine work): the verdict
-    on ``text`` under the turn's policy, or None while the gate is off
-    (settings.CHAT_MODERATION_INPUT). A classifier that fails or times out gives a flagged
-    ``moderation_unavailable`` verdict unless the organisation chose fail-open (PF-M2)."""
+def memory_query_start(text: str) -> Future | None:
+    """Start embedding ``text`` (a new user message) for long-term memory retrieval now, on the
+    embedding thread (memory.embeddings.embed_one_start), so its ~10 ms run while the request
+    claims the conversation, loads the caller and the history; prompt assembly then only waits
+    for what is left of it (issue 7: turn TTFT with memory on within 1.1x of off). None when
+    memory is off for the service (settings.CHAT_MEMORY_ENABLED) or the text is blank; a user
+    with memory off or no facts cancels it unused (memory.selectors.memory_search)."""
+    if not settings.CHAT_MEMORY_ENABLED or not text.strip():
+        return None
+    from memory.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
+
+    return embed_one_start(text)
+
+
+def input_check_start(caller: gate.Caller, text: str) -> asyncio.Task | None:
+    """The input gate (DESIGN.md: after the rate limit, before any engine work), started early.
+
+    Starts the classifiers on ``text`` now, beside admission, so their ~10-20 ms
+    overlap prompt assembly (history, long-term memory retrieval) instead of following it.
+
+    The verdict is still *acted on* where DESIGN.md puts the gate, after the rate limit (the
+    caller awaits the task after :func:`turn_plan`): a refused request discards it, and nothing
+    is stored or sent to the engine before it is read. The input gate reads only the caller's
+    thresholds, blocked terms and fail-open flag (not the system prompt, which only the output
+    gate's leak check uses), so the policy is the caller's. Returns the task, whose result is
+    the verdict on ``text`` (a classifier that fails or times out gives a flagged
+    ``moderation_unavailable`` verdict unless the organisation chose fail-open, PF-M2), or None
+    while the gate is off (settings.CHAT_MODERATION_INPUT). Cancel it (:func:`input_check_discard`)
+    if admission fails."""
     if not settings.CHAT_MODERATION_INPUT:
         return None
-    return await acheck("input", text, plan.policy)
+    policy = caller.moderation or policy_for(None)
+    return asyncio.ensure_future(acheck("input", text, policy))
+
+
+async def input_check_discard(check: asyncio.Task | None) -> None:
+    """Cancel a started input check whose turn was not admitted (and consume its outcome)."""
+    if check is None:
+        return
+    check.cancel()
+    with contextlib.suppress(BaseException):
+        await check
 
 
 async def refuse_unavailable(plan: TurnPlan, verdict: Verdict) -> None:

@@ -39,7 +39,9 @@ from conversations.admission import (  # noqa: F401 - views reach these through 
     TurnPlan,
     caller_of,
     refuse_unavailable,
-    input_check,
+    input_check_discard,
+    input_check_start,
+    memory_query_start,
     turn_plan,
 )
 from inference import gate
@@ -397,17 +399,26 @@ async def turn_submit(
     conversation_id = conversation.conversation_id
     answer_id = uuid.uuid4()
     text = services.message_clean(content)
+    # Memory retrieval's query embedding starts now, beside the claim, caller and history reads.
+    memory_query = memory_query_start(text)
     caller = await caller_of(conversation, caller)
     async with _claim(conversation_id, answer_id):
         draft = Turn(
             conversation_id=conversation_id, role=Turn.Role.USER, content=text,
             replaces_id=replaces.turn_id if replaces is not None else None,
         )  # fmt: skip
-        plan = await turn_plan(
-            conversation=conversation, caller=caller, question=draft, model=model,
-            max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens, planned=True,
-        )  # fmt: skip
-        verdict = await input_check(plan, text)
+        # The input gate's classifiers run beside admission; their verdict is read after it.
+        check = input_check_start(caller, text)
+        try:
+            plan = await turn_plan(
+                conversation=conversation, caller=caller, question=draft, model=model,
+                max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens, planned=True,
+                memory_query=memory_query,
+            )  # fmt: skip
+        except BaseException:
+            await input_check_discard(check)
+            raise
+        verdict = await check if check is not None else None
         blocked = verdict is not None and verdict.flagged
         if blocked and "moderation_unavailable" in verdict.categories:
             await refuse_unavailable(plan, verdict)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from concurrent.futures import Future
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from memory.embeddings import embed_one
@@ -74,7 +74,12 @@ def memory_nearest(*, user, vector: list[float], k: int) -> list[tuple[UserMemor
 
 
 def memory_search(
-    *, user, query: str, k: int | None = None, min_similarity: float | None = None
+    *,
+    user,
+    query: str,
+    k: int | None = None,
+    min_similarity: float | None = None,
+    query_vector: Future | None = None,
 ) -> list[tuple[UserMemory, float]]:
     """The user's facts most similar to ``query`` (a new message), as ``(fact, similarity)``
     pairs, most similar first: at most ``k`` (default ``CHAT_MEMORY_TOP_K``), each with cosine
@@ -83,14 +88,22 @@ def memory_search(
     Only ``user``'s facts, however many others the table holds. ``[]`` when memory is off
     (``CHAT_MEMORY_ENABLED`` or ``user.memory_enabled``), the query is blank, or the user has no
     facts (then the query is not embedded). A deleted fact is never returned (no cache).
+    ``query_vector``: ``query``'s embedding, already started (memory.embeddings.embed_one_start);
+    used instead of embedding it here, and cancelled when it is not needed.
     """
-    if not memory_enabled_for(user) or not query.strip():
-        return []
     k = settings.CHAT_MEMORY_TOP_K if k is None else k
-    floor = settings.CHAT_MEMORY_MIN_SIMILARITY if min_similarity is None else min_similarity
-    if k <= 0 or not UserMemory.objects.filter(user=user).exists():
+    if (
+        not memory_enabled_for(user)
+        or not query.strip()
+        or k <= 0
+        or not UserMemory.objects.filter(user=user).exists()
+    ):
+        if query_vector is not None:
+            query_vector.cancel()
         return []
-    return [(fact, sim) for fact, sim in memory_nearest(user=user, vector=embed_one(query), k=k) if sim >= floor]
+    floor = settings.CHAT_MEMORY_MIN_SIMILARITY if min_similarity is None else min_similarity
+    vector = query_vector.result() if query_vector is not None else embed_one(query)
+    return [(fact, sim) for fact, sim in memory_nearest(user=user, vector=vector, k=k) if sim >= floor]
 
 
 # Chat-template and role markers of the common template families (ChatML <|im_start|>, Llama 3
@@ -128,17 +141,19 @@ def memory_block(
     query: str,
     encode_tokens: Callable[[str], int] | None = None,
     max_tokens: int | None = None,
+    query_vector: Future | None = None,
 ) -> str:
     """The prompt's memory block for a turn: the user's facts most similar to ``query`` as plain
     ``- fact`` lines joined by newlines, oldest first (chosen most similar first, memory_search), sanitised
     (memory_fact_sanitise), and within ``max_tokens`` (default ``CHAT_MEMORY_MAX_TOKENS``) as
     counted by ``encode_tokens`` (text -> token count; default ~4 characters per token). A fact
     that would pass the budget is left out and the next, shorter one tried. ``""`` when nothing
-    is retrieved (memory off, no facts, none similar enough)."""
+    is retrieved (memory off, no facts, none similar enough). ``query_vector``: as for
+    :func:`memory_search`."""
     budget = settings.CHAT_MEMORY_MAX_TOKENS if max_tokens is None else max_tokens
     count = encode_tokens or _approx_tokens
     chosen: list[tuple[UserMemory, str]] = []
-    for fact, _similarity in memory_search(user=user, query=query):
+    for fact, _similarity in memory_search(user=user, query=query, query_vector=query_vector):
         clean = memory_fact_sanitise(fact.text)
         if not clean:
             continue
@@ -151,6 +166,3 @@ def memory_block(
     chosen.sort(key=lambda item: (item[0].created_at, str(item[0].fact_id)))
     return "\n".join(line for _, line in chosen)
 
-
-amemory_search = sync_to_async(memory_search)
-amemory_block = sync_to_async(memory_block)

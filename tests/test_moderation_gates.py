@@ -70,6 +70,56 @@ async def test_a_flagged_message_is_a_400_with_its_category_stored_blocked_and_n
     assert stored.moderation_verdict["classifier"] and stored.moderation_verdict["version"]
 
 
+async def test_the_input_check_runs_beside_prompt_assembly_not_after_it(make_user, engine_double, monkeypatch):
+    """The classifiers start before the prompt (history, memory) is assembled, so their time
+    overlaps it; the verdict is read after admission (issue 7: memory adds no serial latency)."""
+    from conversations import admission  # noqa: PLC0415
+
+    checking = threading.Event()
+    real = moderation_base.moderator()
+
+    class Observed:
+        name, version = real.name, real.version
+
+        def check_input(self, text, policy):
+            checking.set()
+            return real.check_input(text, policy)
+
+        def check_output(self, text, policy):
+            return real.check_output(text, policy)
+
+    seen_during_assembly: list[bool] = []
+    prepare = admission._prompt_prepare
+
+    def observed_prepare(**kwargs):
+        seen_during_assembly.append(checking.wait(timeout=5))
+        return prepare(**kwargs)
+
+    monkeypatch.setattr(moderation_base, "_moderator", Observed())
+    monkeypatch.setattr(admission, "_prompt_prepare", observed_prepare)
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    response = await ask(client, conversation_id, "What is the capital of France?")
+    assert response.status_code == 200
+    assert parse_sse(await read_stream(response))[-1][0] == "done"
+    assert seen_during_assembly == [True]
+
+
+async def test_a_flagged_message_over_the_rate_limit_is_a_429_and_stores_nothing(make_user, engine_double, settings):
+    """The rate limit is decided before the input gate's verdict is used (DESIGN.md order),
+    even though the classifiers already ran beside admission."""
+    settings.CHAT_RATE_LIMITS_BY_TIER = {"free": {"rpm": 1, "tpm": 1_000_000}}
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    first = await ask(client, conversation_id, "hello there")
+    assert first.status_code == 200
+    await read_stream(first)
+    refused = await ask(client, conversation_id, OFFENSIVE)
+    assert_error(refused, 429, "rate_limited")
+    assert [turn.content for turn in await turns_of(conversation_id)][:1] == ["hello there"]
+    assert OFFENSIVE not in [turn.content for turn in await turns_of(conversation_id)]
+
+
 async def test_a_clean_message_stores_its_clean_verdict_and_a_blocked_one_stays_out_of_later_prompts(
     make_user, engine_double, monkeypatch
 ):
