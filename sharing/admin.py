@@ -1,29 +1,55 @@
+"""Share links in the admin: read-only (owners make and revoke them through their pages), one
+region's database at a time (conversations.admin.RegionalAdmin), with a revoke action."""
+
+from __future__ import annotations
+
 from django.contrib import admin
 from django.utils import timezone
 
+from conversations.admin import RegionalAdmin, RegionFilter
 from sharing.models import ShareLink
 
 
-@admin.register(ShareLink)
-class ShareLinkAdmin(admin.ModelAdmin):
-    """Share links, read-only; the one change staff can make is to revoke (an action). No
-    searches or filters that join users: accounts live in another database than the links."""
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
 
-    list_display = ("token_prefix", "conversation", "created_by", "through_at", "created_at", "revoked_at")
-    list_filter = ("revoked_at",)
-    search_fields = ("=token", "=conversation__conversation_id")
-    list_select_related = ("conversation",)
+    def lookups(self, request, model_admin):
+        return (("working", "Working"), ("revoked", "Revoked"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "working":
+            return queryset.filter(revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        return queryset
+
+
+@admin.register(ShareLink)
+class ShareLinkAdmin(RegionalAdmin):
+    """Share links, read-only; staff may revoke them (an action), e.g. a link to abusive
+    content reported by someone who received it."""
+
+    list_display = ("token_start", "title", "conversation", "created_by", "through_at", "created_at", "revoked_at")
+    list_filter = (RegionFilter, StateFilter)
+    search_fields = ("token", "title")
+    user_fields = ("created_by",)
+    id_search_fields = ("link_id", "conversation_id")
+    search_help_text = "A token, words of the title, the creator's username or email, or a link or conversation id."
+    ordering = ("-created_at", "-link_id")
+    list_select_related = ("conversation",)  # same database
+    list_prefetch_related = ("created_by",)  # accounts: default's database
     readonly_fields = [f.name for f in ShareLink._meta.fields]
     actions = ("revoke",)
 
     @admin.display(description="token")
-    def token_prefix(self, link: ShareLink) -> str:
+    def token_start(self, link: ShareLink) -> str:
         return f"{link.token[:7]}…"
 
     @admin.action(description="Revoke the selected links")
     def revoke(self, request, queryset) -> None:
         revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        self.message_user(request, f"Revoked {revoked} link(s).")
+        self.message_user(request, f"Revoked {revoked} link(s); they answer 404 from now on.")
 
     def has_add_permission(self, request) -> bool:
         return False  # made by owners through sharing.services

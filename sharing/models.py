@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -34,6 +36,10 @@ class ShareLink(models.Model):
     longer read the conversation (sharing/selectors.py), e.g. after leaving its organisation.
     """
 
+    # A UUID, not a sequence: links live in several region databases, and an id must name one
+    # row wherever it is looked up (the owner's URLs also name the conversation; the admin
+    # looks in every region).
+    link_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # "<3 hex region tag><32 url-safe characters>" (sharing/tokens.py); unique: the page's key.
     token = models.CharField(max_length=64, unique=True, editable=False)
     conversation = models.ForeignKey(

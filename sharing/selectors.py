@@ -80,18 +80,19 @@ def newest_turn(*, conversation: Conversation) -> Turn | None:
 def creator_can_read(*, conversation: Conversation, creator_id: int) -> bool:
     """Whether the user ``creator_id`` can still read ``conversation`` now.
 
-    The rule is the conversations app's own (``conversations.selectors.conversation_get_for_user``:
-    whatever it allows, a link made by that user is allowed to show), so when workspace access
-    changes there, links follow without a change here. On top of it, for a conversation of an
-    organisation the creator must still be a member of that organisation: removing someone from
-    an organisation takes away their links to its conversations at that moment, whatever else
-    the access rules say (issue 8). A deactivated account's links stop too.
+    The rule is the conversations app's read access (``conversations.selectors.
+    conversation_view_for_user``: whatever it allows that user, their link may show), so when
+    access rules change there, links follow without a change here. On top of it, for a
+    conversation of an organisation the creator must still be a member of that organisation:
+    removing someone from an organisation takes away their links to its conversations at that
+    moment (issue 8), also where the read rule still lets an owner read their own conversation.
+    A deactivated account's links stop too. Every call reads afresh (no cache).
     """
     creator = User.objects.filter(pk=creator_id, is_active=True).first()
     if creator is None:
         return False
     try:
-        conversation_selectors.conversation_get_for_user(
+        conversation_selectors.conversation_view_for_user(
             conversation_id=conversation.conversation_id, user=creator
         )
     except Http404:
@@ -139,7 +140,7 @@ def share_link_list(*, conversation: Conversation) -> QuerySet[ShareLink]:
 
 
 @regions.routed
-def share_link_get_for_owner(*, conversation: Conversation, link_id: int) -> ShareLink:
+def share_link_get_for_owner(*, conversation: Conversation, link_id: UUID) -> ShareLink:
     """One not-revoked link of ``conversation`` (already checked to be the caller's). Raises
     Http404 if there is none with that id (another conversation's, revoked, or missing)."""
     link = conversation.share_links.filter(pk=link_id, revoked_at__isnull=True).first()

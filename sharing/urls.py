@@ -8,12 +8,12 @@ urlpatterns = [
     # The owner's pages.
     path("c/<uuid:conversation_id>/share/", views.share_manage, name="share-manage"),
     path(
-        "c/<uuid:conversation_id>/share/<int:link_id>/update",
+        "c/<uuid:conversation_id>/share/<uuid:link_id>/update",
         views.share_update,
         name="share-update",
     ),
     path(
-        "c/<uuid:conversation_id>/share/<int:link_id>/revoke",
+        "c/<uuid:conversation_id>/share/<uuid:link_id>/revoke",
         views.share_revoke,
         name="share-revoke",
     ),

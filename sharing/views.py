@@ -107,7 +107,7 @@ def _back(request: HttpRequest, conversation) -> HttpResponse:
 
 @require_POST
 @login_required
-def share_update(request: HttpRequest, conversation_id: UUID, link_id: int) -> HttpResponse:
+def share_update(request: HttpRequest, conversation_id: UUID, link_id: UUID) -> HttpResponse:
     """Move a link's snapshot up to the conversation's newest turn (same URL). 404 unless the
     conversation is the user's and the link one of its working links."""
     conversation = conversation_selectors.conversation_get_for_user(
@@ -126,7 +126,7 @@ def share_update(request: HttpRequest, conversation_id: UUID, link_id: int) -> H
 
 @require_POST
 @login_required
-def share_revoke(request: HttpRequest, conversation_id: UUID, link_id: int) -> HttpResponse:
+def share_revoke(request: HttpRequest, conversation_id: UUID, link_id: UUID) -> HttpResponse:
     """Revoke a link: from now on it answers 404. 404 unless the conversation is the user's and
     the link one of its working links."""
     conversation = conversation_selectors.conversation_get_for_user(
