@@ -14,7 +14,9 @@ from attachments.models import Attachment
 
 @admin.register(Attachment)
 class AttachmentAdmin(admin.ModelAdmin):
-    list_display = ("name", "kind", "size", "prompt_tokens", "tokens", "conversation", "turn_id", "created_at")
+    list_display = (
+        "name", "kind", "size", "prompt_tokens", "tokens", "conversation", "turn_id", "created_at"
+    )
     list_filter = ("kind",)
     search_fields = ("name", "=sha256")
     list_select_related = ("conversation",)  # same database: a join is fine

@@ -109,7 +109,9 @@ def size_text(size: int) -> str:
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 
 
-def _refuse_binary(name: str, data: bytes, otherwise: str, code: str = "unsupported_file_type") -> AttachmentRejected:
+def _refuse_binary(
+    name: str, data: bytes, otherwise: str, code: str = "unsupported_file_type"
+) -> AttachmentRejected:
     """415 for bytes that are not text, naming what they are when ``filetype`` knows (else
     ``code`` with the message ``otherwise``)."""
     kind = filetype.guess(data[:8192])
@@ -229,7 +231,9 @@ def count_tokens(text: str, encode_text: EncodeText) -> tuple[int, bool]:
     return max(1, round(len(encode_text(sample)) * len(text) / len(sample))), True
 
 
-def text_truncate(text: str, max_tokens: int, encode_text: EncodeText, *, total: int | None = None) -> tuple[str, int]:
+def text_truncate(
+    text: str, max_tokens: int, encode_text: EncodeText, *, total: int | None = None
+) -> tuple[str, int]:
     """The longest start of ``text`` with at most ``max_tokens`` tokens (by ``encode_text``),
     cut at a line end or a space near the limit where there is one. Returns (that text, its
     tokens). ``total``: ``text``'s own token count, if known. O(log n) encodes of pieces about
@@ -282,7 +286,9 @@ def file_read(*, name: str, data: bytes, encode_text: EncodeText) -> Extracted:
     name = clean_name(name)
     limit = settings.CHAT_ATTACHMENT_MAX_BYTES
     if not data:
-        raise AttachmentRejected(400, "empty_file", f"{name} is empty (0 bytes). Attach a file with text in it.")
+        raise AttachmentRejected(
+            400, "empty_file", f"{name} is empty (0 bytes). Attach a file with text in it."
+        )
     if len(data) > limit:
         raise AttachmentRejected(
             413, "file_too_large",

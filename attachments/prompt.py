@@ -73,8 +73,8 @@ def file_block(name: str, text: str, *, kept: int, total: int, estimated: bool =
     """One file's part of the message (module docstring); the notice when ``kept < total``
     ("of about M" when ``total`` is an estimate)."""
     lines = [FILE_HEADER.format(name=_prompt_name(name))]
-    if text:
-        lines.append(_neutralise(text))
+    if text.strip():
+        lines.append(_neutralise(text.rstrip()))
     if kept < total:
         lines.append(TRUNCATION_NOTICE.format(kept=kept, total=total, about="about " if estimated else ""))
     lines.append(FILE_FOOTER)
@@ -136,9 +136,12 @@ def question_with_files(question, *, system_prompt: str, engine, budget: int) ->
         if share >= attachment.prompt_tokens:
             text, kept = attachment.text, attachment.prompt_tokens
         else:
-            text, kept = text_truncate(attachment.text, share, engine.encode_text, total=attachment.prompt_tokens)
+            text, kept = text_truncate(
+                attachment.text, share, engine.encode_text, total=attachment.prompt_tokens
+            )
         if current is not None:
             current.fitted[attachment.attachment_id] = kept
         total = max(attachment.tokens, kept)
-        blocks.append(file_block(attachment.name, text, kept=kept, total=total, estimated=attachment.tokens_estimated))
+        estimated = attachment.tokens_estimated
+        blocks.append(file_block(attachment.name, text, kept=kept, total=total, estimated=estimated))
     return "\n\n".join([*blocks, question.content])

@@ -15,10 +15,13 @@ from conversations.models import Conversation
 
 
 def attachment_get_for_user(*, conversation_id: UUID, attachment_id: UUID, user: User) -> Attachment:
-    """The attachment, if ``user`` may see its conversation (conversations.selectors
-    ``conversation_get_for_user``). Raises Http404 if either is missing *or* not theirs, so an
-    id never reveals that someone else's file exists."""
-    conversation = conversation_selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
+    """The attachment, if ``user`` may read its conversation (conversations.selectors
+    ``conversation_view_for_user``: its owner, or a member of the workspace it is shared with).
+    Raises Http404 if either is missing *or* not readable by them, so an id never reveals that
+    someone else's file exists."""
+    conversation = conversation_selectors.conversation_view_for_user(
+        conversation_id=conversation_id, user=user
+    )
     return attachment_in_conversation(conversation=conversation, attachment_id=attachment_id)
 
 

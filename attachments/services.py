@@ -29,9 +29,6 @@ from conversations.models import Conversation, Turn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AttachmentRejected", "attachment_storage", "uploads_read", "attachments_create"]
-
-
 def attachment_storage() -> Storage:
     """The storage holding attachment files: ``settings.CHAT_ATTACHMENT_STORAGE`` (a STORAGES
     entry: ``{"BACKEND", "OPTIONS"}``; by default FileSystemStorage under
@@ -128,7 +125,8 @@ def attachments_discard(*, conversation: Conversation, attachments: Iterable[Att
     that was then refused."""
     ids = [a.attachment_id for a in attachments]
     if ids:
-        attachment_files_forget(conversation_ids=[conversation.pk], attachment_ids=ids, using=regions.conversation_db(conversation))
+        db = regions.conversation_db(conversation)
+        attachment_files_forget(conversation_ids=[conversation.pk], attachment_ids=ids, using=db)
         Attachment.objects.filter(conversation=conversation, attachment_id__in=ids).delete()
 
 
@@ -212,7 +210,8 @@ def _pending_get(*, conversation: Conversation, attachment_ids: Sequence[UUID]) 
         raise AttachmentRejected(
             400, "too_many_files", f"A message can carry at most {limit} attachments; it names {len(ids)}."
         )
-    found = {a.attachment_id: a for a in Attachment.objects.filter(conversation=conversation, attachment_id__in=ids)}
+    rows = Attachment.objects.filter(conversation=conversation, attachment_id__in=ids)
+    found = {a.attachment_id: a for a in rows}
     for attachment_id in ids:
         attachment = found.get(attachment_id)
         if attachment is None:
@@ -270,8 +269,11 @@ async def turn_attachments(
     blocked (its exception carries the stored ``question``) keeps its files.
     Raises AttachmentRejected (400 / 403 / 404 / 409) before the block runs.
     """
-    pending = await sync_to_async(_pending_get)(conversation=conversation, attachment_ids=attachment_ids) if attachment_ids else []
-    created = await sync_to_async(attachments_create)(conversation=conversation, uploads=uploads) if uploads else []
+    pending, created = [], []
+    if attachment_ids:
+        pending = await sync_to_async(_pending_get)(conversation=conversation, attachment_ids=attachment_ids)
+    if uploads:
+        created = await sync_to_async(attachments_create)(conversation=conversation, uploads=uploads)
     state = TurnAttachments(conversation, prompt.Sending(attachments=[*pending, *created]))
     token = prompt.sending.set(state.sending)
     try:

@@ -6,7 +6,8 @@ import logging
 from uuid import UUID
 
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET
 
 from attachments import selectors
@@ -17,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 @require_GET
 @login_required
-def attachment_download(request: HttpRequest, conversation_id: UUID, attachment_id: UUID) -> FileResponse:
+def attachment_download(request: HttpRequest, conversation_id: UUID, attachment_id: UUID) -> HttpResponse:
     """The file as uploaded, to whoever may see its conversation (404 for anyone else, and for
     ids that do not exist; signed-out visitors go to sign in).
 
@@ -29,14 +30,18 @@ def attachment_download(request: HttpRequest, conversation_id: UUID, attachment_
         conversation_id=conversation_id, attachment_id=attachment_id, user=request.user
     )
     try:
-        handle = attachment_storage().open(attachment.storage_name, "rb")
-    except (FileNotFoundError, OSError):
+        # Read whole (at most CHAT_ATTACHMENT_MAX_BYTES): a streamed file response would be
+        # read whole anyway under ASGI (a synchronous iterator), with a warning each time.
+        with attachment_storage().open(attachment.storage_name, "rb") as handle:
+            data = handle.read()
+    except OSError:  # FileNotFoundError included
         logger.error("attachment %s: file %s missing from storage", attachment.pk, attachment.storage_name)
         raise Http404("This file is no longer stored.") from None
     content_type = attachment.content_type
     if content_type.startswith("text/"):
         content_type += "; charset=utf-8"
-    response = FileResponse(handle, as_attachment=True, filename=attachment.name, content_type=content_type)
+    response = HttpResponse(data, content_type=content_type)
+    response["Content-Disposition"] = content_disposition_header(True, attachment.name)
     response["X-Content-Type-Options"] = "nosniff"
     response["Content-Security-Policy"] = "default-src 'none'; sandbox"
     response["Cache-Control"] = "private, no-store"

@@ -310,7 +310,7 @@ def test_the_owner_downloads_the_file_as_an_attachment_never_as_a_page(make_user
     _, attachment = stored_attachment(make_user("owner"))
     response = signed_in_client(attachment.conversation.owner).get(download_url(attachment))
     assert response.status_code == 200
-    assert b"".join(response.streaming_content) == b"The launch code is tangerine.\n"
+    assert response.content == b"The launch code is tangerine.\n"
     assert response["Content-Type"] == "text/plain; charset=utf-8"
     assert response["Content-Disposition"].startswith("attachment;")
     assert 'filename="notes.txt"' in response["Content-Disposition"]
@@ -355,6 +355,27 @@ def test_a_member_of_another_organisation_gets_not_found(make_user):
     _, attachment = stored_attachment(owner, org=ours)
     response = signed_in_client(outsider).get(download_url(attachment))
     assert response.status_code == 404
+
+
+def org_with(owner, reader) -> Organisation:
+    org = Organisation.objects.create(name="Ours", slug="ours")
+    Membership.objects.create(organisation=org, user=owner, role=Membership.Role.OWNER)
+    Membership.objects.create(organisation=org, user=reader)
+    return org
+
+
+def test_a_workspace_member_downloads_a_file_of_a_conversation_shared_with_it(make_user):
+    """Whoever may read the conversation may have its files (workspaces/: shared_with_org)."""
+    owner, reader = make_user("owner"), make_user("reader")
+    conversation, attachment = stored_attachment(owner, org=org_with(owner, reader))
+    Conversation.objects.filter(pk=conversation.pk).update(shared_with_org=True)
+    assert signed_in_client(reader).get(download_url(attachment)).status_code == 200
+
+
+def test_a_workspace_member_gets_not_found_while_the_conversation_is_not_shared(make_user):
+    owner, reader = make_user("owner"), make_user("reader")
+    _, attachment = stored_attachment(owner, org=org_with(owner, reader))
+    assert signed_in_client(reader).get(download_url(attachment)).status_code == 404
 
 
 def test_a_file_is_not_found_under_another_conversation_of_the_same_owner(make_user):
