@@ -16,7 +16,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.test import Client
 from django.utils import timezone
 
-from accounts.models import Membership
+from accounts.models import Membership, Organisation
 from tests.test_workspaces import acme, client_for  # noqa: F401 - the fixture
 from workspaces import selectors, services
 from workspaces.models import Invitation
@@ -288,7 +288,6 @@ def test_opening_an_invitation_you_accepted_says_you_joined(acme, make_user):
 def test_an_organisation_name_cannot_break_the_email_headers(acme):
     """Names are one line when made on the page; one edited in the admin is made one line for
     the subject (Django refuses a header with a newline: that would be a 500)."""
-    Organisation = type(acme["org"])
     Organisation.objects.filter(pk=acme["org"].pk).update(name="Acme\nBcc: everyone@example.com")
     response, _ = invite(acme, email="nina@example.com")
     assert response.status_code == 201
