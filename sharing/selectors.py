@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, User
-from conversations import regions, versions
+from conversations import regions, retention, versions
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation, Turn
 from sharing import tokens
@@ -104,8 +104,9 @@ def creator_can_read(*, conversation: Conversation, creator_id: int) -> bool:
 
 def snapshot_get(*, token: str) -> Snapshot:
     """The snapshot a share token shows. Raises Http404 (one message for every case) when the
-    token is malformed or unknown, the link is revoked, its conversation deleted, or its creator
-    can no longer read the conversation (:func:`creator_can_read`).
+    token is malformed or unknown, the link is revoked, its conversation deleted, its creator
+    can no longer read the conversation (:func:`creator_can_read`), or the conversation's
+    organisation has since switched to zero retention (it publishes nothing).
 
     The link and its conversation are read from the region's primary (the token names the
     region: sharing/tokens.py), so a revocation or deletion is seen by the very next request
@@ -124,6 +125,8 @@ def snapshot_get(*, token: str) -> Snapshot:
         raise Http404(NOT_FOUND)
     conversation = link.conversation
     if not creator_can_read(conversation=conversation, creator_id=link.created_by_id):
+        raise Http404(NOT_FOUND)
+    if retention.conversation_zero_retention(conversation):
         raise Http404(NOT_FOUND)
     turns = conversation_selectors.turn_list(conversation=conversation)
     exchanges = snapshot_exchanges(

@@ -403,6 +403,17 @@ def test_an_org_members_link_answers_404_the_moment_they_are_removed(org_link):
     assert link.token not in client_for(member).get(reverse("shared-links")).content.decode()
 
 
+def test_a_link_answers_404_once_its_organisation_switches_to_zero_retention(org_link):
+    """Given a working link to an organisation's conversation, when the organisation turns on
+    zero retention, then the link answers 404 (an organisation that keeps no history publishes
+    none)."""
+    org, _, _, link = org_link
+
+    Organisation.objects.filter(pk=org.pk).update(zero_retention=True)
+
+    assert client_for().get(shared_url(link)).status_code == 404
+
+
 def test_continue_from_a_removed_members_link_answers_404(org_link, make_user):
     org, member, _, link = org_link
     viewer = make_user("vic")
