@@ -9,6 +9,8 @@ turn: tests/test_workspaces_policies.py.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.test import Client
 
@@ -43,7 +45,9 @@ def acme(make_user) -> dict:
         Membership.objects.create(organisation=org, user=user, role=role)
     globex = services.organisation_create(creator=otto, name="Globex", slug="globex")
     owner_seat = selectors.seat_get(slug="acme", user=olga)
-    services.member_remove(seat=owner_seat, membership=Membership.objects.get(organisation=org, user=rita))
+    services.member_remove(
+        seat=owner_seat, membership=Membership.objects.get(organisation=org, user=rita)
+    )
     shared = conversation_services.conversation_create(owner=mia, title="Mia's plan")
     services.conversation_share_set(conversation=shared, user=mia, shared=True)
     return {
@@ -104,7 +108,10 @@ def test_an_unknown_organisation_is_the_same_404_as_someone_elses(acme, who):
 def test_a_member_lacking_the_role_is_told_why(acme):
     response = client_for(acme, "member").get("/orgs/acme/policies/")
     assert response.status_code == 403
-    assert "Only this organisation&#x27;s owners change its roles and policies" in response.content.decode()
+    assert (
+        "Only this organisation&#x27;s owners change its roles and policies"
+        in response.content.decode()
+    )
 
 
 INVITE = ("/orgs/acme/invitations/", {"email": "", "role": "member"})
@@ -219,7 +226,10 @@ def test_a_taken_url_name_is_refused_with_a_message(acme, make_user):
     ("data", "message"),
     [
         ({"name": "", "region": "eu-west"}, "This field is required."),
-        ({"name": "Ok", "slug": "Bad Slug!", "region": "eu-west"}, "lower-case letters, digits and hyphens"),
+        (
+            {"name": "Ok", "slug": "Bad Slug!", "region": "eu-west"},
+            "lower-case letters, digits and hyphens",
+        ),
         ({"name": "Ok", "region": "mars-north"}, "Select a valid choice"),
     ],
     ids=["no name", "bad slug", "unknown region"],
@@ -248,7 +258,10 @@ def test_the_last_owner_can_neither_leave_nor_be_demoted(acme):
 
 def test_once_another_member_is_an_owner_the_first_may_leave(acme):
     client = client_for(acme, "owner")
-    assert client.post(f"/orgs/acme/members/{acme['max'].pk}/role", {"role": "owner"}).status_code == 303
+    assert (
+        client.post(f"/orgs/acme/members/{acme['max'].pk}/role", {"role": "owner"}).status_code
+        == 303
+    )
     assert client.post("/orgs/acme/leave").status_code == 303
     assert not Membership.objects.filter(organisation=acme["org"], user=acme["owner"]).exists()
     # The promoted member manages the policies from their next request on.
@@ -273,7 +286,9 @@ def test_removing_yourself_points_to_leave(acme):
 
 
 def test_an_unknown_role_is_refused(acme):
-    response = client_for(acme, "owner").post(f"/orgs/acme/members/{acme['max'].pk}/role", {"role": "god"})
+    response = client_for(acme, "owner").post(
+        f"/orgs/acme/members/{acme['max'].pk}/role", {"role": "god"}
+    )
     assert response.status_code == 400
     assert "Unknown role" in response.content.decode()
 
@@ -297,9 +312,11 @@ def test_members_page_shows_controls_by_role(acme):
 
 def test_a_member_reads_a_shared_conversation_without_any_way_to_write(acme):
     conversation = acme["shared"]
-    question = conversation_services.turn_append_user(conversation=conversation, content="Plan <b>Q3</b>")
+    question = conversation_services.turn_append_user(
+        conversation=conversation, content="Plan <b>Q3</b>"
+    )
     conversation_services.turn_append_assistant(
-        conversation_id=conversation.pk, turn_id=__import__("uuid").uuid4(), reply_to_id=question.turn_id,
+        conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
         content="Here is **the plan** <script>alert(1)</script>", status="complete",
         prompt_tokens=3, completion_tokens=5,
     )  # fmt: skip
@@ -329,7 +346,9 @@ def test_sharing_from_the_workspace_page_lists_it_for_every_member(acme):
     client = client_for(acme, "max")
     before = client.get("/orgs/acme/conversations/").content.decode()
     assert f'data-conversation="{mine.pk}"' in before.split('id="unshared-conversations"')[1]
-    response = client.post(f"/c/{mine.pk}/workspace", {"shared": "1", "next": "/orgs/acme/conversations/"})
+    response = client.post(
+        f"/c/{mine.pk}/workspace", {"shared": "1", "next": "/orgs/acme/conversations/"}
+    )
     assert response.status_code == 303 and response["Location"] == "/orgs/acme/conversations/"
     listing = client_for(acme, "admin").get("/orgs/acme/conversations/").content.decode()
     shared_part = listing.split('id="unshared-conversations"')[0]
@@ -355,7 +374,7 @@ def test_the_share_redirect_never_leaves_the_site(acme):
     assert response["Location"] == f"/c/{acme['shared'].pk}/"
 
 
-# --- removal revokes access at once ----------------------------------------------------------------
+# --- removal revokes access at once ------------------------------------------------------------
 
 
 def test_removing_a_member_takes_away_the_workspace_and_its_shared_conversations_at_once(acme):
@@ -377,7 +396,10 @@ def test_a_member_who_leaves_stops_sharing_their_conversations_with_the_workspac
     members no longer read hers (she still does)."""
     assert client_for(acme, "member").post("/orgs/acme/leave").status_code == 303
     assert client_for(acme, "max").get(f"/c/{acme['shared'].pk}/").status_code == 404
-    assert "Mia&#x27;s plan" not in client_for(acme, "owner").get("/orgs/acme/conversations/").content.decode()
+    assert (
+        "Mia&#x27;s plan"
+        not in client_for(acme, "owner").get("/orgs/acme/conversations/").content.decode()
+    )
     assert client_for(acme, "member").get(f"/c/{acme['shared'].pk}/").status_code == 200
 
 

@@ -70,7 +70,9 @@ def test_the_link_is_shown_once_and_only_its_hash_is_stored(acme):
     _, path = invite(acme)
     token = path.split("/")[2]
     invitation = Invitation.objects.get()
-    assert invitation.token_hash == services.token_hash(token) and token not in invitation.token_hash
+    assert (
+        invitation.token_hash == services.token_hash(token) and token not in invitation.token_hash
+    )
     listing = client_for(acme, "owner").get("/orgs/acme/invitations/").content.decode()
     assert token not in listing
     assert f'data-invitation="{invitation.pk}"' in listing  # listed as pending, without its secret
@@ -103,7 +105,9 @@ def test_an_email_invitation_is_sent_with_a_link_that_works_for_that_address(acm
     assert is_member(acme, nina)
 
 
-def test_an_email_invitation_accepted_by_another_account_is_refused_and_stays_usable(acme, make_user):
+def test_an_email_invitation_accepted_by_another_account_is_refused_and_stays_usable(
+    acme, make_user
+):
     invite(acme, email="nina@example.com")
     path = LINK.search(mail.outbox[0].body).group(1)
     wrong = make_user("walt", email="walt@example.com")
@@ -191,7 +195,10 @@ def test_a_withdrawn_invitation_stops_working_at_once(acme, make_user):
     nina = make_user("nina")
     assert signed_in(nina).get(path).status_code == 200
     invitation = Invitation.objects.get()
-    assert client_for(acme, "owner").post(f"/orgs/acme/invitations/{invitation.pk}/revoke").status_code == 303
+    assert (
+        client_for(acme, "owner").post(f"/orgs/acme/invitations/{invitation.pk}/revoke").status_code
+        == 303
+    )
 
     response = signed_in(nina).post(path)
     assert response.status_code == 410
@@ -231,7 +238,9 @@ def test_a_member_opening_an_invitation_is_told_and_it_stays_unused(acme):
 def test_an_invitation_of_another_organisation_cannot_be_withdrawn_from_this_one(acme):
     globex_seat = selectors.seat_get(slug="globex", user=acme["other_org"])
     theirs = services.invitation_create(seat=globex_seat)
-    response = client_for(acme, "owner").post(f"/orgs/acme/invitations/{theirs.invitation.pk}/revoke")
+    response = client_for(acme, "owner").post(
+        f"/orgs/acme/invitations/{theirs.invitation.pk}/revoke"
+    )
     assert response.status_code == 404
     theirs.invitation.refresh_from_db()
     assert theirs.invitation.revoked_at is None
@@ -242,7 +251,8 @@ def test_a_removed_members_old_invitations_still_work_for_whom_they_were_meant(a
     _, path = invite(acme, "admin")
     owner_seat = selectors.seat_get(slug="acme", user=acme["owner"])
     services.member_remove(
-        seat=owner_seat, membership=Membership.objects.get(organisation=acme["org"], user=acme["admin"])
+        seat=owner_seat,
+        membership=Membership.objects.get(organisation=acme["org"], user=acme["admin"]),
     )
     nina = make_user("nina")
     assert signed_in(nina).post(path).status_code == 303
@@ -262,7 +272,9 @@ def test_the_admin_lists_invitations_by_state_and_withdraws_them(acme, django_us
 
     listing = client.get("/admin/workspaces/invitation/?state=pending").content.decode()
     assert "nina@example.com" in listing and f"/{used.invitation.pk}/change/" not in listing
-    assert client.get("/admin/workspaces/invitation/add/").status_code == 403  # secrets are not made here
+    assert (
+        client.get("/admin/workspaces/invitation/add/").status_code == 403
+    )  # secrets are not made here
 
     response = client.post(
         "/admin/workspaces/invitation/",

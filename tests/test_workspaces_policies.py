@@ -67,7 +67,9 @@ async def set_policies(ws: dict, **fields) -> None:
 async def say(ws: dict, content: str = "hello"):
     """Mia sends a message on /v1 and reads the whole answer; returns the response."""
     response = await post_json(
-        ws["api"], f"/v1/conversations/{ws['conversation_id']}/turns", {"role": "user", "content": content}
+        ws["api"],
+        f"/v1/conversations/{ws['conversation_id']}/turns",
+        {"role": "user", "content": content},
     )
     if response.status_code == 200:
         parse_sse(await read_stream(response))
@@ -75,10 +77,14 @@ async def say(ws: dict, content: str = "hello"):
 
 
 async def turns_of(conversation_id) -> list[Turn]:
-    return await sync_to_async(list)(Turn.objects.filter(conversation_id=conversation_id).order_by("created_at", "turn_id"))
+    return await sync_to_async(list)(
+        Turn.objects.filter(conversation_id=conversation_id).order_by("created_at", "turn_id")
+    )
 
 
-async def test_a_pinned_version_answers_from_the_next_turn(make_user, engine_double, settings, roomy_user_limits):
+async def test_a_pinned_version_answers_from_the_next_turn(
+    make_user, engine_double, settings, roomy_user_limits
+):
     frontier = next(p for p in settings.CHAT_POOLS if p["name"] == "frontier")
     settings.CHAT_POOLS = [*settings.CHAT_POOLS, {**frontier, "version": "frontier-2"}]
     ws = await workspace(make_user)
@@ -93,7 +99,9 @@ async def test_a_pinned_version_answers_from_the_next_turn(make_user, engine_dou
     assert [a.model_version for a in answers] == [frontier["version"], "frontier-2"]
 
 
-async def test_not_for_training_marks_every_turn_from_the_next_one(make_user, engine_double, roomy_user_limits):
+async def test_not_for_training_marks_every_turn_from_the_next_one(
+    make_user, engine_double, roomy_user_limits
+):
     ws = await workspace(make_user)
     await say(ws, "first")
 
@@ -111,16 +119,22 @@ async def test_not_for_training_marks_every_turn_from_the_next_one(make_user, en
     assert [t.training_eligible for t in await turns_of(ws["conversation_id"])][-2:] == [True, True]
 
 
-async def test_turns_outside_any_organisation_are_training_eligible(make_user, engine_double, roomy_user_limits):
+async def test_turns_outside_any_organisation_are_training_eligible(
+    make_user, engine_double, roomy_user_limits
+):
     api, _ = await api_client(make_user, username="loner")
     conversation_id = await new_conversation(api)
-    response = await post_json(api, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi"})
+    response = await post_json(
+        api, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "hi"}
+    )
     await read_stream(response)
     turns = await turns_of(conversation_id)
     assert len(turns) == 2 and all(t.training_eligible for t in turns)
 
 
-async def test_the_organisations_own_rpm_gives_a_429_from_the_next_turn(make_user, engine_double, roomy_user_limits):
+async def test_the_organisations_own_rpm_gives_a_429_from_the_next_turn(
+    make_user, engine_double, roomy_user_limits
+):
     """Tier limit 100 RPM; the owner lowers it to 1: the turn after next is refused with a real
     429 naming the organisation's limit (PF-R3: Retry-After an integer >= 1), nothing stored,
     the engine never asked."""
@@ -135,10 +149,15 @@ async def test_the_organisations_own_rpm_gives_a_429_from_the_next_turn(make_use
     assert "your organisation's limit of requests per minute" in refused.json()["error"]["message"]
     assert int(refused["Retry-After"]) >= 1
     assert len(engine_double.requests) == 2
-    assert [t.content for t in await turns_of(ws["conversation_id"]) if t.role == "user"] == ["one", "two"]
+    assert [t.content for t in await turns_of(ws["conversation_id"]) if t.role == "user"] == [
+        "one",
+        "two",
+    ]
 
 
-async def test_an_organisations_own_limit_replaces_its_tiers_also_upwards(make_user, engine_double, settings):
+async def test_an_organisations_own_limit_replaces_its_tiers_also_upwards(
+    make_user, engine_double, settings
+):
     """Staff may give an organisation more than its tier (the admin): RPM 1 by tier, 3 by its
     own setting: three turns pass, the fourth is refused."""
     settings.CHAT_RATE_LIMITS_BY_TIER = ROOMY
@@ -149,21 +168,29 @@ async def test_an_organisations_own_limit_replaces_its_tiers_also_upwards(make_u
     assert statuses == [200, 200, 200, 429]
 
 
-async def test_an_organisations_own_tpm_is_what_a_request_is_measured_against(make_user, engine_double, roomy_user_limits):
+async def test_an_organisations_own_tpm_is_what_a_request_is_measured_against(
+    make_user, engine_double, roomy_user_limits
+):
     """A TPM below one request's prompt + max_tokens: every request is a 400 naming the limit."""
     ws = await workspace(make_user)
     await set_policies(ws, rate_limit_tpm="5")
     response = await say(ws, "a message")
     assert_error(response, 400, "request_too_large")
-    assert "your organisation's tier allows 5 tokens per minute" in response.json()["error"]["message"]
+    assert (
+        "your organisation's tier allows 5 tokens per minute" in response.json()["error"]["message"]
+    )
 
 
-async def test_a_moderation_threshold_applies_from_the_next_message(make_user, engine_double, roomy_user_limits):
+async def test_a_moderation_threshold_applies_from_the_next_message(
+    make_user, engine_double, roomy_user_limits
+):
     """'that movie sucked' scores about 0.37 offensive: under the default threshold (0.85) it
     passes; after the owner sets 0.3 on the moderation page, the same message is blocked."""
     ws = await workspace(make_user)
     assert (await say(ws, "that movie sucked")).status_code == 200
-    saved = await ws["owner"].post("/orgs/acme/moderation/", {"threshold_offensive": "0.3", "blocked_terms": ""})
+    saved = await ws["owner"].post(
+        "/orgs/acme/moderation/", {"threshold_offensive": "0.3", "blocked_terms": ""}
+    )
     assert saved.status_code == 303
     blocked = await say(ws, "that movie sucked")
     assert_error(blocked, 400, "content_blocked")
@@ -171,15 +198,21 @@ async def test_a_moderation_threshold_applies_from_the_next_message(make_user, e
     assert len(engine_double.requests) == 1
 
 
-async def test_zero_retention_stops_storing_from_the_next_turn(make_user, engine_double, roomy_user_limits):
+async def test_zero_retention_stops_storing_from_the_next_turn(
+    make_user, engine_double, roomy_user_limits
+):
     ws = await workspace(make_user)
     await say(ws, "kept")
     await set_policies(ws, zero_retention=True)
     await say(ws, "not kept")
-    assert [t.content for t in await turns_of(ws["conversation_id"]) if t.role == "user"] == ["kept"]
+    assert [t.content for t in await turns_of(ws["conversation_id"]) if t.role == "user"] == [
+        "kept"
+    ]
 
 
-async def test_a_new_region_applies_to_the_next_conversation(make_user, engine_double, roomy_user_limits):
+async def test_a_new_region_applies_to_the_next_conversation(
+    make_user, engine_double, roomy_user_limits
+):
     ws = await workspace(make_user)
     await set_policies(ws, region="us-east")
     conversation_id = await new_conversation(ws["api"])
@@ -193,7 +226,9 @@ async def test_a_new_region_applies_to_the_next_conversation(make_user, engine_d
 
 async def test_an_owner_cannot_raise_a_limit_above_the_tiers(make_user, roomy_user_limits):
     ws = await workspace(make_user)
-    response = await ws["owner"].post("/orgs/acme/policies/", {**POLICY_DEFAULTS, "rate_limit_rpm": "101"})
+    response = await ws["owner"].post(
+        "/orgs/acme/policies/", {**POLICY_DEFAULTS, "rate_limit_rpm": "101"}
+    )
     assert response.status_code == 400
     assert "allows at most 100 requests per minute" in response.content.decode()
     assert (await Organisation.objects.aget(pk=ws["org"].pk)).rate_limit_rpm is None
@@ -208,30 +243,47 @@ async def test_an_owner_cannot_raise_a_limit_above_the_tiers(make_user, roomy_us
         ("rate_limit_tpm", "-5", "greater than or equal to 1"),
     ],
 )
-async def test_invalid_policies_are_refused_and_nothing_changes(make_user, roomy_user_limits, field, value, message):
+async def test_invalid_policies_are_refused_and_nothing_changes(
+    make_user, roomy_user_limits, field, value, message
+):
     ws = await workspace(make_user)
-    response = await ws["owner"].post("/orgs/acme/policies/", {**POLICY_DEFAULTS, "not_for_training": "on", field: value})
+    response = await ws["owner"].post(
+        "/orgs/acme/policies/", {**POLICY_DEFAULTS, "not_for_training": "on", field: value}
+    )
     assert response.status_code == 400
     assert message in response.content.decode()
     assert not (await Organisation.objects.aget(pk=ws["org"].pk)).not_for_training
 
 
-async def test_a_pool_the_tier_may_not_use_is_not_offered_for_pinning(make_user, settings, roomy_user_limits):
+async def test_a_pool_the_tier_may_not_use_is_not_offered_for_pinning(
+    make_user, settings, roomy_user_limits
+):
     frontier = next(p for p in settings.CHAT_POOLS if p["name"] == "frontier")
-    settings.CHAT_POOLS = [*settings.CHAT_POOLS, {**frontier, "version": "paid-only", "tiers": ["paid"]}]
+    settings.CHAT_POOLS = [
+        *settings.CHAT_POOLS,
+        {**frontier, "version": "paid-only", "tiers": ["paid"]},
+    ]
     ws = await workspace(make_user)
     page = (await ws["owner"].get("/orgs/acme/policies/")).content.decode()
     assert "frontier@paid-only" not in page and f"frontier@{frontier['version']}" in page
-    response = await ws["owner"].post("/orgs/acme/policies/", {**POLICY_DEFAULTS, "pinned_pool": "frontier@paid-only"})
+    response = await ws["owner"].post(
+        "/orgs/acme/policies/", {**POLICY_DEFAULTS, "pinned_pool": "frontier@paid-only"}
+    )
     assert response.status_code == 400
 
 
 async def test_saving_policies_leaves_the_moderation_policy_alone(make_user, roomy_user_limits):
     ws = await workspace(make_user)
-    await Organisation.objects.filter(pk=ws["org"].pk).aupdate(blocked_terms=["secret"], moderation_thresholds={"offensive": 0.5})
+    await Organisation.objects.filter(pk=ws["org"].pk).aupdate(
+        blocked_terms=["secret"], moderation_thresholds={"offensive": 0.5}
+    )
     await set_policies(ws, retention_days="30")
     org = await Organisation.objects.aget(pk=ws["org"].pk)
-    assert (org.retention_days, org.blocked_terms, org.moderation_thresholds) == (30, ["secret"], {"offensive": 0.5})
+    assert (org.retention_days, org.blocked_terms, org.moderation_thresholds) == (
+        30,
+        ["secret"],
+        {"offensive": 0.5},
+    )
 
 
 async def test_the_settings_page_shows_the_organisations_own_limits(make_user, roomy_user_limits):

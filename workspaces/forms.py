@@ -111,7 +111,10 @@ class PolicyForm(forms.Form):
 
     pinned_pool = forms.ChoiceField(required=False, label="Pinned model version")
     retention_days = forms.IntegerField(
-        required=False, min_value=1, max_value=MAX_RETENTION_DAYS, label="Keep conversations for (days)"
+        required=False,
+        min_value=1,
+        max_value=MAX_RETENTION_DAYS,
+        label="Keep conversations for (days)",
     )
     region = forms.ChoiceField(label="Region")
     zero_retention = forms.BooleanField(required=False, label="Zero data retention")
@@ -132,7 +135,9 @@ class PolicyForm(forms.Form):
         self.fields["pinned_pool"].choices = [("", "No pin: each member's usual model")] + [
             (p.key, f"{p.label or p.name} ({p.key})") for p in pools
         ]
-        self.pin_unavailable = bool(org.pinned_pool) and org.pinned_pool not in {p.key for p in pools}
+        self.pin_unavailable = bool(org.pinned_pool) and org.pinned_pool not in {
+            p.key for p in pools
+        }
         available = regions_available()
         if org.region not in available:
             available.insert(0, org.region)  # shown, but saving it again is refused in clean

@@ -139,7 +139,9 @@ def member_list(*, org: Organisation) -> list[Membership]:
 
 def membership_get(*, org: Organisation, user_id: int) -> Membership:
     """The membership of user ``user_id`` in ``org``. Raises Http404 if they are not a member."""
-    membership = Membership.objects.select_related("user").filter(organisation=org, user_id=user_id).first()
+    membership = (
+        Membership.objects.select_related("user").filter(organisation=org, user_id=user_id).first()
+    )
     if membership is None:
         raise Http404("That person is not a member of this organisation.")
     return membership
@@ -172,7 +174,9 @@ def invitation_get_for_org(*, org: Organisation, invitation_id: int) -> Invitati
 SHARED_LIST_LIMIT = 200
 
 
-def shared_conversation_list(*, org: Organisation, limit: int = SHARED_LIST_LIMIT) -> list[Conversation]:
+def shared_conversation_list(
+    *, org: Organisation, limit: int = SHARED_LIST_LIMIT
+) -> list[Conversation]:
     """The conversations shared with ``org``'s workspace whose owner is still a member, most
     recently active first, at most ``limit``; from every region's database (an organisation's
     conversations are in its region, but its region may have changed since older ones were
@@ -186,8 +190,9 @@ def shared_conversation_list(*, org: Organisation, limit: int = SHARED_LIST_LIMI
         return []
     rows = regions.merged(
         [
-            objects.filter(org_id=org.pk, shared_with_org=True, owner_id__in=list(members))
-            .order_by("-last_turn_at", "-created_at")[:limit]
+            objects.filter(
+                org_id=org.pk, shared_with_org=True, owner_id__in=list(members)
+            ).order_by("-last_turn_at", "-created_at")[:limit]
             for objects in (regions.manager(Conversation, db) for db in regions.region_dbs())
         ],
         key=lambda c: (c.last_turn_at, c.created_at),
@@ -199,13 +204,16 @@ def shared_conversation_list(*, org: Organisation, limit: int = SHARED_LIST_LIMI
     return conversations
 
 
-def own_unshared_list(*, org: Organisation, user: User, limit: int = SHARED_LIST_LIMIT) -> list[Conversation]:
+def own_unshared_list(
+    *, org: Organisation, user: User, limit: int = SHARED_LIST_LIMIT
+) -> list[Conversation]:
     """``user``'s conversations in ``org``'s workspace that are not shared with it, most
     recently active first (the workspace page offers to share them)."""
     rows = regions.merged(
         [
-            objects.filter(org_id=org.pk, owner_id=user.pk, shared_with_org=False)
-            .order_by("-last_turn_at", "-created_at")[:limit]
+            objects.filter(org_id=org.pk, owner_id=user.pk, shared_with_org=False).order_by(
+                "-last_turn_at", "-created_at"
+            )[:limit]
             for objects in regions.managers(Conversation, user=user)
         ],
         key=lambda c: (c.last_turn_at, c.created_at),

@@ -90,7 +90,9 @@ def region_clean(region: str) -> str:
 
 
 @transaction.atomic
-def organisation_create(*, creator: User, name: str, slug: str = "", region: str = "") -> Organisation:
+def organisation_create(
+    *, creator: User, name: str, slug: str = "", region: str = ""
+) -> Organisation:
     """Create an organisation with ``creator`` as its owner.
 
     Its tier is the creator's (staff raise it in the admin): creating an organisation never
@@ -103,12 +105,12 @@ def organisation_create(*, creator: User, name: str, slug: str = "", region: str
     slug = slug_clean(slug, name=name)
     region = region_clean(region or creator.region)
     if Organisation.objects.filter(slug=slug).exists():
-        raise ValidationError(
-            f"The URL name {slug!r} is taken; choose another.", code="slug_taken"
-        )
+        raise ValidationError(f"The URL name {slug!r} is taken; choose another.", code="slug_taken")
     try:
         with transaction.atomic():
-            org = Organisation.objects.create(name=name, slug=slug, tier=creator.tier, region=region)
+            org = Organisation.objects.create(
+                name=name, slug=slug, tier=creator.tier, region=region
+            )
     except IntegrityError:  # taken at the same moment
         raise ValidationError(
             f"The URL name {slug!r} is taken; choose another.", code="slug_taken"
@@ -334,9 +336,7 @@ def invitation_accept(*, token: str, user: User) -> Membership:
     Raises InvitationRefused (see :func:`invitation_find`, :func:`invitation_problem`)."""
     found = invitation_find(token=token)
     invitation = (
-        Invitation.objects.select_for_update()
-        .select_related("organisation")
-        .get(pk=found.pk)
+        Invitation.objects.select_for_update().select_related("organisation").get(pk=found.pk)
     )
     problem = invitation_problem(invitation=invitation, user=user)
     if problem is not None:
@@ -347,7 +347,9 @@ def invitation_accept(*, token: str, user: User) -> Membership:
                 organisation=invitation.organisation, user=user, role=invitation.role
             )
     except IntegrityError:  # joined at this moment through another invitation
-        raise InvitationRefused(409, f"You are already a member of {invitation.organisation.name}.") from None
+        raise InvitationRefused(
+            409, f"You are already a member of {invitation.organisation.name}."
+        ) from None
     invitation.accepted_at = timezone.now()
     invitation.accepted_by = user
     invitation.save(update_fields=["accepted_at", "accepted_by"])
@@ -472,9 +474,12 @@ def conversation_share_set(*, conversation: Conversation, user: User, shared: bo
             "share it with.",
             code="no_org",
         )
-    if shared and not Membership.objects.filter(
-        organisation_id=conversation.org_id, user_id=user.pk
-    ).exists():
+    if (
+        shared
+        and not Membership.objects.filter(
+            organisation_id=conversation.org_id, user_id=user.pk
+        ).exists()
+    ):
         raise ValidationError(
             "You are no longer a member of this conversation's organisation.", code="not_member"
         )

@@ -38,14 +38,20 @@ def _refusals_as_pages(view):
         try:
             return view(request, *args, **kwargs)
         except PermissionDenied as exc:
-            return _message_page(request, "Not allowed", str(exc) or "You may not do that here.", 403)
+            return _message_page(
+                request, "Not allowed", str(exc) or "You may not do that here.", 403
+            )
 
     return wrapper
 
 
-def _message_page(request: HttpRequest, title: str, message: str, status: int, org=None) -> HttpResponse:
+def _message_page(
+    request: HttpRequest, title: str, message: str, status: int, org=None
+) -> HttpResponse:
     return render(
-        request, "workspaces/message.html", {"title": title, "message": message, "org": org},
+        request,
+        "workspaces/message.html",
+        {"title": title, "message": message, "org": org},
         status=status,
     )
 
@@ -174,7 +180,9 @@ def member_role(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
         )
     except ValidationError as exc:
         return _message_page(request, "Role not changed", exc.messages[0], 400, seat.org)
-    messages.success(request, f"{changed.user.username} is now {changed.get_role_display().lower()}.")
+    messages.success(
+        request, f"{changed.user.username} is now {changed.get_role_display().lower()}."
+    )
     return _see_other(reverse("org-members", args=[seat.org.slug]))
 
 
@@ -264,7 +272,8 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
         if request.method == "POST":
             membership = services.invitation_accept(token=token, user=request.user)
             messages.success(
-                request, f"Welcome to {membership.organisation.name}. You joined as {membership.role}."
+                request,
+                f"Welcome to {membership.organisation.name}. You joined as {membership.role}.",
             )
             return _see_other(reverse("org-overview", args=[membership.organisation.slug]))
         problem = services.invitation_problem(invitation=invitation, user=request.user)
@@ -274,7 +283,9 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
         response = _message_page(request, "Invitation", exc.message, exc.status)
         response["Cache-Control"] = "no-store"
         return response
-    response = render(request, "workspaces/invitation_accept.html", {"invitation": invitation, "token": token})
+    response = render(
+        request, "workspaces/invitation_accept.html", {"invitation": invitation, "token": token}
+    )
     response["Cache-Control"] = "no-store"
     return response
 
@@ -301,7 +312,12 @@ def org_policies(request: HttpRequest, slug: str) -> HttpResponse:
         status = 400
     else:
         form = PolicyForm(org=seat.org)
-    return render(request, "workspaces/org_policies.html", {**_nav(seat, "policies"), "form": form}, status=status)
+    return render(
+        request,
+        "workspaces/org_policies.html",
+        {**_nav(seat, "policies"), "form": form},
+        status=status,
+    )
 
 
 # --- conversations ----------------------------------------------------------------------------
@@ -323,7 +339,9 @@ def conversation_share(request: HttpRequest, conversation_id: UUID) -> HttpRespo
         return _message_page(request, "Not shared", exc.messages[0], 400)
     messages.success(
         request,
-        "Shared with the workspace: its members can read it." if shared else "No longer shared with the workspace.",
+        "Shared with the workspace: its members can read it."
+        if shared
+        else "No longer shared with the workspace.",
     )
     target = request.POST.get("next", "")
     if not (target.startswith("/") and not target.startswith("//")):
