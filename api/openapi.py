@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET
 from pydantic.json_schema import models_json_schema
 
 from api import schemas
+from feedback.api import FeedbackCreate
 from memory.api import MemoryPatch
 
 REF = "#/components/schemas/{model}"
@@ -86,6 +87,7 @@ def build_document() -> dict:
             (schemas.ChatCompletionCreate, "validation"),
             (schemas.CompletionCreate, "validation"),
             (MemoryPatch, "validation"),
+            (FeedbackCreate, "validation"),
         ],
         ref_template=REF,
     )
@@ -188,6 +190,18 @@ def build_document() -> dict:
             "facts": {"type": "array", "items": {"type": "object", "required": ["fact_id", "text"]}},
         },
     }
+
+    components["Feedback"] = {
+        "type": "object",
+        "required": ["feedback_id", "conversation_id", "turn_id", "rating", "comment"],
+        "properties": {
+            "feedback_id": UUID_PARAM, "conversation_id": UUID_PARAM, "turn_id": UUID_PARAM,
+            "rating": {"enum": ["up", "down"]}, "comment": {"type": "string"},
+            "pool": {"type": "string"}, "model_version": {"type": "string"},
+            "created_at": {"type": "string", "format": "date-time"},
+            "updated_at": {"type": "string", "format": "date-time"},
+        },
+    }  # fmt: skip
 
     paths = {
         "/v1/conversations": {
@@ -312,6 +326,24 @@ def build_document() -> dict:
                     **ADMISSION_ERRORS,
                     "404": _error("No such assistant turn in this conversation (or not yours), or an unknown model."),
                     "409": _error("An answer is still being written in this conversation."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/conversations/{conversation_id}/turns/{turn_id}/feedback": {
+            "parameters": [
+                CONVERSATION_ID,
+                {"name": "turn_id", "in": "path", "required": True, "schema": UUID_PARAM},
+            ],
+            "post": {
+                "operationId": "rateAnswer",
+                "requestBody": _body("FeedbackCreate"),
+                "responses": {
+                    "200": _json(REF.format(model="Feedback"), "Stored (replacing your earlier rating)."),
+                    **BODY_ERRORS,
+                    "400": _error("A body that does not match, a comment over the limit, or a "
+                                  "turn that is your message rather than an answer."),
+                    "404": _error("No such conversation (or not yours), or no such turn in it."),
                     **COMMON,
                 },
             },
