@@ -4,7 +4,7 @@
 live in their home region's database (conversations/regions.py); accounts in ``default``. An
 admin of regional rows (:class:`RegionalAdmin`) therefore
 
-- lists one region's database at a time, chosen with the *region* filter (:class:`RegionFilter`,
+- lists one region's database (its primary: operators see the latest writes) at a time, chosen with the *region* filter (:class:`RegionFilter`,
   ``?region=us-east``; without one, the default region's). With one database (no
   ``CHAT_REGION_DATABASE_URLS``) the filter narrows by the conversation's region label instead;
 - finds a row for its change, history and delete pages in whichever database holds it (the one
@@ -39,8 +39,9 @@ from conversations import regions, services
 from conversations.models import Conversation, Turn
 from conversations.selectors import SEARCH_CONFIG
 
-# Most users a search or filter on users matches in a region's database (the ids are sent to
-# that database as a list; a join is impossible across databases). Past this the list says so.
+# Most users a search or filter on users can match in a region's database: their ids are sent
+# to that database as a list (a join is impossible across databases); users past the first this
+# many (by id) are not found. An operator narrows the search instead.
 USER_MATCH_LIMIT = 5000
 # Turns shown inline on a conversation's page (the newest; the turn list has them all).
 INLINE_TURNS = 50
