@@ -386,8 +386,8 @@ def test_deleting_the_conversation_deletes_its_feedback(make_user):
 
 def test_the_conversation_page_shows_the_owners_rating_and_comment(make_user):
     """Given an answer rated down with a comment, when its owner opens the conversation, then
-    the down button is pressed, the up button is not, and the comment box holds the comment
-    (escaped)."""
+    the down button is pressed, the up button is not, and the comment box holds the comment,
+    escaped (PF-X1: user text never becomes markup)."""
     owner = make_user("ann")
     conversation, _, answer = answered(owner)
     client = signed_in(owner)
