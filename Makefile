@@ -7,10 +7,16 @@ PIP := $(VENV)/bin/pip
 MODEL_DIR ?= var/models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast bench install model browser nginx clean
+.PHONY: run run-prod test test-fast bench install model browser nginx clean
 
 run: install model
 	$(PY) -m chatsite.devstack run
+
+# The production topology on this machine (README "Production"): production settings, the engine
+# process, GATEWAYS (3) gateways without an engine, Celery worker and beat, nginx with TLS (a
+# self-signed certificate) on https://127.0.0.1:$(or $(HTTPS_PORT),8443)/.
+run-prod: install model nginx
+	$(PY) -m chatsite.prodstack run
 
 test: install model browser nginx
 	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest $(PYTEST_ARGS)

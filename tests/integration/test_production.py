@@ -401,7 +401,7 @@ def test_the_chat_works_in_a_browser_under_the_csp(stack):
 
     from tests.browser.test_chat_ui import CHROMIUM, CHROMIUM_ARGS  # noqa: PLC0415
 
-    violations: list[str] = []
+    console: list[str] = []
     errors: list[str] = []
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"  # Playwright's loop in this thread (see test_chat_ui)
@@ -416,20 +416,24 @@ def test_the_chat_works_in_a_browser_under_the_csp(stack):
                     "document.addEventListener('securitypolicyviolation', e =>"
                     " console.error('CSP violation: ' + e.violatedDirective + ' ' + e.blockedURI));"
                 )
-                page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text or "CSP violation" in m.text else None)
+                page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+                page.on("response", lambda r: console.append(f"{r.request.method} {r.url} {r.status}"))
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.goto(f"{stack.url}/accounts/login/")
                 page.fill("input[name=username]", "prod-dora")
                 page.fill("input[name=password]", PASSWORD)
                 page.click("form button[type=submit], form input[type=submit]")
                 page.wait_for_url(f"{stack.url}/")
+                page.wait_for_function("typeof window.htmx === 'object'")  # deferred scripts ran
                 page.fill("#composer textarea", "Hello from a browser")
                 page.keyboard.press("Enter")
                 answer = page.locator("[data-stream-text].markdown").last
-                expect(answer).to_contain_text(ANSWER)
+                expect(answer).to_contain_text(ANSWER, timeout=20_000)
                 page.reload()
-                expect(page.locator("body")).to_contain_text(ANSWER)
+                expect(page.locator("body")).to_contain_text(ANSWER, timeout=20_000)
                 protocol = page.evaluate("performance.getEntriesByType('navigation')[0].nextHopProtocol")
+            except AssertionError as failure:
+                raise AssertionError(f"{failure}\nconsole: {console}\nerrors: {errors}") from None
             finally:
                 browser.close()
     finally:
@@ -437,6 +441,7 @@ def test_the_chat_works_in_a_browser_under_the_csp(stack):
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         else:
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-    assert violations == [], violations
+    violations = [line for line in console if "Content Security Policy" in line or "CSP violation" in line]
+    assert violations == [], console
     assert errors == [], errors
     assert protocol == "h2"
