@@ -23,7 +23,9 @@ def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
     database, merged: conversations/regions.py)."""
     return regions.merged(
         [
-            objects.filter(owner=user).order_by("-last_turn_at", "-created_at")
+            objects.filter(owner=user)
+            .filter(Q(org__isnull=True) | Q(org_id__in=_member_org_ids(user)))
+            .order_by("-last_turn_at", "-created_at")
             for objects in regions.managers(Conversation, user=user)
         ],
         key=lambda c: (c.last_turn_at, c.created_at),
@@ -34,11 +36,28 @@ def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
 @regions.routed
 def conversation_get_for_user(*, conversation_id: UUID, user: User) -> Conversation:
     """Return the user's conversation. Raises Http404 if missing *or* not theirs (so an id
-    never reveals that someone else's conversation exists)."""
+    never reveals that someone else's conversation exists).
+
+    A conversation that belongs to an organisation's workspace is the organisation's data: its
+    owner reaches it only while a member (issue 8: removing a member revokes their access to
+    the organisation's conversations at once; membership is read on every call, one indexed
+    query on the global database, none for a personal conversation)."""
     try:
-        return Conversation.objects.get(conversation_id=conversation_id, owner_id=user.pk)
+        conversation = Conversation.objects.get(conversation_id=conversation_id, owner_id=user.pk)
     except Conversation.DoesNotExist:
         raise Http404("No such conversation.") from None
+    if conversation.org_id is not None and not _is_member(user, conversation.org_id):
+        raise Http404("No such conversation.")
+    return conversation
+
+
+def _is_member(user: User, org_id: int) -> bool:
+    return Membership.objects.filter(organisation_id=org_id, user_id=user.pk).exists()
+
+
+def _member_org_ids(user: User) -> list[int]:
+    # Evaluated here: the list goes into queries on region databases (no cross-database join).
+    return list(Membership.objects.filter(user_id=user.pk).values_list("organisation_id", flat=True))
 
 
 aconversation_get_for_user = sync_to_async(conversation_get_for_user)
@@ -47,7 +66,7 @@ aconversation_get_for_user = sync_to_async(conversation_get_for_user)
 @regions.routed
 def conversation_view_for_user(*, conversation_id: UUID, user: User) -> Conversation:
     """Return a conversation ``user`` may *read*: their own (what
-    :func:`conversation_get_for_user` returns), or one shared with its organisation's workspace
+    :func:`conversation_get_for_user` returns: an organisation's only while they are a member), or one shared with its organisation's workspace
     (``shared_with_org``) when both ``user`` and the conversation's owner are members of that
     organisation now. Only the owner may write: callers render the result read-only when
     ``conversation.owner_id != user.pk``.
@@ -62,7 +81,11 @@ def conversation_view_for_user(*, conversation_id: UUID, user: User) -> Conversa
     conversation = Conversation.objects.filter(conversation_id=conversation_id).first()
     if conversation is None:
         raise Http404("No such conversation.")
-    if conversation.owner_id == user.pk or conversation_shared_with(
+    if conversation.owner_id == user.pk:
+        if conversation.org_id is None or _is_member(user, conversation.org_id):
+            return conversation
+        raise Http404("No such conversation.")
+    if conversation_shared_with(
         conversation=conversation, user=user
     ):
         return conversation
@@ -440,9 +463,11 @@ def conversation_search(*, user: User, q: str, limit: int = 20) -> list[Conversa
         .values("conversation_id")
     )
     # In each regional database (the subquery runs where its outer query does), then merged.
+    orgs = _member_org_ids(user)
     found = regions.merged(
         [
             objects.filter(owner=user)
+            .filter(Q(org__isnull=True) | Q(org_id__in=orgs))
             .annotate(title_document=SearchVector("title", config=SEARCH_CONFIG))
             .filter(
                 Q(title_document=query)

@@ -393,14 +393,39 @@ def test_removing_a_member_takes_away_the_workspace_and_its_shared_conversations
 
 def test_a_member_who_leaves_stops_sharing_their_conversations_with_the_workspace(acme):
     """A conversation is in the workspace while its owner is a member: once mia leaves, Acme's
-    members no longer read hers (she still does)."""
+    members no longer read hers, and neither does she (it is Acme's data: issue 8, leaving or
+    removal revokes access to the organisation's conversations)."""
     assert client_for(acme, "member").post("/orgs/acme/leave").status_code == 303
     assert client_for(acme, "max").get(f"/c/{acme['shared'].pk}/").status_code == 404
     assert (
         "Mia&#x27;s plan"
         not in client_for(acme, "owner").get("/orgs/acme/conversations/").content.decode()
     )
-    assert client_for(acme, "member").get(f"/c/{acme['shared'].pk}/").status_code == 200
+    assert client_for(acme, "member").get(f"/c/{acme['shared'].pk}/").status_code == 404
+
+
+def test_a_removed_member_loses_their_own_conversations_in_the_organisation(acme):
+    """Issue 8: removing a member revokes their access to org conversations at once: their own
+    conversations made in the workspace included (page, sidebar, search, /v1); personal ones
+    (made outside any organisation) stay theirs."""
+    from conversations.models import Conversation  # noqa: PLC0415
+
+    max_ = acme["max"]
+    own = conversation_services.conversation_create(owner=max_, title="Acme roadmap notes")
+    assert own.org_id == acme["org"].pk
+    personal = conversation_services.conversation_create(owner=max_, title="Holiday notes")
+    Conversation.objects.filter(pk=personal.pk).update(org=None)
+    reader = client_for(acme, "max")
+    assert reader.get(f"/c/{own.pk}/").status_code == 200
+    services.member_remove(
+        seat=selectors.seat_get(slug="acme", user=acme["owner"]),
+        membership=Membership.objects.get(organisation=acme["org"], user=max_),
+    )
+    assert reader.get(f"/c/{own.pk}/").status_code == 404
+    assert reader.get(f"/c/{personal.pk}/").status_code == 200
+    home = reader.get("/").content.decode()
+    assert "Holiday notes" in home and "Acme roadmap notes" not in home
+    assert "Acme roadmap notes" not in reader.get("/search", {"q": "roadmap"}).content.decode()
 
 
 def test_a_removed_member_cannot_share_into_the_workspace_again(acme):
@@ -410,8 +435,7 @@ def test_a_removed_member_cannot_share_into_the_workspace_again(acme):
         membership=Membership.objects.get(organisation=acme["org"], user=acme["max"]),
     )
     response = client_for(acme, "max").post(f"/c/{own.pk}/workspace", {"shared": "1"})
-    assert response.status_code == 400
-    assert "no longer a member" in response.content.decode()
+    assert response.status_code == 404  # the organisation's conversation is out of reach
 
 
 def test_rejoining_restores_access(acme):

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from asgiref.sync import sync_to_async
 
-from accounts.models import Organisation
+from accounts.models import Membership, Organisation
 from conversations import services, streaming, writeback
 from conversations.models import Conversation, Turn
 from tests.test_api import api_client, new_conversation, post_json
@@ -29,7 +29,11 @@ def zero_retention_org(**fields) -> Organisation:
 
 async def make_zero_retention(conversation_id: str) -> None:
     org = await sync_to_async(zero_retention_org)()
-    await Conversation.objects.filter(pk=conversation_id).aupdate(org=org)
+    conversation = await Conversation.objects.aget(pk=conversation_id)
+    # The owner is a member: an organisation's conversation is reachable only by its members.
+    await Membership.objects.acreate(organisation=org, user_id=conversation.owner_id)
+    conversation.org = org
+    await conversation.asave(update_fields=["org"])
 
 
 async def zdr_turn(client, conversation_id: str, content: str = SECRET) -> tuple[str, list]:
