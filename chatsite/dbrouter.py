@@ -211,8 +211,9 @@ def forget_writes() -> None:
 
 
 def _is_regional(model_or_instance) -> bool:
-    # ``._meta`` and not ``type(x)._meta``: ``request.user`` is a SimpleLazyObject.
-    return model_or_instance._meta.app_label in settings.CHAT_REGIONAL_APPS
+    # ``._meta`` and not ``type(x)._meta``: ``request.user`` is a SimpleLazyObject. A proxy
+    # model (moderation's "Moderated turn") lives where its concrete model's rows do.
+    return model_or_instance._meta.concrete_model._meta.app_label in settings.CHAT_REGIONAL_APPS
 
 
 class PrimaryReplicaRouter:
