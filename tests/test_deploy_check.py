@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = ("DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL", "CHAT_INTERNAL_API_URL")
 
@@ -114,3 +116,30 @@ def test_a_gateway_without_an_engine_must_name_the_engine_and_its_key():
         )
     )
     assert given.returncode == 0, given.stderr
+
+
+def test_the_nginx_site_gets_one_upstream_server_per_gateway():
+    """render-site (chatsite/prodstack.py) fills deploy/nginx.conf's placeholders and repeats
+    the upstream's server line once per gateway; nothing is left unfilled outside comments."""
+    from chatsite.prodstack import render_site  # noqa: PLC0415
+
+    site = render_site(
+        listen="80",
+        server_name="chat.example.org",
+        upstreams=["127.0.0.1:8101", "127.0.0.1:8102", "127.0.0.1:8103"],
+        static_root="/srv/chatsite/var/staticfiles/",
+    )
+    upstream = site[site.index("upstream chatsite_daphne {"):site.index("}", site.index("upstream chatsite_daphne {"))]
+    servers = [line.strip() for line in upstream.splitlines() if line.strip().startswith("server ")]
+    assert servers == ["server 127.0.0.1:8101;", "server 127.0.0.1:8102;", "server 127.0.0.1:8103;"]
+    assert "alias /srv/chatsite/var/staticfiles/;" in site
+    assert all("{{" not in line for line in site.splitlines() if not line.lstrip().startswith("#"))
+
+
+def test_rendering_refuses_a_placeholder_without_a_value():
+    from chatsite.prodstack import render_template  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="no value"):
+        render_template("listen {{LISTEN}};\nssl_certificate {{TLS_CERT}};\n", {"LISTEN": "443"})
+    with pytest.raises(ValueError, match="not in the template"):
+        render_template("listen {{LISTEN}};\n", {"LISTEN": "443", "EXTRA": "x"})
