@@ -18,8 +18,10 @@ surface, :class:`EngineProtocol`:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -108,13 +110,15 @@ class VllmEngine:
     Settings used (``chatsite/settings/base.py``): ``CHAT_MODEL_PATH`` (HF model folder),
     ``CHAT_MAX_MODEL_LEN`` (tokens of context), ``CHAT_KV_CACHE_BYTES`` (explicit KV cache size:
     on the CPU backend the default, a fraction of a NUMA node's RAM, fails to start here),
-    ``CHAT_MAX_NUM_SEQS`` (continuous-batching width).
+    ``CHAT_MAX_NUM_SEQS`` (continuous-batching width), and the ``CHAT_ENGINE_*`` speed levers
+    (:class:`EngineTuning`).
     """
 
     model_path: str
     max_model_len: int
     kv_cache_bytes: int
     max_num_seqs: int
+    tuning: EngineTuning | None = None
     ready: bool = False
     _llm: object | None = None
     _tokenizer: object | None = None
@@ -132,6 +136,7 @@ class VllmEngine:
             max_model_len=settings.CHAT_MAX_MODEL_LEN,
             kv_cache_bytes=settings.CHAT_KV_CACHE_BYTES,
             max_num_seqs=settings.CHAT_MAX_NUM_SEQS,
+            tuning=EngineTuning.from_settings(),
         )
 
     async def ensure_started(self) -> None:
@@ -163,22 +168,10 @@ class VllmEngine:
         from vllm import AsyncEngineArgs  # noqa: PLC0415 - heavy; only in a serving process
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
-        args = AsyncEngineArgs(
-            model=self.model_path,
-            dtype="bfloat16",
-            enforce_eager=True,  # skips graph compilation: start in ~30 s on 2 cores
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            kv_cache_memory_bytes=self.kv_cache_bytes,
-            disable_log_stats=True,
-            # Requests carry a priority (GenerationOptions.priority); equal priorities are
-            # served first come, first served, as with the default policy.
-            scheduling_policy="priority",
-            # enable_prefix_caching is left at vLLM's default, which is on for this decoder
-            # model: repeated prompt prefixes (system prompt, earlier turns) reuse their KV
-            # blocks (Delta.cached_tokens; bench/context_bench.py measures the hit rate).
-        )
-        logger.info("starting vLLM engine for %s", self.model_path)
+        tuning = self.tuning or EngineTuning()
+        tuning.apply_process_env()
+        args = AsyncEngineArgs(**self.engine_args_kwargs())
+        logger.info("starting vLLM engine for %s (%s)", args.model, tuning.describe())
         # Built in a worker thread: construction waits ~25 s for the EngineCore handshake, and
         # the server's event loop must keep serving (readiness probes, other streams) meanwhile.
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
@@ -191,6 +184,44 @@ class VllmEngine:
             pass
         self.ready = True
         logger.info("vLLM engine ready")
+
+    def engine_args_kwargs(self) -> dict:
+        """The keyword arguments for vLLM's ``AsyncEngineArgs`` (issue 9's levers included).
+
+        Reads nothing but this object: ``self.tuning`` (:class:`EngineTuning`, from the
+        ``CHAT_ENGINE_*`` settings) decides compile vs eager, block size, chunked prefill,
+        speculative decoding, prefix caching and the (quantised) weights folder.
+        Raises EngineUnavailable when the quantised folder it names does not exist.
+        """
+        tuning = self.tuning or EngineTuning()
+        kwargs = {
+            "model": tuning.weights_path(self.model_path),
+            "tokenizer": self.model_path,
+            "dtype": tuning.dtype,
+            # Eager skips graph compilation (start ~30 s on 2 cores); compile mode (torch
+            # inductor) decodes faster but its first start compiles for ~2 minutes (cached in
+            # ~/.cache/vllm afterwards). README "Engine tuning" has the numbers.
+            "enforce_eager": tuning.eager,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "kv_cache_memory_bytes": self.kv_cache_bytes,
+            "disable_log_stats": True,
+            # Requests carry a priority (GenerationOptions.priority); equal priorities are
+            # served first come, first served, as with the default policy.
+            "scheduling_policy": "priority",
+            # Repeated prompt prefixes (system prompt, earlier turns) reuse their KV blocks
+            # (Delta.cached_tokens; bench/context_bench.py measures the hit rate).
+            "enable_prefix_caching": tuning.prefix_caching,
+        }
+        if tuning.block_size:
+            kwargs["block_size"] = tuning.block_size
+        if tuning.max_batched_tokens:
+            kwargs["max_num_batched_tokens"] = tuning.max_batched_tokens
+        if tuning.speculative:
+            kwargs["speculative_config"] = dict(tuning.speculative)
+        if tuning.compile_sizes and not tuning.eager:
+            kwargs["compilation_config"] = {"compile_sizes": list(tuning.compile_sizes)}
+        return kwargs
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Apply the model's chat template to ``messages`` ([{role, content}]) -> token ids.
@@ -353,6 +384,165 @@ class VllmEngine:
         self.ready = False
         if llm is not None:
             llm.shutdown()
+
+
+QUANTIZED_VARIANTS = ("w8a8", "w4a16")
+_SPECULATIVE_SHORTHANDS = {
+    # Prompt lookup: propose the tokens that followed the last 2-4 tokens' earlier occurrence
+    # in the prompt or the answer so far; no draft model.
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4,
+              "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineTuning:
+    """The engine's speed levers (issue 9), from the ``CHAT_ENGINE_*`` settings.
+
+    - ``eager``: True skips torch.compile (start ~30 s); False compiles (faster decode, slower
+      first start). ``compile_sizes``: batch sizes inductor specialises for (compile mode).
+    - ``dtype``: weights/activations dtype (``bfloat16``; ``float32`` doubles the bytes read).
+    - ``block_size``: KV cache block, tokens (0: vLLM's CPU default, 128; multiples of 32).
+    - ``threads_bind`` / ``reserved_cpus``: vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` (``auto``,
+      ``nobind`` or CPU ids like ``0-1``) and ``VLLM_CPU_NUM_OF_RESERVED_CPU`` ("" / None:
+      vLLM's own choice); set in this process's environment before the engine starts, which
+      its spawned processes inherit.
+    - ``max_batched_tokens``: chunked-prefill budget per step (0: vLLM's default).
+    - ``speculative``: a vLLM ``speculative_config`` dict (n-gram prompt lookup) or None.
+    - ``quantization``: "" (bf16 weights) or a variant in :data:`QUANTIZED_VARIANTS`, served
+      from the folder ``inference/quantize.py`` writes beside the model.
+    - ``prefix_caching``: vLLM's automatic prefix caching.
+    """
+
+    eager: bool = True
+    dtype: str = "bfloat16"
+    block_size: int = 0
+    threads_bind: str = ""
+    reserved_cpus: int | None = None
+    max_batched_tokens: int = 0
+    speculative: dict | None = None
+    quantization: str = ""
+    prefix_caching: bool = True
+    compile_sizes: tuple[int, ...] = ()
+
+    @classmethod
+    def from_settings(cls) -> EngineTuning:
+        """Validate the ``CHAT_ENGINE_*`` settings; raise ImproperlyConfigured naming the
+        variable and the accepted values for a bad one."""
+        from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+        def bad(name: str, value, expected: str) -> ImproperlyConfigured:
+            return ImproperlyConfigured(f"{name}={value!r} is not valid: expected {expected}.")
+
+        dtype = str(getattr(settings, "CHAT_ENGINE_DTYPE", "bfloat16"))
+        if dtype not in ("bfloat16", "float32", "float16"):
+            raise bad("CHAT_ENGINE_DTYPE", dtype, "bfloat16, float16 or float32")
+        block_size = getattr(settings, "CHAT_ENGINE_BLOCK_SIZE", 0)
+        if not isinstance(block_size, int) or block_size < 0 or block_size % 32:
+            raise bad("CHAT_ENGINE_BLOCK_SIZE", block_size,
+                      "0 (vLLM's default, 128) or a positive multiple of 32 tokens")  # fmt: skip
+        bind = str(getattr(settings, "CHAT_ENGINE_THREADS_BIND", "")).strip()
+        if bind and bind not in ("auto", "nobind") and not re.fullmatch(
+            r"\d+(-\d+)?(,\d+(-\d+)?)*", bind
+        ):
+            raise bad("CHAT_ENGINE_THREADS_BIND", bind,
+                      "empty, auto, nobind or CPU ids such as 0-1 or 0,1")  # fmt: skip
+        reserved = getattr(settings, "CHAT_ENGINE_RESERVED_CPUS", None)
+        if reserved is not None and (not isinstance(reserved, int) or reserved < 0):
+            raise bad("CHAT_ENGINE_RESERVED_CPUS", reserved, "empty or a whole number >= 0")
+        batched = getattr(settings, "CHAT_ENGINE_MAX_BATCHED_TOKENS", 0)
+        if not isinstance(batched, int) or batched < 0:
+            raise bad("CHAT_ENGINE_MAX_BATCHED_TOKENS", batched,
+                      "0 (vLLM's default) or a positive number of tokens")  # fmt: skip
+        speculative = _parse_speculative(getattr(settings, "CHAT_ENGINE_SPECULATIVE", ""), bad)
+        quantization = str(getattr(settings, "CHAT_ENGINE_QUANTIZATION", "")).strip().lower()
+        if quantization and quantization not in QUANTIZED_VARIANTS:
+            raise bad("CHAT_ENGINE_QUANTIZATION", quantization,
+                      "empty (bf16 weights) or one of " + ", ".join(QUANTIZED_VARIANTS))  # fmt: skip
+        sizes = getattr(settings, "CHAT_ENGINE_COMPILE_SIZES", ())
+        if not all(isinstance(n, int) and n > 0 for n in sizes):
+            raise bad("CHAT_ENGINE_COMPILE_SIZES", sizes, "batch sizes, e.g. 1,2,4,8,16")
+        return cls(
+            eager=bool(getattr(settings, "CHAT_ENGINE_EAGER", True)),
+            dtype=dtype,
+            block_size=block_size,
+            threads_bind=bind,
+            reserved_cpus=reserved,
+            max_batched_tokens=batched,
+            speculative=speculative,
+            quantization=quantization,
+            prefix_caching=bool(getattr(settings, "CHAT_ENGINE_PREFIX_CACHING", True)),
+            compile_sizes=tuple(sizes),
+        )
+
+    def weights_path(self, model_path: str) -> str:
+        """The folder the weights load from: ``model_path`` itself, or its quantised sibling
+        ``<model_path>-<variant>``. Raises EngineUnavailable if that sibling is missing."""
+        if not self.quantization:
+            return model_path
+        from inference.quantize import quantized_path  # noqa: PLC0415
+
+        path = quantized_path(model_path, self.quantization)
+        if not (path / "config.json").is_file():
+            raise EngineUnavailable(
+                f"CHAT_ENGINE_QUANTIZATION={self.quantization} needs the quantised model "
+                f"{path}; make it with `make model CHAT_ENGINE_QUANTIZATION={self.quantization}`"
+                f" (python -m inference.quantize --variant {self.quantization})."
+            )
+        return str(path)
+
+    def apply_process_env(self) -> None:
+        """Set vLLM's CPU thread-binding variables in this process's environment (the engine's
+        spawned processes inherit it); unset settings leave vLLM's defaults alone."""
+        if self.threads_bind:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.threads_bind
+        if self.reserved_cpus is not None:
+            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(self.reserved_cpus)
+
+    def describe(self) -> str:
+        """One line for the log: the levers that differ from vLLM's defaults."""
+        parts = ["eager" if self.eager else "compiled", self.dtype]
+        if self.quantization:
+            parts.append(self.quantization)
+        if self.block_size:
+            parts.append(f"block {self.block_size}")
+        if self.threads_bind or self.reserved_cpus is not None:
+            parts.append(f"bind {self.threads_bind or 'auto'}/{self.reserved_cpus}")
+        if self.max_batched_tokens:
+            parts.append(f"batched tokens {self.max_batched_tokens}")
+        if self.speculative:
+            parts.append(f"speculative {self.speculative.get('method')}")
+        if not self.prefix_caching:
+            parts.append("no prefix caching")
+        return ", ".join(parts)
+
+
+def _parse_speculative(value, bad) -> dict | None:
+    """CHAT_ENGINE_SPECULATIVE: "" / "off" (none), a shorthand ("ngram") or a JSON object
+    (vLLM's speculative_config, e.g. {"method": "ngram", "num_speculative_tokens": 3})."""
+    if isinstance(value, dict):
+        config = dict(value)
+    else:
+        text = str(value or "").strip()
+        if text.lower() in ("", "off", "none", "0"):
+            return None
+        if text in _SPECULATIVE_SHORTHANDS:
+            return dict(_SPECULATIVE_SHORTHANDS[text])
+        try:
+            config = json.loads(text)
+        except ValueError:
+            config = None
+        if not isinstance(config, dict):
+            raise bad("CHAT_ENGINE_SPECULATIVE", text,
+                      'off, ngram, or a JSON object such as {"method": "ngram", '
+                      '"num_speculative_tokens": 4, "prompt_lookup_max": 4}')  # fmt: skip
+    if config.get("method") != "ngram":
+        raise bad("CHAT_ENGINE_SPECULATIVE", value,
+                  'method "ngram" (no draft model ships with this project)')  # fmt: skip
+    tokens = config.get("num_speculative_tokens")
+    if not isinstance(tokens, int) or tokens < 1:
+        raise bad("CHAT_ENGINE_SPECULATIVE", value, "num_speculative_tokens >= 1")
+    return config
 
 
 def _install_shutdown_on_signals(engine: VllmEngine) -> None:

@@ -61,6 +61,8 @@ INSTALLED_APPS = [
     "sharing",
     "attachments",
     "feedback",
+    "audit",
+    "privacy",
 ]
 
 MIDDLEWARE = [
@@ -686,3 +688,43 @@ CHAT_ATTACHMENT_MAX_TOKENS = env_int("CHAT_ATTACHMENT_MAX_TOKENS", 1024)
 CHAT_ATTACHMENT_MAX_FILES = env_int("CHAT_ATTACHMENT_MAX_FILES", 4)  # files per message
 CHAT_ATTACHMENT_MAX_PDF_PAGES = env_int("CHAT_ATTACHMENT_MAX_PDF_PAGES", 100)  # 413 above
 CHAT_ATTACHMENT_MAX_PER_CONVERSATION = env_int("CHAT_ATTACHMENT_MAX_PER_CONVERSATION", 50)
+
+# --- Engine speed (issue 9; inference/engine.py EngineTuning, bench/engine_bench.py) -----------
+# The levers measured on this 2-core machine (README "Engine tuning" has the numbers); defaults
+# are the winners. Bad values stop the engine's start with a message naming the variable.
+# Eager (no torch.compile): start ~30 s. Off: inductor-compiled model, faster decode, but the
+# first start compiles for minutes (cached in ~/.cache/vllm afterwards).
+CHAT_ENGINE_EAGER = env_bool("CHAT_ENGINE_EAGER", True)
+# Batch sizes inductor specialises for in compile mode, e.g. "1,2,4,8,16" (empty: dynamic only).
+CHAT_ENGINE_COMPILE_SIZES = tuple(
+    int(n) for n in os.environ.get("CHAT_ENGINE_COMPILE_SIZES", "").split(",") if n.strip()
+)
+CHAT_ENGINE_DTYPE = os.environ.get("CHAT_ENGINE_DTYPE", "bfloat16")
+# KV cache block size in tokens (0: vLLM's CPU default, 128; multiples of 32).
+CHAT_ENGINE_BLOCK_SIZE = env_int("CHAT_ENGINE_BLOCK_SIZE", 0)
+# vLLM's OpenMP binding (VLLM_CPU_OMP_THREADS_BIND: auto, nobind, or CPU ids like 0-1) and the
+# CPUs it leaves to the scheduler and the web server (VLLM_CPU_NUM_OF_RESERVED_CPU); empty:
+# vLLM's own choice (here: the model on CPU 0, CPU 1 reserved).
+CHAT_ENGINE_THREADS_BIND = os.environ.get("CHAT_ENGINE_THREADS_BIND", "")
+CHAT_ENGINE_RESERVED_CPUS = (
+    env_int("CHAT_ENGINE_RESERVED_CPUS", 0)
+    if os.environ.get("CHAT_ENGINE_RESERVED_CPUS", "") != ""
+    else None
+)
+# Chunked prefill: prompt tokens per engine step (0: vLLM's default).
+CHAT_ENGINE_MAX_BATCHED_TOKENS = env_int("CHAT_ENGINE_MAX_BATCHED_TOKENS", 0)
+# Speculative decoding without a draft model: "off", "ngram" (prompt lookup, 4 tokens) or a JSON
+# speculative_config object.
+CHAT_ENGINE_SPECULATIVE = os.environ.get("CHAT_ENGINE_SPECULATIVE", "off")
+# Lower-precision weights: "" (bf16) or "w8a8" / "w4a16", served from the folder
+# `make model` (inference/quantize.py) writes beside the model.
+CHAT_ENGINE_QUANTIZATION = os.environ.get("CHAT_ENGINE_QUANTIZATION", "")
+CHAT_ENGINE_PREFIX_CACHING = env_bool("CHAT_ENGINE_PREFIX_CACHING", True)
+
+# --- Privacy and the audit log (issue 10; privacy/, audit/) ------------------------------------
+# Admin bulk actions ("Delete selected", "Revoke the selected API keys", ...) go into the audit
+# log (audit/middleware.py); the admin's one-object changes are mirrored from its LogEntry.
+MIDDLEWARE = [*MIDDLEWARE, "audit.middleware.AdminActionAuditMiddleware"]
+# Where data exports are built (one temporary file each, deleted once sent); empty: the system's
+# temporary folder. It needs room for the largest account's or organisation's archive.
+CHAT_PRIVACY_EXPORT_DIR = os.environ.get("CHAT_PRIVACY_EXPORT_DIR", "")

@@ -1,0 +1,138 @@
+"""Issue 9's engine levers: the CHAT_ENGINE_* settings reach vLLM's AsyncEngineArgs, and a bad
+value stops the start with a message naming the variable (no engine is started here)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from inference.engine import EngineTuning, EngineUnavailable, VllmEngine
+
+
+def engine_kwargs() -> dict:
+    return VllmEngine.from_settings().engine_args_kwargs()
+
+
+def test_defaults_are_eager_bf16_with_prefix_caching_and_vllm_block_size(settings):
+    # Given: no CHAT_ENGINE_* overrides (the shipped defaults)
+    # When: the engine's arguments are built
+    kwargs = engine_kwargs()
+    # Then: the winners of the measured levers (README "Engine tuning")
+    assert kwargs["enforce_eager"] is settings.CHAT_ENGINE_EAGER
+    assert kwargs["dtype"] == "bfloat16"
+    assert kwargs["enable_prefix_caching"] is True
+    assert "speculative_config" not in kwargs
+    assert "block_size" not in kwargs  # vLLM's CPU default (128)
+
+
+def test_every_lever_reaches_the_engine_args(settings, tmp_path):
+    # Given: every lever set away from its default
+    settings.CHAT_ENGINE_EAGER = False
+    settings.CHAT_ENGINE_COMPILE_SIZES = (1, 2, 4)
+    settings.CHAT_ENGINE_DTYPE = "float32"
+    settings.CHAT_ENGINE_BLOCK_SIZE = 64
+    settings.CHAT_ENGINE_MAX_BATCHED_TOKENS = 512
+    settings.CHAT_ENGINE_SPECULATIVE = "ngram"
+    settings.CHAT_ENGINE_PREFIX_CACHING = False
+    # When
+    kwargs = engine_kwargs()
+    # Then
+    assert kwargs["enforce_eager"] is False
+    assert kwargs["compilation_config"] == {"compile_sizes": [1, 2, 4]}
+    assert kwargs["dtype"] == "float32"
+    assert kwargs["block_size"] == 64
+    assert kwargs["max_num_batched_tokens"] == 512
+    assert kwargs["speculative_config"]["method"] == "ngram"
+    assert kwargs["speculative_config"]["num_speculative_tokens"] >= 1
+    assert kwargs["enable_prefix_caching"] is False
+
+
+def test_engine_args_are_accepted_by_vllm(settings):
+    # Given: the levers set (vLLM's own dataclass checks the argument names and types)
+    from vllm import AsyncEngineArgs
+
+    settings.CHAT_ENGINE_BLOCK_SIZE = 64
+    settings.CHAT_ENGINE_MAX_BATCHED_TOKENS = 512
+    settings.CHAT_ENGINE_SPECULATIVE = '{"method": "ngram", "num_speculative_tokens": 3}'
+    # When
+    args = AsyncEngineArgs(**engine_kwargs())
+    # Then
+    assert args.block_size == 64
+    assert args.max_num_batched_tokens == 512
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_quantization_loads_the_quantised_sibling_folder(settings, tmp_path):
+    # Given: a model folder and its w4a16 sibling (as inference/quantize.py writes it)
+    model = tmp_path / "SmolLM2"
+    quantized = tmp_path / "SmolLM2-w4a16"
+    for folder in (model, quantized):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    settings.CHAT_MODEL_PATH = model
+    settings.CHAT_ENGINE_QUANTIZATION = "w4a16"
+    # When
+    kwargs = engine_kwargs()
+    # Then: weights from the sibling, the tokenizer from the model folder
+    assert kwargs["model"] == str(quantized)
+    assert kwargs["tokenizer"] == str(model)
+
+
+def test_missing_quantised_folder_says_how_to_make_it(settings, tmp_path):
+    # Given: quantisation asked for, but `make model` never wrote the folder
+    settings.CHAT_MODEL_PATH = tmp_path / "SmolLM2"
+    settings.CHAT_ENGINE_QUANTIZATION = "w8a8"
+    # When / Then
+    with pytest.raises(EngineUnavailable, match="make model CHAT_ENGINE_QUANTIZATION=w8a8"):
+        engine_kwargs()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("CHAT_ENGINE_BLOCK_SIZE", 100, "multiple of 32"),
+        ("CHAT_ENGINE_BLOCK_SIZE", -32, "multiple of 32"),
+        ("CHAT_ENGINE_DTYPE", "int8", "bfloat16"),
+        ("CHAT_ENGINE_THREADS_BIND", "all the cores", "CPU ids"),
+        ("CHAT_ENGINE_RESERVED_CPUS", -1, ">= 0"),
+        ("CHAT_ENGINE_MAX_BATCHED_TOKENS", -5, "positive"),
+        ("CHAT_ENGINE_SPECULATIVE", "eagle", "ngram"),
+        ("CHAT_ENGINE_SPECULATIVE", '{"method": "draft_model"}', "ngram"),
+        ("CHAT_ENGINE_SPECULATIVE", '{"method": "ngram", "num_speculative_tokens": 0}', ">= 1"),
+        ("CHAT_ENGINE_QUANTIZATION", "gptq", "w4a16"),
+        ("CHAT_ENGINE_COMPILE_SIZES", (0,), "batch sizes"),
+    ],
+)
+def test_bad_value_names_the_variable(settings, name, value, message):
+    # Given: one lever set to a value vLLM cannot use
+    setattr(settings, name, value)
+    # When / Then: a configuration error naming the variable and what it accepts
+    with pytest.raises(ImproperlyConfigured, match=name) as excinfo:
+        EngineTuning.from_settings()
+    assert message in str(excinfo.value)
+
+
+def test_threads_bind_goes_to_vllms_environment(settings, monkeypatch):
+    # Given: both CPU cores for the model's threads, none reserved
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    settings.CHAT_ENGINE_THREADS_BIND = "0-1"
+    settings.CHAT_ENGINE_RESERVED_CPUS = 0
+    # When: the engine is about to start
+    EngineTuning.from_settings().apply_process_env()
+    # Then: the spawned engine processes inherit vLLM's variables
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+
+
+def test_unset_threads_bind_leaves_vllms_default(settings, monkeypatch):
+    # Given: no binding settings
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    settings.CHAT_ENGINE_THREADS_BIND = ""
+    settings.CHAT_ENGINE_RESERVED_CPUS = None
+    # When
+    EngineTuning.from_settings().apply_process_env()
+    # Then: vLLM decides (auto binding)
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
