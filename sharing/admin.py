@@ -30,12 +30,18 @@ class ShareLinkAdmin(RegionalAdmin):
     """Share links, read-only; staff may revoke them (an action), e.g. a link to abusive
     content reported by someone who received it."""
 
-    list_display = ("token_start", "title", "conversation", "created_by", "through_at", "created_at", "revoked_at")
+    list_display = (
+        "token_start", "title", "conversation", "created_by", "through_at", "created_at",
+        "revoked_at",
+    )  # fmt: skip
     list_filter = (RegionFilter, StateFilter)
     search_fields = ("token", "title")
     user_fields = ("created_by",)
     id_search_fields = ("link_id", "conversation_id")
-    search_help_text = "A token, words of the title, the creator's username or email, or a link or conversation id."
+    search_help_text = (
+        "A token, words of the title, the creator's username or email, or a link or "
+        "conversation id."
+    )
     ordering = ("-created_at", "-link_id")
     list_select_related = ("conversation",)  # same database
     list_prefetch_related = ("created_by",)  # accounts: default's database

@@ -52,7 +52,9 @@ def _turn_key(turn: Turn) -> tuple:
     return (turn.created_at, str(turn.turn_id))  # the turn log's order (selectors._turn_order)
 
 
-def snapshot_exchanges(turns: Iterable[Turn], *, through_at, through_turn_id: UUID) -> list[SharedExchange]:
+def snapshot_exchanges(
+    turns: Iterable[Turn], *, through_at, through_turn_id: UUID
+) -> list[SharedExchange]:
     """The exchanges of a snapshot whose newest turn is ``(through_at, through_turn_id)``.
 
     Pure: ``turns`` is the conversation's log (any order, later turns included). Only turns at
@@ -98,7 +100,9 @@ def creator_can_read(*, conversation: Conversation, creator_id: int) -> bool:
     except Http404:
         return False
     if conversation.org_id is not None:
-        return Membership.objects.filter(user_id=creator_id, organisation_id=conversation.org_id).exists()
+        return Membership.objects.filter(
+            user_id=creator_id, organisation_id=conversation.org_id
+        ).exists()
     return True
 
 
@@ -156,7 +160,8 @@ def share_link_list_for_user(*, user: User) -> list[ShareLink]:
     """Every working link ``user`` created, newest first, from every region's database, each
     with its conversation loaded (``link.conversation``). Links to an organisation's
     conversations are left out once the user is no longer a member (they answer 404 anyway)."""
-    member_of = set(Membership.objects.filter(user_id=user.pk).values_list("organisation_id", flat=True))
+    memberships = Membership.objects.filter(user_id=user.pk)
+    member_of = set(memberships.values_list("organisation_id", flat=True))
     links = regions.merged(
         [
             objects.filter(created_by_id=user.pk, revoked_at__isnull=True)

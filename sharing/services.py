@@ -11,6 +11,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Organisation, User
+from audit.models import Action
+from audit.services import audit_record
 from conversations import regions, retention
 from conversations import services as conversation_services
 from conversations.models import Conversation, Turn
@@ -107,9 +109,15 @@ def share_link_revoke(*, conversation: Conversation, link: ShareLink, user: User
     Revoking a revoked link changes nothing. Raises PermissionDenied unless ``user`` owns the
     conversation."""
     _owner_check(conversation, user)
-    ShareLink.objects.filter(pk=link.pk, conversation=conversation, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
+    revoked = ShareLink.objects.filter(
+        pk=link.pk, conversation=conversation, revoked_at__isnull=True
+    ).update(revoked_at=timezone.now())
+    if revoked:
+        audit_record(
+            actor=user, action=Action.SHARE_LINK_REVOKE, org=conversation.org_id,
+            target_type="sharing.sharelink", target_id=link.pk,
+            details={"conversation_id": conversation.pk},
+        )  # fmt: skip
 
 
 def share_links_revoke_for(*, user: User | int, org: Organisation | int) -> int:

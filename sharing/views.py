@@ -54,7 +54,9 @@ def _share_url(request: HttpRequest, link: ShareLink) -> str:
 # --- the owner's pages -------------------------------------------------------------------------
 
 
-def _manage_page(request: HttpRequest, conversation, *, error: str = "", status: int = 200) -> HttpResponse:
+def _manage_page(
+    request: HttpRequest, conversation, *, error: str = "", status: int = 200
+) -> HttpResponse:
     links = [
         {"link": link, "url": _share_url(request, link)}
         for link in selectors.share_link_list(conversation=conversation)
@@ -92,7 +94,9 @@ def share_manage(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
             return _manage_page(request, conversation, error=exc.messages[0], status=400)
         except PermissionDenied as exc:
             return _manage_page(request, conversation, error=str(exc), status=403)
-        messages.success(request, "Link created. Anyone with it can read the conversation up to now.")
+        messages.success(
+            request, "Link created. Anyone with it can read the conversation up to now."
+        )
         return redirect("share-manage", conversation_id=conversation.pk)
     return _manage_page(request, conversation)
 
@@ -176,7 +180,8 @@ def _exchange_context(exchange: selectors.SharedExchange) -> dict:
         note = "Stopped."
     elif not answer.content:
         note = "The model gave an empty answer."
-    show_text = answer is not None and answer.status not in (Turn.Status.BLOCKED, Turn.Status.FAILED)
+    hidden = (Turn.Status.BLOCKED, Turn.Status.FAILED)  # withdrawn or failed: no text to show
+    show_text = answer is not None and answer.status not in hidden
     return {
         "question": exchange.question,
         "answer": answer,
@@ -200,7 +205,9 @@ def _shared_page(request: HttpRequest, token: str) -> HttpResponse:
     return _public(render(request, "sharing/shared.html", context))
 
 
-def _confirm_page(request: HttpRequest, token: str, *, error: str = "", status: int = 200) -> HttpResponse:
+def _confirm_page(
+    request: HttpRequest, token: str, *, error: str = "", status: int = 200
+) -> HttpResponse:
     """Asks the signed-in viewer to confirm copying the snapshot (its title and size only; no
     conversation text, no outbound links), or the 404 page. ``error``: why it did not work."""
     try:
