@@ -17,6 +17,8 @@ from accounts import selectors, services, throttle
 from accounts.forms import SignUpForm, ThrottledAuthenticationForm
 from accounts.models import ApiKey
 from accounts.request_info import client_ip
+from audit.models import Action
+from audit.services import audit_record
 
 
 def signup(request: HttpRequest) -> HttpResponse:
@@ -205,6 +207,11 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     """Revoke one of the user's keys (404 if it is not theirs)."""
     api_key = get_object_or_404(ApiKey, pk=key_id, user=request.user)
+    if api_key.is_active:
+        audit_record(
+            actor=request.user, action=Action.API_KEY_REVOKE, target_type="accounts.apikey",
+            target_id=api_key.pk, details={"prefix": api_key.prefix},
+        )  # fmt: skip
     services.api_key_revoke(api_key=api_key)
     return redirect("api-keys")
 

@@ -418,6 +418,18 @@ def build_document() -> dict:
                 },
             },
         },
+        "/v1/users/{user_id}/export": {
+            "parameters": [{"name": "user_id", "in": "path", "required": True, "schema": {"type": "integer"}}],
+            "get": {
+                "operationId": "exportUserData",
+                "description": "Your data as a .zip: data.json, one Markdown file per conversation, the attachments (privacy/export.py).",
+                "responses": {
+                    "200": {"description": "The archive.", "content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}}},
+                    "404": _error("No such user (or not you)."),
+                    **COMMON,
+                },
+            },
+        },
         "/v1/models": {
             "get": {
                 "operationId": "listModels",

@@ -46,6 +46,8 @@ urlpatterns = [
     path("", include("sharing.urls")),
     path("", include("attachments.urls")),
     path("", include("feedback.urls")),
+    path("", include("audit.urls")),
+    path("", include("privacy.urls")),
     path("metrics", health.metrics_view, name="metrics"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

@@ -10,6 +10,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from audit.models import Action
+from audit.services import audit_record
 from moderation.forms import ModerationPolicyForm
 from usage.selectors import org_get_for_admin
 
@@ -29,6 +31,11 @@ def org_moderation_page(request: HttpRequest, slug: str) -> HttpResponse:
         form = ModerationPolicyForm(request.POST, instance=org)
         if form.is_valid():
             form.save()
+            audit_record(
+                actor=request.user, action=Action.ORG_MODERATION_CHANGE, org=org,
+                target_type="accounts.organisation", target_id=org.pk,
+                details={"fields": form.changed_data},
+            )  # fmt: skip
             messages.success(request, "Saved. The new policy applies from the next message.")
             response = redirect("org-moderation", slug=org.slug)
             response.status_code = 303

@@ -26,6 +26,8 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from accounts.models import Membership, Organisation, User
+from audit.models import Action
+from audit.services import audit_record
 from conversations import regions
 from conversations.models import Conversation
 from sharing.services import share_links_revoke_for
@@ -116,6 +118,10 @@ def organisation_create(
             f"The URL name {slug!r} is taken; choose another.", code="slug_taken"
         ) from None
     Membership.objects.create(organisation=org, user=creator, role=Role.OWNER)
+    audit_record(
+        actor=creator, action=Action.ORG_CREATE, org=org, target_type="accounts.organisation",
+        target_id=org.pk, details={"region": region, "tier": org.tier},
+    )  # fmt: skip
     return org
 
 
@@ -143,6 +149,10 @@ def organisation_policy_update(*, seat: Seat, changes: dict) -> Organisation:
         setattr(org, field, value)
     if changes:
         org.save(update_fields=sorted(changes))
+        audit_record(
+            actor=seat.membership.user_id, action=Action.ORG_POLICY_CHANGE, org=org,
+            target_type="accounts.organisation", target_id=org.pk, details={"changes": changes},
+        )  # fmt: skip
     return org
 
 
@@ -218,6 +228,11 @@ def invitation_create(*, seat: Seat, role: str = Role.MEMBER, email: str = "") -
         created_by=seat.membership.user,
         expires_at=timezone.now() + timedelta(days=settings.CHAT_WORKSPACE_INVITATION_TTL_DAYS),
     )
+    audit_record(
+        actor=seat.membership.user_id, action=Action.ORG_INVITATION_CREATE, org=seat.org,
+        target_type="workspaces.invitation", target_id=invitation.pk,
+        details={"role": role, "by_email": bool(email)},
+    )  # fmt: skip
     return IssuedInvitation(invitation=invitation, token=token)
 
 
@@ -262,6 +277,11 @@ def invitation_revoke(*, seat: Seat, invitation: Invitation) -> Invitation:
     if invitation.revoked_at is None and invitation.accepted_at is None:
         invitation.revoked_at = timezone.now()
         invitation.save(update_fields=["revoked_at"])
+        audit_record(
+            actor=seat.membership.user_id, action=Action.ORG_INVITATION_REVOKE, org=seat.org,
+            target_type="workspaces.invitation", target_id=invitation.pk,
+            details={"role": invitation.role},
+        )  # fmt: skip
     return invitation
 
 
@@ -353,6 +373,11 @@ def invitation_accept(*, token: str, user: User) -> Membership:
     invitation.accepted_at = timezone.now()
     invitation.accepted_by = user
     invitation.save(update_fields=["accepted_at", "accepted_by"])
+    audit_record(
+        actor=user, action=Action.ORG_INVITATION_ACCEPT, org=invitation.organisation_id,
+        target_type="workspaces.invitation", target_id=invitation.pk,
+        details={"role": invitation.role},
+    )  # fmt: skip
     return membership
 
 
@@ -402,6 +427,10 @@ def member_remove(*, seat: Seat, membership: Membership) -> None:
     if current.role == Role.OWNER and _owner_count(org) <= 1:
         raise _last_owner_error(org, you=False)
     current.delete()
+    audit_record(
+        actor=seat.membership.user_id, action=Action.ORG_MEMBER_REMOVE, org=org,
+        target_type="accounts.user", target_id=current.user_id, details={"role": current.role},
+    )  # fmt: skip
     _share_links_revoke(user_id=current.user_id, org_id=org.pk)
 
 
@@ -416,6 +445,10 @@ def member_leave(*, seat: Seat) -> None:
     if current.role == Role.OWNER and _owner_count(org) <= 1:
         raise _last_owner_error(org, you=True)
     current.delete()
+    audit_record(
+        actor=current.user_id, action=Action.ORG_MEMBER_LEAVE, org=org, target_type="accounts.user",
+        target_id=current.user_id, details={"role": current.role},
+    )  # fmt: skip
     _share_links_revoke(user_id=current.user_id, org_id=org.pk)
 
 
@@ -440,6 +473,11 @@ def member_role_set(*, seat: Seat, membership: Membership, role: str) -> Members
         return current
     if current.role == Role.OWNER and _owner_count(org) <= 1:
         raise _last_owner_error(org, you=current.user_id == seat.membership.user_id)
+    audit_record(
+        actor=seat.membership.user_id, action=Action.ORG_ROLE_CHANGE, org=org,
+        target_type="accounts.user", target_id=current.user_id,
+        details={"from": current.role, "to": role},
+    )  # fmt: skip
     current.role = role
     current.save(update_fields=["role"])
     return current
