@@ -17,11 +17,29 @@ class AuditEntryAdmin(admin.ModelAdmin):
     """Newest first; filter by action, target type and date; search with a number (an actor,
     organisation or target id) or words of an action or target type."""
 
-    list_display = ("id", "created_at", "actor", "action", "organisation", "target_type", "target_id", "details_json")
+    list_display = (
+        "id",
+        "created_at",
+        "actor",
+        "action",
+        "organisation",
+        "target_type",
+        "target_id",
+        "details_json",
+    )
     list_filter = ("action", "target_type")
     date_hierarchy = "created_at"
     search_fields = ("action", "target_type")
-    fields = ("id", "created_at", "actor_id", "action", "org_id", "target_type", "target_id", "details_json")
+    fields = (
+        "id",
+        "created_at",
+        "actor_id",
+        "action",
+        "org_id",
+        "target_type",
+        "target_id",
+        "details_json",
+    )
     readonly_fields = fields
     actions = None
     list_per_page = 100
@@ -50,7 +68,9 @@ class AuditEntryAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if term.isdigit() and len(term) < 19:
             number = int(term)
-            return queryset.filter(actor_id=number) | queryset.filter(org_id=number) | queryset.filter(target_id=term), False
+            return queryset.filter(actor_id=number) | queryset.filter(
+                org_id=number
+            ) | queryset.filter(target_id=term), False
         return super().get_search_results(request, queryset, search_term)
 
     def has_add_permission(self, request) -> bool:

@@ -80,7 +80,9 @@ class AdminActionAuditMiddleware:
             or (response.status_code < 300 and not isinstance(response, TemplateResponse))
         )
         if ran:
-            self._record(request, name, f"{opts.app_label}.{opts.model_name}", selected, select_across, orgs)
+            self._record(
+                request, name, f"{opts.app_label}.{opts.model_name}", selected, select_across, orgs
+            )
         return response
 
     @staticmethod
@@ -90,17 +92,31 @@ class AdminActionAuditMiddleware:
             # "Select all N": the rows are those matching the change list's filters, not
             # listed in the request; record the filters.
             audit_record(
-                actor=request.user, action=action, target_type=target_type, target_id=None,
-                details={"via": "admin", "select_across": True, "filters": request.GET.urlencode()[:500]},
-            )  # fmt: skip
+                actor=request.user,
+                action=action,
+                target_type=target_type,
+                target_id=None,
+                details={
+                    "via": "admin",
+                    "select_across": True,
+                    "filters": request.GET.urlencode()[:500],
+                },
+            )
             return
         for pk in selected[:MAX_ENTRIES]:
             audit_record(
-                actor=request.user, action=action, org=orgs.get(pk), target_type=target_type,
-                target_id=pk, details={"via": "admin"},
-            )  # fmt: skip
+                actor=request.user,
+                action=action,
+                org=orgs.get(pk),
+                target_type=target_type,
+                target_id=pk,
+                details={"via": "admin"},
+            )
         if len(selected) > MAX_ENTRIES:
             audit_record(
-                actor=request.user, action=action, target_type=target_type, target_id=None,
+                actor=request.user,
+                action=action,
+                target_type=target_type,
+                target_id=None,
                 details={"via": "admin", "more_rows": len(selected) - MAX_ENTRIES},
-            )  # fmt: skip
+            )

@@ -82,7 +82,7 @@ class Action:
     def label(cls, action: str) -> str:
         """Words for ``action`` ("changed a member's role"); admin bulk actions by name."""
         if action.startswith(cls.ADMIN_ACTION_PREFIX):
-            return f"{action[len(cls.ADMIN_ACTION_PREFIX):].replace('_', ' ')} (admin action)"
+            return f"{action[len(cls.ADMIN_ACTION_PREFIX) :].replace('_', ' ')} (admin action)"
         return cls.LABELS.get(action, action)
 
 

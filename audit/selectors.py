@@ -40,19 +40,32 @@ class AuditRow:
 
 def action_choices() -> list[tuple[str, str]]:
     """(value, label) for the organisation page's filter: its actions, then all admin ones."""
-    return [(a, Action.label(a)) for a in ORG_ACTIONS] + [(ADMIN_FILTER, "site administrators' actions")]
+    return [(a, Action.label(a)) for a in ORG_ACTIONS] + [
+        (ADMIN_FILTER, "site administrators' actions")
+    ]
 
 
-def people_labels(*, user_ids: Iterable[int | None], org: Organisation | None = None) -> dict[int | None, str]:
+def people_labels(
+    *, user_ids: Iterable[int | None], org: Organisation | None = None
+) -> dict[int | None, str]:
     """A label per user id: the username; "site administrator" for staff who are not members
     of ``org`` (their names are not the organisation's business); "deleted account #<id>" for
     ids with no account; None -> "system". Two queries."""
     ids = {i for i in user_ids if i is not None}
     labels: dict[int | None, str] = {None: "system"}
-    users = {pk: (name, staff) for pk, name, staff in User.objects.filter(pk__in=ids).values_list("pk", "username", "is_staff")}
+    users = {
+        pk: (name, staff)
+        for pk, name, staff in User.objects.filter(pk__in=ids).values_list(
+            "pk", "username", "is_staff"
+        )
+    }
     members = set()
     if org is not None and ids:
-        members = set(Membership.objects.filter(organisation=org, user_id__in=ids).values_list("user_id", flat=True))
+        members = set(
+            Membership.objects.filter(organisation=org, user_id__in=ids).values_list(
+                "user_id", flat=True
+            )
+        )
     for pk in ids:
         if pk not in users:
             labels[pk] = f"deleted account #{pk}"
@@ -74,7 +87,11 @@ def _details_text(details: dict) -> list[tuple[str, str]]:
 def _target_label(entry: AuditEntry, people: dict, org: Organisation | None) -> str:
     if entry.target_type == "accounts.user" and entry.target_id.isdigit():
         return people.get(int(entry.target_id), f"account #{entry.target_id}")
-    if entry.target_type == "accounts.organisation" and org is not None and entry.target_id == str(org.pk):
+    if (
+        entry.target_type == "accounts.organisation"
+        and org is not None
+        and entry.target_id == str(org.pk)
+    ):
         return org.name
     model = entry.target_type.rpartition(".")[2].replace("_", " ")
     return f"{model} #{entry.target_id}" if entry.target_id else model
@@ -83,13 +100,19 @@ def _target_label(entry: AuditEntry, people: dict, org: Organisation | None) -> 
 def rows_for(entries: list[AuditEntry], *, org: Organisation | None = None) -> list[AuditRow]:
     """Entries as :class:`AuditRow` (names looked up in two queries for the whole list)."""
     ids = {e.actor_id for e in entries}
-    ids |= {int(e.target_id) for e in entries if e.target_type == "accounts.user" and e.target_id.isdigit()}
+    ids |= {
+        int(e.target_id)
+        for e in entries
+        if e.target_type == "accounts.user" and e.target_id.isdigit()
+    }
     people = people_labels(user_ids=ids, org=org)
     return [
         AuditRow(
-            entry=e, actor=people.get(e.actor_id, "system"),
-            target=_target_label(e, people, org), details=_details_text(e.details),
-        )  # fmt: skip
+            entry=e,
+            actor=people.get(e.actor_id, "system"),
+            target=_target_label(e, people, org),
+            details=_details_text(e.details),
+        )
         for e in entries
     ]
 
@@ -121,7 +144,9 @@ def audit_entries_by_actor(*, user_id: int, batch: int = 500) -> Iterator[AuditE
     (keyset on id; for the data export)."""
     after = 0
     while True:
-        rows = list(AuditEntry.objects.filter(actor_id=user_id, id__gt=after).order_by("id")[:batch])
+        rows = list(
+            AuditEntry.objects.filter(actor_id=user_id, id__gt=after).order_by("id")[:batch]
+        )
         yield from rows
         if len(rows) < batch:
             return

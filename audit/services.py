@@ -67,14 +67,18 @@ def audit_record(
     (:data:`PERSONAL_KEYS`): the log must hold none (audit/models.py).
     """
     if not isinstance(action, str) or len(action) > 100 or not ACTION_RE.match(action):
-        raise ValueError(f"audit action {action!r}: use a dotted lower-case name like 'org.role_change'")
+        raise ValueError(
+            f"audit action {action!r}: use a dotted lower-case name like 'org.role_change'"
+        )
     details = {} if details is None else details
     if not isinstance(details, dict):
         raise ValueError("audit details must be a dict")
     _check_keys(details)
     encoded = json.dumps(details, cls=DjangoJSONEncoder, sort_keys=True)
     if len(encoded) > MAX_DETAILS_CHARS:
-        raise ValueError(f"audit details are {len(encoded)} characters as JSON; at most {MAX_DETAILS_CHARS}")
+        raise ValueError(
+            f"audit details are {len(encoded)} characters as JSON; at most {MAX_DETAILS_CHARS}"
+        )
     target = _id(target_id)
     return AuditEntry.objects.create(
         actor_id=_id(actor),

@@ -21,7 +21,9 @@ from audit.models import Action
 from audit.services import audit_record
 
 # Set while audit/middleware.py runs an admin bulk action (it records the action itself).
-in_admin_action: contextvars.ContextVar[bool] = contextvars.ContextVar("in_admin_action", default=False)
+in_admin_action: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "in_admin_action", default=False
+)
 
 FLAGS = {ADDITION: Action.ADMIN_ADD, CHANGE: Action.ADMIN_CHANGE, DELETION: Action.ADMIN_DELETE}
 
@@ -58,11 +60,19 @@ def org_of(app_label: str, model: str, object_id: str) -> int | None:
     if app_label == "accounts" and model == "membership":
         from accounts.models import Membership  # noqa: PLC0415
 
-        return Membership.objects.filter(pk=object_id).values_list("organisation_id", flat=True).first()
+        return (
+            Membership.objects.filter(pk=object_id)
+            .values_list("organisation_id", flat=True)
+            .first()
+        )
     if app_label == "workspaces" and model == "invitation":
         from workspaces.models import Invitation  # noqa: PLC0415
 
-        return Invitation.objects.filter(pk=object_id).values_list("organisation_id", flat=True).first()
+        return (
+            Invitation.objects.filter(pk=object_id)
+            .values_list("organisation_id", flat=True)
+            .first()
+        )
     return None
 
 

@@ -1,4 +1,4 @@
-"""Audit routes; included at the site root by chatsite/urls.py: ``path("", include("audit.urls"))``."""
+"""Audit routes; included at the site root by chatsite/urls.py (``include("audit.urls")``)."""
 
 from django.urls import path
 

@@ -37,7 +37,13 @@ def org_audit(request: HttpRequest, slug: str) -> HttpResponse:
     choices = selectors.action_choices()
     action = request.GET.get("action", "")
     if action and action not in dict(choices):
-        return _refused(request, "Unknown filter", f"There is no action {action[:50]!r} to filter by.", 400, seat.org)
+        return _refused(
+            request,
+            "Unknown filter",
+            f"There is no action {action[:50]!r} to filter by.",
+            400,
+            seat.org,
+        )
     raw_before = request.GET.get("before", "")
     before = None
     if raw_before:

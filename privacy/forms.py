@@ -13,7 +13,11 @@ class ConfirmForm(forms.Form):
     """``password`` checked against ``user``'s, or ``username`` typed exactly when the account
     has no usable password. ``slug`` (when ``slug`` is given): the organisation's URL name."""
 
-    password = forms.CharField(required=False, strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
+    password = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+    )
     username = forms.CharField(required=False, max_length=150)
     slug = forms.CharField(required=False, max_length=50)
 
@@ -30,7 +34,9 @@ class ConfirmForm(forms.Form):
     def clean(self):
         data = super().clean()
         if self.expected_slug is not None and data.get("slug", "").strip() != self.expected_slug:
-            self.add_error("slug", f"Type the organisation's URL name, {self.expected_slug}, to confirm.")
+            self.add_error(
+                "slug", f"Type the organisation's URL name, {self.expected_slug}, to confirm."
+            )
         if self.uses_password:
             if not data.get("password"):
                 self.add_error("password", "Enter your password to confirm.")
@@ -38,5 +44,7 @@ class ConfirmForm(forms.Form):
                 self.password_failed = True
                 self.add_error("password", "That is not your password.")
         elif data.get("username", "").strip() != self.user.get_username():
-            self.add_error("username", f"Type your username, {self.user.get_username()}, to confirm.")
+            self.add_error(
+                "username", f"Type your username, {self.user.get_username()}, to confirm."
+            )
         return data

@@ -17,7 +17,11 @@ def last_owner_orgs(*, user: User, lock: bool = False) -> list[Organisation]:
     an owner (workspaces/services.py), so these block the account's deletion. ``lock``: lock
     the organisations' rows (in a transaction), the lock every membership change takes, so no
     role change slips in between this check and the deletion."""
-    owned = list(Membership.objects.filter(user=user, role=Role.OWNER).values_list("organisation_id", flat=True))
+    owned = list(
+        Membership.objects.filter(user=user, role=Role.OWNER).values_list(
+            "organisation_id", flat=True
+        )
+    )
     orgs = Organisation.objects.filter(pk__in=owned).order_by("name", "pk")
     if lock:
         orgs = orgs.select_for_update()
@@ -35,4 +39,7 @@ def org_deletion_summary(*, org: Organisation) -> dict:
     conversations = sum(
         Conversation.objects.using(db).filter(org_id=org.pk).count() for db in regions.region_dbs()
     )
-    return {"conversations": conversations, "members": Membership.objects.filter(organisation=org).count()}
+    return {
+        "conversations": conversations,
+        "members": Membership.objects.filter(organisation=org).count(),
+    }

@@ -104,7 +104,9 @@ def _forget_redis(conversation_ids: list) -> None:
         writeback.conversation_held_forget(conversation_id)
 
 
-def conversations_sweep(*, swept: Swept, owner_id: int | None = None, org_id: int | None = None) -> Swept:
+def conversations_sweep(
+    *, swept: Swept, owner_id: int | None = None, org_id: int | None = None
+) -> Swept:
     """Delete, in every region's database, the conversations of ``owner_id`` (or of
     organisation ``org_id``) with their turns, attachments, share links and ratings; their
     attachment files once each batch commits, their Redis copies after. With ``owner_id``,
@@ -116,17 +118,25 @@ def conversations_sweep(*, swept: Swept, owner_id: int | None = None, org_id: in
         for batch in _batches(ids):
             with transaction.atomic(using=db):
                 swept.attachment_ids += list(
-                    Attachment.objects.using(db).filter(conversation_id__in=batch).values_list("pk", flat=True)
+                    Attachment.objects.using(db)
+                    .filter(conversation_id__in=batch)
+                    .values_list("pk", flat=True)
                 )
                 attachment_files_forget(conversation_ids=batch, using=db)
                 _, per_model = Conversation.objects.using(db).filter(pk__in=batch).delete()
-            swept.counts.update({label.rpartition(".")[2].lower(): n for label, n in per_model.items()})
+            swept.counts.update(
+                {label.rpartition(".")[2].lower(): n for label, n in per_model.items()}
+            )
             swept.conversation_ids += batch
             _forget_redis(batch)
         if owner_id is not None:
             with transaction.atomic(using=db):
-                swept.counts["sharelink"] += ShareLink.objects.using(db).filter(created_by_id=owner_id).delete()[0]
-                swept.counts["feedback"] += Feedback.objects.using(db).filter(user_id=owner_id).delete()[0]
+                swept.counts["sharelink"] += (
+                    ShareLink.objects.using(db).filter(created_by_id=owner_id).delete()[0]
+                )
+                swept.counts["feedback"] += (
+                    Feedback.objects.using(db).filter(user_id=owner_id).delete()[0]
+                )
     return swept
 
 
@@ -135,7 +145,9 @@ def _admin_log_scrub(*, model, ids: list, label: str) -> None:
     ``model`` with ``label``: a row's name can be a title or a username."""
     content_type = ContentType.objects.get_for_model(model, for_concrete_model=False)
     for batch in _batches([str(i) for i in ids]):
-        LogEntry.objects.filter(content_type=content_type, object_id__in=batch).update(object_repr=label)
+        LogEntry.objects.filter(content_type=content_type, object_id__in=batch).update(
+            object_repr=label
+        )
 
 
 # --- accounts -------------------------------------------------------------------------------
@@ -155,11 +167,16 @@ def account_close(*, user: User, requested_by: User | None = None) -> None:
     memberships = list(Membership.objects.filter(user=locked))
     for membership in memberships:
         audit_record(
-            actor=locked, action=Action.ORG_MEMBER_LEAVE, org=membership.organisation_id,
-            target_type="accounts.user", target_id=locked.pk,
+            actor=locked,
+            action=Action.ORG_MEMBER_LEAVE,
+            org=membership.organisation_id,
+            target_type="accounts.user",
+            target_id=locked.pk,
             details={"role": membership.role, "reason": "account_deleted"},
-        )  # fmt: skip
-    _admin_log_scrub(model=Membership, ids=[m.pk for m in memberships], label="membership of a deleted account")
+        )
+    _admin_log_scrub(
+        model=Membership, ids=[m.pk for m in memberships], label="membership of a deleted account"
+    )
     Membership.objects.filter(pk__in=[m.pk for m in memberships]).delete()
     ApiKey.objects.filter(user=locked, revoked_at__isnull=True).update(revoked_at=timezone.now())
     locked.is_active = False
@@ -178,16 +195,22 @@ def account_forget(*, user_id: int, swept: Swept) -> dict:
         return {}
     note = AccountDeletion.objects.filter(user_id=user_id).first()
     counts = {
-        "conversations": swept.counts["conversation"], "turns": swept.counts["turn"],
-        "attachments": swept.counts["attachment"], "share_links": swept.counts["sharelink"],
+        "conversations": swept.counts["conversation"],
+        "turns": swept.counts["turn"],
+        "attachments": swept.counts["attachment"],
+        "share_links": swept.counts["sharelink"],
         "feedback": swept.counts["feedback"],
         "memory_facts": UserMemory.objects.filter(user_id=user_id).count(),
         "api_keys": ApiKey.objects.filter(user_id=user_id).count(),
-        "usage_records_anonymised": UsageRecord.objects.filter(user_id=user_id).update(user=None, conversation_id=None),
-    }  # fmt: skip
+        "usage_records_anonymised": UsageRecord.objects.filter(user_id=user_id).update(
+            user=None, conversation_id=None
+        ),
+    }
     label = f"deleted account #{user_id}"
     _admin_log_scrub(model=User, ids=[user_id], label=label)
-    _admin_log_scrub(model=Conversation, ids=swept.conversation_ids, label=f"conversation of {label}")
+    _admin_log_scrub(
+        model=Conversation, ids=swept.conversation_ids, label=f"conversation of {label}"
+    )
     _admin_log_scrub(model=Attachment, ids=swept.attachment_ids, label=f"file of {label}")
     for model in (ApiKey, UserMemory, UserSession):
         ids = list(model.objects.filter(user_id=user_id).values_list("pk", flat=True))
@@ -195,9 +218,12 @@ def account_forget(*, user_id: int, swept: Swept) -> dict:
     Invitation.objects.filter(accepted_by_id=user_id).exclude(email="").update(email="")
     requested_by = note.requested_by_id if note else None
     audit_record(
-        actor=requested_by or user_id, action=Action.ACCOUNT_DELETE, target_type="accounts.user",
-        target_id=user_id, details={**counts, "by": "staff" if requested_by else "self"},
-    )  # fmt: skip
+        actor=requested_by or user_id,
+        action=Action.ACCOUNT_DELETE,
+        target_type="accounts.user",
+        target_id=user_id,
+        details={**counts, "by": "staff" if requested_by else "self"},
+    )
     user.delete()
     AccountDeletion.objects.filter(user_id=user_id).delete()
     return counts
@@ -210,7 +236,11 @@ def account_deletion_run(*, user_id: int) -> dict:
     counts = account_forget(user_id=user_id, swept=swept)
     late = conversations_sweep(swept=Swept(), owner_id=user_id)
     if late.conversation_ids:
-        logger.warning("account deletion #%s: removed %d conversation(s) written meanwhile", user_id, len(late.conversation_ids))
+        logger.warning(
+            "account deletion #%s: removed %d conversation(s) written meanwhile",
+            user_id,
+            len(late.conversation_ids),
+        )
     return counts
 
 
@@ -229,7 +259,9 @@ def account_deletions_finish() -> int:
     """Complete every deletion that was asked for and not finished (``AccountDeletion``
     rows); returns how many were completed. ``manage.py account_deletions_finish``."""
     done = 0
-    for user_id in AccountDeletion.objects.order_by("requested_at").values_list("user_id", flat=True):
+    for user_id in AccountDeletion.objects.order_by("requested_at").values_list(
+        "user_id", flat=True
+    ):
         try:
             account_deletion_run(user_id=user_id)
             done += 1
@@ -252,19 +284,33 @@ def organisation_delete(*, org: Organisation, actor: User) -> dict:
         if locked is None:
             return {}
         counts = {
-            "conversations": swept.counts["conversation"], "turns": swept.counts["turn"],
-            "attachments": swept.counts["attachment"], "share_links": swept.counts["sharelink"],
+            "conversations": swept.counts["conversation"],
+            "turns": swept.counts["turn"],
+            "attachments": swept.counts["attachment"],
+            "share_links": swept.counts["sharelink"],
             "feedback": swept.counts["feedback"],
             "members": Membership.objects.filter(organisation=locked).count(),
             "invitations": Invitation.objects.filter(organisation=locked).count(),
-        }  # fmt: skip
-        _admin_log_scrub(model=Conversation, ids=swept.conversation_ids, label="conversation of a deleted organisation")
+        }
+        _admin_log_scrub(
+            model=Conversation,
+            ids=swept.conversation_ids,
+            label="conversation of a deleted organisation",
+        )
         audit_record(
-            actor=actor, action=Action.ORG_DELETE, org=locked.pk, target_type="accounts.organisation",
-            target_id=locked.pk, details=counts,
-        )  # fmt: skip
+            actor=actor,
+            action=Action.ORG_DELETE,
+            org=locked.pk,
+            target_type="accounts.organisation",
+            target_id=locked.pk,
+            details=counts,
+        )
         locked.delete()
     late = conversations_sweep(swept=Swept(), org_id=org.pk)
     if late.conversation_ids:
-        logger.warning("organisation deletion #%s: removed %d conversation(s) written meanwhile", org.pk, len(late.conversation_ids))
+        logger.warning(
+            "organisation deletion #%s: removed %d conversation(s) written meanwhile",
+            org.pk,
+            len(late.conversation_ids),
+        )
     return counts

@@ -1,4 +1,4 @@
-"""Privacy routes; included at the site root by chatsite/urls.py: ``path("", include("privacy.urls"))``."""
+"""Privacy routes; included at the site root by chatsite/urls.py (``include("privacy.urls")``)."""
 
 from django.urls import path
 

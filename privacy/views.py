@@ -67,7 +67,12 @@ def _owner_seat(request: HttpRequest, slug: str):
     try:
         return seat_get_owning(slug=slug, user=request.user), None
     except PermissionDenied as exc:
-        page = render(request, "workspaces/message.html", {"title": "Not allowed", "message": str(exc)}, status=403)
+        page = render(
+            request,
+            "workspaces/message.html",
+            {"title": "Not allowed", "message": str(exc)},
+            status=403,
+        )
         return None, page
 
 
@@ -108,9 +113,12 @@ def data_export(request: HttpRequest) -> HttpResponse:
     """Build your archive (privacy/export.py) and send it; recorded in the audit log."""
     archive = export.user_export_build(user=request.user)
     audit_record(
-        actor=request.user, action=Action.ACCOUNT_EXPORT, target_type="accounts.user",
-        target_id=request.user.pk, details={"bytes": archive.size, "via": "web"},
-    )  # fmt: skip
+        actor=request.user,
+        action=Action.ACCOUNT_EXPORT,
+        target_type="accounts.user",
+        target_id=request.user.pk,
+        details={"bytes": archive.size, "via": "web"},
+    )
     return archive_response(archive)
 
 
@@ -162,12 +170,18 @@ def org_export(request: HttpRequest, slug: str) -> HttpResponse:
     if refused is not None:
         return refused
     if request.method == "GET":
-        return _page(request, "privacy/org_export.html", {"seat": seat, "org": seat.org, "current": "export"})
+        return _page(
+            request, "privacy/org_export.html", {"seat": seat, "org": seat.org, "current": "export"}
+        )
     archive = export.org_export_build(org=seat.org)
     audit_record(
-        actor=request.user, action=Action.ORG_EXPORT, org=seat.org, target_type="accounts.organisation",
-        target_id=seat.org.pk, details={"bytes": archive.size},
-    )  # fmt: skip
+        actor=request.user,
+        action=Action.ORG_EXPORT,
+        org=seat.org,
+        target_type="accounts.organisation",
+        target_id=seat.org.pk,
+        details={"bytes": archive.size},
+    )
     return archive_response(archive)
 
 
@@ -195,7 +209,10 @@ def org_delete(request: HttpRequest, slug: str) -> HttpResponse:
             return response
         status = 400
     context = {
-        "seat": seat, "org": seat.org, "current": "delete", "form": form,
+        "seat": seat,
+        "org": seat.org,
+        "current": "delete",
+        "form": form,
         "summary": selectors.org_deletion_summary(org=seat.org),
-    }  # fmt: skip
+    }
     return _page(request, "privacy/org_delete.html", context, status=status)

@@ -29,12 +29,21 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def acme(make_user) -> dict:
-    olga, adam, mia, otto = (make_user(n, email=f"{n}@example.com") for n in ("olga", "adam", "mia", "otto"))
+    olga, adam, mia, otto = (
+        make_user(n, email=f"{n}@example.com") for n in ("olga", "adam", "mia", "otto")
+    )
     org = services.organisation_create(creator=olga, name="Acme", slug="acme")
     Membership.objects.create(organisation=org, user=adam, role="admin")
     Membership.objects.create(organisation=org, user=mia, role="member")
     globex = services.organisation_create(creator=otto, name="Globex", slug="globex")
-    return {"org": org, "globex": globex, "owner": olga, "admin": adam, "member": mia, "other": otto}
+    return {
+        "org": org,
+        "globex": globex,
+        "owner": olga,
+        "admin": adam,
+        "member": mia,
+        "other": otto,
+    }
 
 
 def seat(acme, who="owner", slug="acme"):
@@ -52,7 +61,13 @@ def signed_in(user) -> Client:
 
 
 def an_entry(**overrides) -> AuditEntry:
-    fields = {"actor": None, "action": "org.policy_change", "target_type": "accounts.organisation", "target_id": 1, "details": {}}
+    fields = {
+        "actor": None,
+        "action": "org.policy_change",
+        "target_type": "accounts.organisation",
+        "target_id": 1,
+        "details": {},
+    }
     return audit_record(**{**fields, **overrides})
 
 
@@ -100,7 +115,11 @@ def test_raw_sql_cannot_update_or_delete_an_entry(sql):
     trigger refuses (append-only) and the row is unchanged."""
     entry = an_entry()
 
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+    with (
+        pytest.raises(DatabaseError, match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
         cursor.execute(sql, [entry.pk])
     assert AuditEntry.objects.get(pk=entry.pk).action == "org.policy_change"
 
@@ -109,7 +128,8 @@ def test_raw_sql_cannot_update_or_delete_an_entry(sql):
 
 
 @pytest.mark.parametrize(
-    "details", [{"email": "a@example.com"}, {"changes": {"username": "alice"}}, {"rows": [{"content": "hi"}]}]
+    "details",
+    [{"email": "a@example.com"}, {"changes": {"username": "alice"}}, {"rows": [{"content": "hi"}]}],
 )
 def test_personal_data_is_refused_in_details(details):
     with pytest.raises(ValueError, match="no personal data"):
@@ -125,12 +145,20 @@ def test_a_malformed_action_name_is_refused(action):
 
 def test_an_entry_names_actor_org_and_target_by_id(acme):
     entry = audit_record(
-        actor=acme["owner"], action="org.role_change", org=acme["org"], target_type="accounts.user",
-        target_id=acme["member"].pk, details={"from": "member", "to": "admin"},
-    )  # fmt: skip
+        actor=acme["owner"],
+        action="org.role_change",
+        org=acme["org"],
+        target_type="accounts.user",
+        target_id=acme["member"].pk,
+        details={"from": "member", "to": "admin"},
+    )
 
     entry.refresh_from_db()
-    assert (entry.actor_id, entry.org_id, entry.target_id) == (acme["owner"].pk, acme["org"].pk, str(acme["member"].pk))
+    assert (entry.actor_id, entry.org_id, entry.target_id) == (
+        acme["owner"].pk,
+        acme["org"].pk,
+        str(acme["member"].pk),
+    )
     assert entry.details == {"from": "member", "to": "admin"}
 
 
@@ -159,7 +187,9 @@ def test_a_role_change_is_recorded_with_old_and_new_role(acme):
 
 
 def test_a_policy_change_is_recorded_with_its_values(acme):
-    services.organisation_policy_update(seat=seat(acme), changes={"retention_days": 7, "not_for_training": True})
+    services.organisation_policy_update(
+        seat=seat(acme), changes={"retention_days": 7, "not_for_training": True}
+    )
 
     (entry,) = entries("org.policy_change")
     assert entry.details == {"changes": {"retention_days": 7, "not_for_training": True}}
@@ -170,11 +200,17 @@ def test_a_member_removal_is_recorded(acme):
     services.member_remove(seat=seat(acme, "admin"), membership=membership(acme, "member"))
 
     (entry,) = entries("org.member_remove")
-    assert (entry.actor_id, entry.target_id, entry.details) == (acme["admin"].pk, str(acme["member"].pk), {"role": "member"})
+    assert (entry.actor_id, entry.target_id, entry.details) == (
+        acme["admin"].pk,
+        str(acme["member"].pk),
+        {"role": "member"},
+    )
 
 
 def test_an_invitation_and_its_withdrawal_are_recorded_without_the_address(acme):
-    issued = services.invitation_create(seat=seat(acme), role="member", email="new.person@example.com")
+    issued = services.invitation_create(
+        seat=seat(acme), role="member", email="new.person@example.com"
+    )
     services.invitation_revoke(seat=seat(acme), invitation=issued.invitation)
 
     (created,) = entries("org.invitation_create")
@@ -196,7 +232,9 @@ def test_accepting_an_invitation_is_recorded(acme, make_user):
 
 def test_a_moderation_policy_change_is_recorded(acme):
     form = {f"threshold_{c}": "" for c in settings.CHAT_MODERATION_THRESHOLDS}
-    response = signed_in(acme["owner"]).post("/orgs/acme/moderation/", {**form, "blocked_terms": "falcon"})
+    response = signed_in(acme["owner"]).post(
+        "/orgs/acme/moderation/", {**form, "blocked_terms": "falcon"}
+    )
 
     assert response.status_code == 303, response.content[:500]
     (entry,) = entries("org.moderation_change")
@@ -207,16 +245,25 @@ def test_revoking_a_share_link_is_recorded_once(acme):
     conversation = conversation_services.conversation_create(owner=acme["member"], org=acme["org"])
     question = conversation_services.turn_append_user(conversation=conversation, content="hello")
     conversation_services.turn_append_assistant(
-        conversation_id=conversation.pk, turn_id=uuid.uuid4(),
-        reply_to_id=question.turn_id, content="hi", status="complete", prompt_tokens=1, completion_tokens=1,
-    )  # fmt: skip
+        conversation_id=conversation.pk,
+        turn_id=uuid.uuid4(),
+        reply_to_id=question.turn_id,
+        content="hi",
+        status="complete",
+        prompt_tokens=1,
+        completion_tokens=1,
+    )
     link = share_link_create(conversation=conversation, user=acme["member"])
 
     share_link_revoke(conversation=conversation, link=link, user=acme["member"])
     share_link_revoke(conversation=conversation, link=link, user=acme["member"])  # already revoked
 
     (entry,) = entries("share_link.revoke")
-    assert (entry.actor_id, entry.org_id, entry.target_id) == (acme["member"].pk, acme["org"].pk, str(link.pk))
+    assert (entry.actor_id, entry.org_id, entry.target_id) == (
+        acme["member"].pk,
+        acme["org"].pk,
+        str(link.pk),
+    )
 
 
 def test_revoking_an_api_key_is_recorded_once(make_user):
@@ -234,7 +281,9 @@ def test_revoking_an_api_key_is_recorded_once(make_user):
 # --- the organisation's page ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("who", "status"), [("owner", 200), ("admin", 403), ("member", 403), ("other", 404)])
+@pytest.mark.parametrize(
+    ("who", "status"), [("owner", 200), ("admin", 403), ("member", 403), ("other", 404)]
+)
 def test_only_owners_read_the_organisations_log(acme, who, status):
     response = signed_in(acme[who]).get("/orgs/acme/audit/")
 
@@ -251,8 +300,12 @@ def test_the_owner_sees_only_their_organisations_entries(acme):
     """Given role changes in Acme and in Globex, when Acme's owner opens Acme's log, then only
     Acme's entries are listed (Globex's and org-less ones never)."""
     services.member_role_set(seat=seat(acme), membership=membership(acme, "member"), role="admin")
-    globex_member = Membership.objects.create(organisation=acme["globex"], user=acme["member"], role="member")
-    services.member_role_set(seat=seat(acme, "other", "globex"), membership=globex_member, role="admin")
+    globex_member = Membership.objects.create(
+        organisation=acme["globex"], user=acme["member"], role="member"
+    )
+    services.member_role_set(
+        seat=seat(acme, "other", "globex"), membership=globex_member, role="admin"
+    )
     an_entry(action="account.export")  # no organisation
 
     page = signed_in(acme["owner"]).get("/orgs/acme/audit/").content.decode()
@@ -265,7 +318,14 @@ def test_the_owner_sees_only_their_organisations_entries(acme):
 def test_the_page_names_people_and_shows_a_deleted_account_as_such(acme, make_user):
     services.member_role_set(seat=seat(acme), membership=membership(acme, "member"), role="admin")
     gone = make_user("gone")
-    audit_record(actor=gone, action="org.member_leave", org=acme["org"], target_type="accounts.user", target_id=gone.pk, details={})
+    audit_record(
+        actor=gone,
+        action="org.member_leave",
+        org=acme["org"],
+        target_type="accounts.user",
+        target_id=gone.pk,
+        details={},
+    )
     gone_id = gone.pk
     gone.delete()
 
@@ -281,15 +341,25 @@ def test_the_page_is_paged_from_the_newest(acme, monkeypatch):
     monkeypatch.setattr(audit_selectors, "PAGE_SIZE", 2)
     for days in (1, 2, 3):
         services.organisation_policy_update(seat=seat(acme), changes={"retention_days": days})
-    newest_first = list(AuditEntry.objects.filter(org_id=acme["org"].pk).order_by("-id").values_list("id", flat=True))
+    newest_first = list(
+        AuditEntry.objects.filter(org_id=acme["org"].pk)
+        .order_by("-id")
+        .values_list("id", flat=True)
+    )
     client = signed_in(acme["owner"])
 
     first = client.get("/orgs/acme/audit/").content.decode()
     older = client.get(f"/orgs/acme/audit/?before={newest_first[1]}").content.decode()
 
-    assert f'data-entry="{newest_first[0]}"' in first and f'data-entry="{newest_first[2]}"' not in first
+    assert (
+        f'data-entry="{newest_first[0]}"' in first
+        and f'data-entry="{newest_first[2]}"' not in first
+    )
     assert f"before={newest_first[1]}" in first
-    assert f'data-entry="{newest_first[2]}"' in older and f'data-entry="{newest_first[1]}"' not in older
+    assert (
+        f'data-entry="{newest_first[2]}"' in older
+        and f'data-entry="{newest_first[1]}"' not in older
+    )
 
 
 def test_the_page_filters_by_action(acme):

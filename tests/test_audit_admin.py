@@ -55,7 +55,11 @@ def test_a_change_through_an_admin_form_is_recorded_with_the_changed_fields(admi
 
     assert response.status_code == 302, response.content[:500]
     (entry,) = admin_entries()
-    assert (entry.action, entry.actor_id, entry.org_id) == ("admin.change", admin_client.staff.pk, acme["org"].pk)
+    assert (entry.action, entry.actor_id, entry.org_id) == (
+        "admin.change",
+        admin_client.staff.pk,
+        acme["org"].pk,
+    )
     assert (entry.target_type, entry.target_id) == ("accounts.membership", str(membership.pk))
     assert entry.details == {"via": "admin", "fields": ["Role"]}
     assert "mia" not in str(entry.details)
@@ -67,7 +71,11 @@ def test_deleting_one_row_from_its_page_is_recorded(admin_client, acme):
     admin_client.post(f"/admin/accounts/membership/{membership.pk}/delete/", {"post": "yes"})
 
     (entry,) = admin_entries()
-    assert (entry.action, entry.target_id, entry.org_id) == ("admin.delete", str(membership.pk), acme["org"].pk)
+    assert (entry.action, entry.target_id, entry.org_id) == (
+        "admin.delete",
+        str(membership.pk),
+        acme["org"].pk,
+    )
 
 
 def test_a_bulk_action_is_recorded_once_per_selected_row(admin_client, make_user):
@@ -90,7 +98,9 @@ def test_a_bulk_action_is_recorded_once_per_selected_row(admin_client, make_user
     assert {e.target_id for e in recorded} == {str(k.pk) for k in keys}
 
 
-def test_delete_selected_records_each_row_once_and_its_confirmation_page_nothing(admin_client, acme):
+def test_delete_selected_records_each_row_once_and_its_confirmation_page_nothing(
+    admin_client, acme
+):
     """Given two memberships, when staff choose "Delete selected" (a confirmation page), then
     nothing is recorded yet; when they confirm, one ``admin.action.delete_selected`` entry per
     row with its organisation, and no second ``admin.delete`` copy (the admin's LogEntry of a
@@ -118,7 +128,13 @@ def test_an_action_with_nothing_selected_records_nothing(admin_client):
 
 
 def test_the_audit_log_is_listed_for_staff(admin_client):
-    audit_record(actor=None, action="org.policy_change", target_type="accounts.organisation", target_id=1, details={})
+    audit_record(
+        actor=None,
+        action="org.policy_change",
+        target_type="accounts.organisation",
+        target_id=1,
+        details={},
+    )
 
     response = admin_client.get("/admin/audit/auditentry/")
 
@@ -126,10 +142,18 @@ def test_the_audit_log_is_listed_for_staff(admin_client):
 
 
 def test_the_audit_log_cannot_be_changed_or_deleted_in_the_admin(admin_client):
-    entry = audit_record(actor=None, action="org.policy_change", target_type="accounts.organisation", target_id=1, details={})
+    entry = audit_record(
+        actor=None,
+        action="org.policy_change",
+        target_type="accounts.organisation",
+        target_id=1,
+        details={},
+    )
 
     view = admin_client.get(f"/admin/audit/auditentry/{entry.pk}/change/")
-    change = admin_client.post(f"/admin/audit/auditentry/{entry.pk}/change/", {"action": "org.delete"})
+    change = admin_client.post(
+        f"/admin/audit/auditentry/{entry.pk}/change/", {"action": "org.delete"}
+    )
     delete = admin_client.post(f"/admin/audit/auditentry/{entry.pk}/delete/", {"post": "yes"})
     add = admin_client.get("/admin/audit/auditentry/add/")
 
@@ -140,8 +164,20 @@ def test_the_audit_log_cannot_be_changed_or_deleted_in_the_admin(admin_client):
 
 def test_a_search_by_number_finds_an_actors_entries(admin_client, make_user):
     actor = make_user("sam")
-    audit_record(actor=actor, action="org.policy_change", target_type="accounts.organisation", target_id=999, details={})
-    audit_record(actor=None, action="org.create", target_type="accounts.organisation", target_id=998, details={})
+    audit_record(
+        actor=actor,
+        action="org.policy_change",
+        target_type="accounts.organisation",
+        target_id=999,
+        details={},
+    )
+    audit_record(
+        actor=None,
+        action="org.create",
+        target_type="accounts.organisation",
+        target_id=998,
+        details={},
+    )
 
     page = admin_client.get(f"/admin/audit/auditentry/?q={actor.pk}").content.decode()
 

@@ -49,29 +49,58 @@ def media(settings, tmp_path):
     return tmp_path / "attachments"
 
 
-def conversation_with_data(user, word: str, *, org=None, title: str | None = None) -> SimpleNamespace:
+def conversation_with_data(
+    user, word: str, *, org=None, title: str | None = None
+) -> SimpleNamespace:
     """A conversation of ``user`` holding ``word`` in its question, answer, file, rating and
     title, with a share link; plus a usage record for its answer."""
-    conversation = services.conversation_create(owner=user, org=org, title=title or f"Plans about {word}")
-    question = services.turn_append_user(conversation=conversation, content=f"Remember {word} for me.")
+    conversation = services.conversation_create(
+        owner=user, org=org, title=title or f"Plans about {word}"
+    )
+    question = services.turn_append_user(
+        conversation=conversation, content=f"Remember {word} for me."
+    )
     answer = services.turn_append_assistant(
-        conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
-        content=f"I will remember {word}.", status="complete", prompt_tokens=7, completion_tokens=4,
-    )  # fmt: skip
+        conversation_id=conversation.pk,
+        turn_id=uuid.uuid4(),
+        reply_to_id=question.turn_id,
+        content=f"I will remember {word}.",
+        status="complete",
+        prompt_tokens=7,
+        completion_tokens=4,
+    )
     (attachment,) = attachments_create(
         conversation=conversation,
-        uploads=[file_read(name=f"{word}.txt", data=f"the file says {word}\n".encode(), encode_text=str.split)],
+        uploads=[
+            file_read(
+                name=f"{word}.txt", data=f"the file says {word}\n".encode(), encode_text=str.split
+            )
+        ],
     )
     attachments_link(conversation=conversation, question=question, attachments=[attachment])
     conversation.refresh_from_db()
     link = share_link_create(conversation=conversation, user=user)
-    feedback_set(conversation=conversation, answer=answer, user=user, rating="up", comment=f"good {word}")
+    feedback_set(
+        conversation=conversation, answer=answer, user=user, rating="up", comment=f"good {word}"
+    )
     UsageRecord.objects.create(
-        user=user, org=org, turn_id=answer.turn_id, conversation_id=conversation.pk, pool="mini",
-        model_version="1", tier=user.tier, prompt_tokens=7, completion_tokens=4, cost_usd=Decimal("0.00002325"),
-    )  # fmt: skip
+        user=user,
+        org=org,
+        turn_id=answer.turn_id,
+        conversation_id=conversation.pk,
+        pool="mini",
+        model_version="1",
+        tier=user.tier,
+        prompt_tokens=7,
+        completion_tokens=4,
+        cost_usd=Decimal("0.00002325"),
+    )
     return SimpleNamespace(
-        conversation=conversation, question=question, answer=answer, attachment=attachment, link=link
+        conversation=conversation,
+        question=question,
+        answer=answer,
+        attachment=attachment,
+        link=link,
     )
 
 
@@ -79,9 +108,13 @@ def account_with_data(make_user, name: str, word: str) -> SimpleNamespace:
     """A user with :func:`conversation_with_data`, a memory fact, an API key and a session row."""
     user = make_user(name, email=f"{name}@example.com")
     data = conversation_with_data(user, word)
-    UserMemory.objects.create(user=user, text=f"likes {word}", embedding=[0.0] * embedding_dimension())
+    UserMemory.objects.create(
+        user=user, text=f"likes {word}", embedding=[0.0] * embedding_dimension()
+    )
     data.key = api_key_create(user=user, name=f"{name}'s script")
-    UserSession.objects.create(user=user, session_key=f"s-{name}-{uuid.uuid4().hex[:20]}", user_agent="Firefox")
+    UserSession.objects.create(
+        user=user, session_key=f"s-{name}-{uuid.uuid4().hex[:20]}", user_agent="Firefox"
+    )
     data.user = user
     return data
 
@@ -98,7 +131,9 @@ def body(response) -> bytes:
 
 
 def archive(response) -> zipfile.ZipFile:
-    assert response.status_code == 200, response.content[:300] if not response.streaming else response.status_code
+    assert response.status_code == 200, (
+        response.content[:300] if not response.streaming else response.status_code
+    )
     assert response["Content-Type"] == "application/zip"
     assert response["Content-Disposition"].startswith("attachment;")
     return zipfile.ZipFile(io.BytesIO(body(response)))
@@ -150,8 +185,9 @@ def test_data_json_holds_the_conversation_turns_link_and_rating(alice):
     (conversation,) = data["conversations"]
     assert conversation["conversation_id"] == str(alice.conversation.pk)
     assert [(t["role"], t["content"]) for t in conversation["turns"]] == [
-        ("user", "Remember tangerine for me."), ("assistant", "I will remember tangerine."),
-    ]  # fmt: skip
+        ("user", "Remember tangerine for me."),
+        ("assistant", "I will remember tangerine."),
+    ]
     assert conversation["turns"][1]["prompt_tokens"] == 7
     assert conversation["share_links"][0]["link_id"] == str(alice.link.pk)
     assert conversation["feedback"][0]["comment"] == "good tangerine"
@@ -162,10 +198,19 @@ def test_data_json_holds_account_settings_memory_usage_keys_and_sessions(alice):
     data = data_json(archive(signed_in(alice.user).post("/settings/data/export")))
 
     assert data["format"] == "chatsite-export" and data["kind"] == "account"
-    assert data["account"]["username"] == "alice" and data["account"]["email"] == "alice@example.com"
-    assert data["settings"] == {"tier": "free", "region": alice.user.region, "memory_enabled": True, "feature_flags": []}
+    assert (
+        data["account"]["username"] == "alice" and data["account"]["email"] == "alice@example.com"
+    )
+    assert data["settings"] == {
+        "tier": "free",
+        "region": alice.user.region,
+        "memory_enabled": True,
+        "feature_flags": [],
+    }
     assert [m["text"] for m in data["memory"]] == ["likes tangerine"]
-    assert [(u["prompt_tokens"], u["completion_tokens"], u["cost_usd"]) for u in data["usage"]] == [(7, 4, "0.00002325")]
+    assert [(u["prompt_tokens"], u["completion_tokens"], u["cost_usd"]) for u in data["usage"]] == [
+        (7, 4, "0.00002325")
+    ]
     assert [k["name"] for k in data["api_keys"]] == ["alice's script"]
     assert "Firefox" in [s["user_agent"] for s in data["sessions"]]
 
@@ -174,7 +219,9 @@ def test_every_version_is_in_data_json_and_the_markdown_shows_the_current_one(al
     """Given an edited question, then data.json has both versions and the Markdown file the
     newest only (marked edited)."""
     services.turn_append_user(
-        conversation=alice.conversation, content="Remember tangerine twice.", replaces=alice.question
+        conversation=alice.conversation,
+        content="Remember tangerine twice.",
+        replaces=alice.question,
     )
     zf = archive(signed_in(alice.user).post("/settings/data/export"))
 
@@ -223,7 +270,11 @@ def test_the_export_is_recorded_in_the_audit_log(alice):
     signed_in(alice.user).post("/settings/data/export")
 
     entry = AuditEntry.objects.get(action="account.export")
-    assert (entry.actor_id, entry.target_id, entry.org_id) == (alice.user.pk, str(alice.user.pk), None)
+    assert (entry.actor_id, entry.target_id, entry.org_id) == (
+        alice.user.pk,
+        str(alice.user.pk),
+        None,
+    )
 
 
 def test_the_data_page_offers_the_download_form(alice):
@@ -233,7 +284,9 @@ def test_the_data_page_offers_the_download_form(alice):
     assert b'id="data-export"' in page.content and b"csrfmiddlewaretoken" in page.content
 
 
-@pytest.mark.parametrize(("method", "path"), [("get", "/settings/data/"), ("post", "/settings/data/export")])
+@pytest.mark.parametrize(
+    ("method", "path"), [("get", "/settings/data/"), ("post", "/settings/data/export")]
+)
 def test_an_anonymous_visitor_is_sent_to_sign_in(method, path):
     response = getattr(Client(), method)(path)
 
@@ -248,7 +301,9 @@ def test_the_download_needs_the_csrf_token(alice):
     refused = client.post("/settings/data/export")
     exported_before = AuditEntry.objects.filter(action="account.export").exists()
     client.get("/settings/data/")
-    allowed = client.post("/settings/data/export", {"csrfmiddlewaretoken": client.cookies["csrftoken"].value})
+    allowed = client.post(
+        "/settings/data/export", {"csrfmiddlewaretoken": client.cookies["csrftoken"].value}
+    )
 
     assert refused.status_code == 403 and not exported_before
     assert allowed.status_code == 200
@@ -262,7 +317,9 @@ def test_a_get_does_not_download(alice):
 
 
 def test_the_api_returns_the_callers_archive(alice):
-    response = Client().get(f"/v1/users/{alice.user.pk}/export", HTTP_AUTHORIZATION=f"Bearer {alice.key.raw}")
+    response = Client().get(
+        f"/v1/users/{alice.user.pk}/export", HTTP_AUTHORIZATION=f"Bearer {alice.key.raw}"
+    )
 
     data = data_json(archive(response))
     assert data["account"]["username"] == "alice"
@@ -270,7 +327,9 @@ def test_the_api_returns_the_callers_archive(alice):
 
 
 def test_the_api_answers_404_for_another_users_id(alice, bob):
-    response = Client().get(f"/v1/users/{bob.user.pk}/export", HTTP_AUTHORIZATION=f"Bearer {alice.key.raw}")
+    response = Client().get(
+        f"/v1/users/{bob.user.pk}/export", HTTP_AUTHORIZATION=f"Bearer {alice.key.raw}"
+    )
 
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "not_found"
@@ -289,19 +348,26 @@ def test_the_api_needs_a_key(alice):
 def acme(make_user) -> SimpleNamespace:
     """Acme: olga (owner), adam (admin), mia (member), each with a conversation in Acme; mia
     also has a personal one (created before she joined). Globex: otto, with one of its own."""
-    olga, adam, mia, otto = (make_user(n, email=f"{n}@example.com") for n in ("olga", "adam", "mia", "otto"))
+    olga, adam, mia, otto = (
+        make_user(n, email=f"{n}@example.com") for n in ("olga", "adam", "mia", "otto")
+    )
     mia_personal = conversation_with_data(mia, "personal-fig")
     org = workspace_services.organisation_create(creator=olga, name="Acme", slug="acme")
     Membership.objects.create(organisation=org, user=adam, role="admin")
     Membership.objects.create(organisation=org, user=mia, role="member")
     globex = workspace_services.organisation_create(creator=otto, name="Globex", slug="globex")
     return SimpleNamespace(
-        org=org, globex=globex, owner=olga, admin=adam, member=mia, other=otto,
+        org=org,
+        globex=globex,
+        owner=olga,
+        admin=adam,
+        member=mia,
+        other=otto,
         owner_conv=conversation_with_data(olga, "acme-olive", org=org),
         member_conv=conversation_with_data(mia, "acme-melon", org=org),
         mia_personal=mia_personal,
         globex_conv=conversation_with_data(otto, "globex-grape", org=globex),
-    )  # fmt: skip
+    )
 
 
 def test_the_owner_exports_every_conversation_of_the_organisation(acme):
@@ -311,7 +377,10 @@ def test_the_owner_exports_every_conversation_of_the_organisation(acme):
 
     data = data_json(zf)
     exported = {c["conversation_id"]: c["owner"] for c in data["conversations"]}
-    assert exported == {str(acme.owner_conv.conversation.pk): "olga", str(acme.member_conv.conversation.pk): "mia"}
+    assert exported == {
+        str(acme.owner_conv.conversation.pk): "olga",
+        str(acme.member_conv.conversation.pk): "mia",
+    }
     assert "I will remember acme-melon." in everything(zf)
 
 
@@ -319,8 +388,18 @@ def test_the_organisation_export_holds_members_and_policies(acme):
     data = data_json(archive(signed_in(acme.owner).post("/orgs/acme/export/")))
 
     assert data["kind"] == "organisation" and data["organisation"]["slug"] == "acme"
-    assert {(m["username"], m["role"]) for m in data["members"]} == {("olga", "owner"), ("adam", "admin"), ("mia", "member")}
-    assert set(data["policies"]) >= {"retention_days", "zero_retention", "pinned_pool", "not_for_training", "blocked_terms"}
+    assert {(m["username"], m["role"]) for m in data["members"]} == {
+        ("olga", "owner"),
+        ("adam", "admin"),
+        ("mia", "member"),
+    }
+    assert set(data["policies"]) >= {
+        "retention_days",
+        "zero_retention",
+        "pinned_pool",
+        "not_for_training",
+        "blocked_terms",
+    }
 
 
 def test_the_organisation_export_leaves_out_personal_and_other_organisations_conversations(acme):
@@ -337,7 +416,8 @@ def test_the_organisation_export_is_in_its_audit_log(acme):
 
 
 @pytest.mark.parametrize(
-    ("who", "status"), [("owner", 200), ("admin", 403), ("member", 403), ("other", 404), (None, 302)]
+    ("who", "status"),
+    [("owner", 200), ("admin", 403), ("member", 403), ("other", 404), (None, 302)],
 )
 @pytest.mark.parametrize("method", ["get", "post"])
 def test_only_owners_export_the_organisation(acme, who, status, method):

@@ -30,7 +30,7 @@ from memory.models import UserMemory
 from privacy import services
 from sharing.models import ShareLink
 from tests.conftest import PASSWORD
-from tests.test_privacy import account_with_data, conversation_with_data, media  # noqa: F401
+from tests.test_privacy import account_with_data, conversation_with_data
 from usage.models import UsageRecord
 from workspaces import services as workspace_services
 from workspaces.models import Invitation
@@ -50,6 +50,16 @@ def fresh_throttle_counters():
     clear()
     yield
     clear()
+
+
+@pytest.fixture(autouse=True)
+def media(settings, tmp_path):
+    """Attachment files in a folder of this test's own."""
+    settings.CHAT_ATTACHMENT_STORAGE = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path / "attachments")},
+    }
+    return tmp_path / "attachments"
 
 
 @pytest.fixture
@@ -74,7 +84,9 @@ def delete(client: Client, password: str = PASSWORD):
 
 def rows_of(user_id: int) -> dict[str, int]:
     """Every row that names ``user_id``, by kind (the regional ones in the one database here)."""
-    conversation_ids = list(Conversation.objects.filter(owner_id=user_id).values_list("pk", flat=True))
+    conversation_ids = list(
+        Conversation.objects.filter(owner_id=user_id).values_list("pk", flat=True)
+    )
     return {
         "user": User.objects.filter(pk=user_id).count(),
         "conversations": len(conversation_ids),
@@ -90,7 +102,7 @@ def rows_of(user_id: int) -> dict[str, int]:
     }
 
 
-def files(media) -> list:  # noqa: F811
+def files(media) -> list:
     return sorted(p.name for p in media.rglob("*") if p.is_file()) if media.exists() else []
 
 
@@ -109,7 +121,7 @@ def test_deletion_leaves_no_row_of_the_person(alice, bob):
     assert rows_of(bob.user.pk) == before_bob and before_bob["conversations"] == 1
 
 
-def test_the_attachment_files_are_removed_from_storage(alice, bob, media):  # noqa: F811
+def test_the_attachment_files_are_removed_from_storage(alice, bob, media):
     assert len(files(media)) == 2
 
     delete(signed_in(alice.user))
@@ -120,12 +132,19 @@ def test_the_attachment_files_are_removed_from_storage(alice, bob, media):  # no
 def test_usage_totals_still_add_up_with_no_one_named(alice, bob):
     """Given usage records of alice and bob, when alice is deleted, then the ledger's totals
     are unchanged, her rows name no user and no conversation, and bob's still name him."""
-    totals = UsageRecord.objects.aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"), usd=Sum("cost_usd"))
+    totals = UsageRecord.objects.aggregate(
+        p=Sum("prompt_tokens"), c=Sum("completion_tokens"), usd=Sum("cost_usd")
+    )
     count = UsageRecord.objects.count()
 
     delete(signed_in(alice.user))
 
-    assert UsageRecord.objects.aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"), usd=Sum("cost_usd")) == totals
+    assert (
+        UsageRecord.objects.aggregate(
+            p=Sum("prompt_tokens"), c=Sum("completion_tokens"), usd=Sum("cost_usd")
+        )
+        == totals
+    )
     assert totals["usd"] == Decimal("0.00004650") and UsageRecord.objects.count() == count
     anonymous = UsageRecord.objects.get(user__isnull=True)
     assert anonymous.conversation_id is None and anonymous.prompt_tokens == 7
@@ -206,7 +225,10 @@ def test_a_wrong_password_deletes_nothing(alice):
     response = delete(signed_in(alice.user), password="not-my-password")
 
     assert response.status_code == 400 and b"That is not your password." in response.content
-    assert rows_of(alice.user.pk)["conversations"] == 1 and User.objects.get(pk=alice.user.pk).is_active
+    assert (
+        rows_of(alice.user.pk)["conversations"] == 1
+        and User.objects.get(pk=alice.user.pk).is_active
+    )
 
 
 def test_wrong_passwords_are_limited_like_sign_ins(alice, settings):
@@ -244,7 +266,8 @@ def test_the_form_needs_the_csrf_token(alice):
     refused = delete(client)
     client.get("/settings/delete-account/")
     allowed = client.post(
-        "/settings/delete-account/", {"password": PASSWORD, "csrfmiddlewaretoken": client.cookies["csrftoken"].value}
+        "/settings/delete-account/",
+        {"password": PASSWORD, "csrfmiddlewaretoken": client.cookies["csrftoken"].value},
     )
 
     assert refused.status_code == 403
@@ -270,7 +293,7 @@ def acme(make_user):
 
 
 def test_the_last_owner_is_told_to_hand_over_or_delete_the_organisation(acme):
-    org, olga, _ = acme
+    _, olga, _ = acme
 
     page = signed_in(olga).get("/settings/delete-account/")
     response = delete(signed_in(olga))
@@ -289,7 +312,10 @@ def test_after_handing_over_the_last_owner_can_delete(acme):
     response = delete(signed_in(olga))
 
     assert response.status_code == 302
-    assert not User.objects.filter(pk=olga.pk).exists() and Membership.objects.filter(organisation=org).count() == 1
+    assert (
+        not User.objects.filter(pk=olga.pk).exists()
+        and Membership.objects.filter(organisation=org).count() == 1
+    )
     left = AuditEntry.objects.get(action="org.member_leave", org_id=org.pk)
     assert left.details == {"role": "owner", "reason": "account_deleted"}
 
@@ -343,7 +369,7 @@ def acme_with_conversations(make_user):
     return org, olga, adam, mia, mia_personal, in_org
 
 
-def test_the_owner_deletes_the_organisation_and_its_conversations(acme_with_conversations, media):  # noqa: F811
+def test_the_owner_deletes_the_organisation_and_its_conversations(acme_with_conversations, media):
     """When Acme's owner deletes it (URL name and password), then Acme's conversations of
     every member are gone with their files, members keep their accounts and personal
     conversations, and the deletion is in the audit log."""
@@ -371,7 +397,7 @@ def test_a_wrong_url_name_deletes_nothing(acme_with_conversations):
 
 @pytest.mark.parametrize(("who", "status"), [("adam", 403), ("mia", 403), ("stranger", 404)])
 def test_only_owners_delete_the_organisation(acme_with_conversations, make_user, who, status):
-    org, olga, adam, mia, *_ = acme_with_conversations
+    org, _, adam, mia, *_ = acme_with_conversations
     user = {"adam": adam, "mia": mia}.get(who) or make_user(who)
 
     response = signed_in(user).post("/orgs/acme/delete/", {"slug": "acme", "password": PASSWORD})

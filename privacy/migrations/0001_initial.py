@@ -5,20 +5,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='AccountDeletion',
+            name="AccountDeletion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('user_id', models.BigIntegerField(unique=True)),
-                ('requested_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('requested_by_id', models.BigIntegerField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("user_id", models.BigIntegerField(unique=True)),
+                ("requested_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("requested_by_id", models.BigIntegerField(blank=True, null=True)),
             ],
         ),
     ]

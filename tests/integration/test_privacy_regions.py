@@ -38,6 +38,10 @@ REGIONAL = {
     "share_links": ("sharing_sharelink", "created_by_id", "person"),
     "feedback": ("feedback_feedback", "user_id", "person"),
 }
+USAGE_TOTALS = (
+    "SELECT sum(prompt_tokens), sum(completion_tokens), sum(cost_usd)::text, count(*) "
+    "FROM usage_usagerecord"
+)
 GLOBAL = {
     "account": ("accounts_user", "id"),
     "memory": ("user_memory", "user_id"),
@@ -51,7 +55,9 @@ GLOBAL = {
 @pytest.fixture(scope="module")
 def servers():
     with clusters() as made:
-        yield SimpleNamespace(default=made.primary("global-eu-west"), us_east=made.primary("us-east"))
+        yield SimpleNamespace(
+            default=made.primary("global-eu-west"), us_east=made.primary("us-east")
+        )
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +81,12 @@ def report(servers, media) -> dict:
     }
     done = subprocess.run(
         [sys.executable, "-m", "tests.integration.test_privacy_regions"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -84,7 +94,9 @@ def report(servers, media) -> dict:
 def count(server, table: str, column: str, values: list) -> int:
     if not values:
         return 0
-    return server.query(f"SELECT count(*) FROM {table} WHERE {column}::text = ANY(%s)", ([str(v) for v in values],))[0][0]
+    return server.query(
+        f"SELECT count(*) FROM {table} WHERE {column}::text = ANY(%s)", ([str(v) for v in values],)
+    )[0][0]
 
 
 def regional_rows(servers, person: dict) -> dict[str, dict[str, int]]:
@@ -92,7 +104,9 @@ def regional_rows(servers, person: dict) -> dict[str, dict[str, int]]:
     found = {}
     for name, server in (("eu-west", servers.default), ("us-east", servers.us_east)):
         found[name] = {
-            kind: count(server, table, column, [person["id"]] if by == "person" else person["conversations"])
+            kind: count(
+                server, table, column, [person["id"]] if by == "person" else person["conversations"]
+            )
             for kind, (table, column, by) in REGIONAL.items()
         }
     return found
@@ -120,8 +134,19 @@ def test_no_row_of_the_person_is_left_in_any_region_database(report, servers):
 def test_no_row_of_the_person_is_left_in_the_default_database(report, servers):
     alice = report["alice"]["id"]
 
-    assert {kind: count(servers.default, table, column, [alice]) for kind, (table, column) in GLOBAL.items()} == dict.fromkeys(GLOBAL, 0)
-    assert count(servers.default, "usage_usagerecord", "conversation_id", report["alice"]["conversations"]) == 0
+    assert {
+        kind: count(servers.default, table, column, [alice])
+        for kind, (table, column) in GLOBAL.items()
+    } == dict.fromkeys(GLOBAL, 0)
+    assert (
+        count(
+            servers.default,
+            "usage_usagerecord",
+            "conversation_id",
+            report["alice"]["conversations"],
+        )
+        == 0
+    )
 
 
 def test_another_persons_rows_in_the_same_region_stay(report, servers):
@@ -139,10 +164,10 @@ def test_the_attachment_files_are_gone_and_the_other_persons_stays(report, media
 
 
 def test_usage_totals_sum_the_same_with_no_row_naming_the_person(report, servers):
-    totals = servers.default.query(
-        "SELECT sum(prompt_tokens), sum(completion_tokens), sum(cost_usd)::text, count(*) FROM usage_usagerecord"
-    )[0]
-    anonymous = servers.default.query("SELECT count(*) FROM usage_usagerecord WHERE user_id IS NULL")[0][0]
+    totals = servers.default.query(USAGE_TOTALS)[0]
+    anonymous = servers.default.query(
+        "SELECT count(*) FROM usage_usagerecord WHERE user_id IS NULL"
+    )[0][0]
 
     assert list(totals) == report["usage_before"]
     assert anonymous == 2  # alice's two answers, kept for billing
@@ -150,9 +175,12 @@ def test_usage_totals_sum_the_same_with_no_row_naming_the_person(report, servers
 
 def test_the_audit_log_has_the_deletion_and_no_name(report, servers):
     rows = servers.default.query(
-        "SELECT action, actor_id, details::text FROM audit_auditentry WHERE action = 'account.delete'"
+        "SELECT action, actor_id, details::text FROM audit_auditentry "
+        "WHERE action = 'account.delete'"
     )
-    everything = servers.default.query("SELECT string_agg(row_to_json(a)::text, ' ') FROM audit_auditentry a")[0][0]
+    everything = servers.default.query(
+        "SELECT string_agg(row_to_json(a)::text, ' ') FROM audit_auditentry a"
+    )[0][0]
 
     assert [(a, actor) for a, actor, _ in rows] == [("account.delete", report["alice"]["id"])]
     assert json.loads(rows[0][2])["conversations"] == 2
@@ -190,28 +218,36 @@ def _scenario() -> dict:
                 found[name] = {}
                 for kind, (table, column, by) in REGIONAL.items():
                     values = [str(person["id"])] if by == "person" else person["conversations"]
-                    cursor.execute(f"SELECT count(*) FROM {table} WHERE {column}::text = ANY(%s)", [values])
+                    cursor.execute(
+                        f"SELECT count(*) FROM {table} WHERE {column}::text = ANY(%s)", [values]
+                    )
                     found[name][kind] = cursor.fetchone()[0]
         return found
 
     def person(user, datas) -> dict:
         return {
-            "id": user.pk, "username": user.username,
+            "id": user.pk,
+            "username": user.username,
             "conversations": [str(d.conversation.pk) for d in datas],
             "files": sorted(d.attachment.storage_name for d in datas),
-        }  # fmt: skip
+        }
 
     suffix = uuid.uuid4().hex[:8]
     olga = User.objects.create_user(username=f"olga-{suffix}", password=PASSWORD, region="eu-west")
     org = Organisation.objects.create(name="Euro", slug=f"euro-{suffix}", region="eu-west")
     Membership.objects.create(organisation=org, user=olga, role="owner")
     alice = User.objects.create_user(
-        username=f"alice-{suffix}", password=PASSWORD, region="us-east", email=f"alice-{suffix}@example.com"
+        username=f"alice-{suffix}",
+        password=PASSWORD,
+        region="us-east",
+        email=f"alice-{suffix}@example.com",
     )
     personal = conversation_with_data(alice, "tangerine-us")  # before joining: alice's own region
     Membership.objects.create(organisation=org, user=alice, role="member")
     in_org = conversation_with_data(alice, "tangerine-eu", org=org)  # the organisation's region
-    UserMemory.objects.create(user=alice, text="likes tangerines", embedding=[0.0] * embedding_dimension())
+    UserMemory.objects.create(
+        user=alice, text="likes tangerines", embedding=[0.0] * embedding_dimension()
+    )
     api_key_create(user=alice, name="script")
     bob = User.objects.create_user(username=f"bob-{suffix}", password=PASSWORD, region="us-east")
     bobs = conversation_with_data(bob, "plum-us")
@@ -220,7 +256,7 @@ def _scenario() -> dict:
     alice_info, bob_info = person(alice, [personal, in_org]), person(bob, [bobs])
     alice_before, bob_before = rows(alice_info), rows(bob_info)
     with connections["default"].cursor() as cursor:
-        cursor.execute("SELECT sum(prompt_tokens), sum(completion_tokens), sum(cost_usd)::text, count(*) FROM usage_usagerecord")
+        cursor.execute(USAGE_TOTALS)
         usage_before = list(cursor.fetchone())
 
     client = Client()
@@ -228,9 +264,13 @@ def _scenario() -> dict:
     response = client.post("/settings/delete-account/", {"password": PASSWORD})
 
     return {
-        "alice": alice_info, "bob": bob_info, "alice_before": alice_before, "bob_before": bob_before,
-        "usage_before": usage_before, "response": [response.status_code, response.get("Location")],
-    }  # fmt: skip
+        "alice": alice_info,
+        "bob": bob_info,
+        "alice_before": alice_before,
+        "bob_before": bob_before,
+        "usage_before": usage_before,
+        "response": [response.status_code, response.get("Location")],
+    }
 
 
 if __name__ == "__main__":

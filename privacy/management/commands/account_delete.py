@@ -15,8 +15,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("username")
-        parser.add_argument("--by", metavar="STAFF_USERNAME", help="the staff member handling the request (audit log)")
-        parser.add_argument("--allow-ownerless", action="store_true", help="delete even the last owner of an organisation")
+        parser.add_argument(
+            "--by",
+            metavar="STAFF_USERNAME",
+            help="the staff member handling the request (audit log)",
+        )
+        parser.add_argument(
+            "--allow-ownerless",
+            action="store_true",
+            help="delete even the last owner of an organisation",
+        )
 
     def handle(self, *args, username: str, allow_ownerless: bool, by: str | None = None, **options):
         user = User.objects.filter(username=username).first()
@@ -29,7 +37,9 @@ class Command(BaseCommand):
                 raise CommandError(f"No staff account {by!r}.")
         if allow_ownerless:
             # Demoting them first lets the deletion through; the organisation keeps its members.
-            Membership.objects.filter(user=user, role=Membership.Role.OWNER).update(role=Membership.Role.MEMBER)
+            Membership.objects.filter(user=user, role=Membership.Role.OWNER).update(
+                role=Membership.Role.MEMBER
+            )
         try:
             counts = services.account_delete(user=user, requested_by=staff)
         except services.DeletionBlocked as exc:
