@@ -403,3 +403,14 @@ def test_only_owners_delete_the_organisation(acme_with_conversations, make_user,
     response = signed_in(user).post("/orgs/acme/delete/", {"slug": "acme", "password": PASSWORD})
 
     assert response.status_code == status and Organisation.objects.filter(pk=org.pk).exists()
+
+
+def test_the_delete_page_says_what_goes(acme_with_conversations):
+    """Given Acme with 3 members and 2 conversations (of two members), the owner's delete page
+    counts both, and offers the export first."""
+    _, olga, *_ = acme_with_conversations
+
+    page = signed_in(olga).get("/orgs/acme/delete/").content.decode()
+
+    assert 'id="org-delete-conversations">2<' in page and 'id="org-delete-members">3<' in page
+    assert "/orgs/acme/export/" in page and 'name="slug"' in page
