@@ -61,6 +61,7 @@ SITE_TEMPLATE = ROOT / "deploy" / "nginx.conf"
 TLS_TEMPLATE = ROOT / "deploy" / "nginx-tls.conf"
 SETTINGS = "chatsite.settings.production"
 REMOTE_ENGINE = "inference.remote.OpenAIRemoteEngine"
+LOCAL_ENGINE = "inference.engine.VllmEngine"
 
 
 # --- rendering the shipped nginx files -----------------------------------------------------------
@@ -232,8 +233,10 @@ class Child:
     log_path: Path
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    started_at: float = 0.0
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
@@ -331,10 +334,15 @@ def run(args: argparse.Namespace) -> int:
     (work / "logs").mkdir(parents=True, exist_ok=True)
     (work / "nginx").mkdir(exist_ok=True)
     stop_requested = False
+    serving = False
 
     def on_signal(signum, frame):
+        # While starting: stop at once (the finally below stops what was started). Once
+        # serving: only note it; the supervision loop ends and stops everything.
         nonlocal stop_requested
         stop_requested = True
+        if not serving:
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -355,8 +363,7 @@ def run(args: argparse.Namespace) -> int:
                     # Reached only over loopback by gateways and jobs, never through nginx.
                     "DJANGO_SECURE_SSL_REDIRECT": "off",
                 }
-                if args.engine_class:
-                    engine_env["CHAT_ENGINE_CLASS"] = args.engine_class
+                engine_env["CHAT_ENGINE_CLASS"] = args.engine_class or LOCAL_ENGINE
                 engine = stack.spawn("engine", daphne_argv(ports[0]), engine_env)
                 print("starting the engine process (loading the model: ~30 s)...", flush=True)
                 if not wait_http_ok(f"{engine_url}/readyz", engine.proc, args.ready_timeout):
@@ -372,15 +379,14 @@ def run(args: argparse.Namespace) -> int:
                 stack.spawn(f"gateway-{i}", daphne_argv(port), gateway_env)
                 for i, port in enumerate(ports[1:], 1)
             ]
-            job_env = env
             stack.spawn("celery-worker", [
                 sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-l", "INFO",
                 "--concurrency", os.environ.get("CHAT_CELERY_CONCURRENCY", "1"),
-            ], job_env)  # fmt: skip
+            ], env)  # fmt: skip
             stack.spawn("celery-beat", [
                 sys.executable, "-m", "celery", "-A", "chatsite", "beat", "-l", "INFO",
                 "-s", str(work / "celerybeat-schedule"),
-            ], job_env)  # fmt: skip
+            ], env)  # fmt: skip
             start_nginx(stack, env, ports[1:], http_port, https_port)
             for gateway, port in zip(gateways, ports[1:], strict=True):
                 if not wait_http_ok(f"http://127.0.0.1:{port}/readyz", gateway.proc, args.ready_timeout):
@@ -404,15 +410,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"\n  Production stack ready: {url} (self-signed certificate)\n"
                   f"  {args.gateways} gateways behind nginx, engine at {engine_url}; "
                   f"logs in {work / 'logs'}. Ctrl-C stops it.\n", flush=True)  # fmt: skip
+            serving = True
             while not stop_requested:
                 for child in stack.children:
-                    if child.proc.poll() is not None and not stop_requested:
+                    # Like systemd's Restart=on-failure with RestartSec=2.
+                    exited = child.proc.poll() is not None
+                    if exited and not stop_requested and time.monotonic() - child.started_at > 2:
                         child.restarts += 1
                         print(f"{child.name} exited ({child.proc.returncode}); starting it again",
                               flush=True)  # fmt: skip
                         child.start()
                 time.sleep(0.5)
             return 0
+        except KeyboardInterrupt:
+            return 0 if stop_requested else 130
         finally:
             stack.stop()
 
