@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.shortcuts import redirect
+from django.urls import reverse
 
 from accounts import services
 from accounts.models import ApiKey, Membership, Organisation, User
-from conversations import regions
-from conversations import services as conversation_services
-from conversations.models import Conversation
 from moderation.forms import OrganisationAdminForm
+from privacy.selectors import last_owner_orgs
+from privacy.services import DeletionBlocked, account_delete
 
 
 class UserMembershipInline(admin.TabularInline):
@@ -60,22 +61,38 @@ class UserAdmin(BaseUserAdmin):
     readonly_fields = ("verified_email", "last_login", "date_joined")
     inlines = (UserMembershipInline, ApiKeyInline)
 
+    def delete_view(self, request, object_id, extra_context=None):
+        """Refuse, with the reason, to delete the last owner of an organisation (an organisation
+        always keeps an owner: privacy.services.DeletionBlocked says what to do first)."""
+        if request.method == "POST":
+            user = self.get_object(request, object_id)
+            blockers = last_owner_orgs(user=user) if user is not None else []
+            if blockers:
+                self.message_user(request, DeletionBlocked(blockers).messages[0], messages.ERROR)
+                return redirect(reverse("admin:accounts_user_change", args=[user.pk]))
+        return super().delete_view(request, object_id, extra_context)
+
+    def get_deleted_objects(self, objs, request):
+        """The confirmation page's list, without Django's per-row permission check on related
+        rows: API keys, usage and the audit log are read-only in the admin by design, and the
+        account's deletion service (not the admin's cascade) decides what happens to them."""
+        deleted, counts, _perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, set(), protected
+
     def delete_model(self, request, obj: User) -> None:
-        """Delete the user's conversations in every region's database first (the ORM's cascade
-        reaches only the default region's), through the service that also drops their Redis
-        copies, then the user."""
-        _conversations_delete(owner_ids=[obj.pk])
-        super().delete_model(request, obj)
+        """Delete the account the way its owner would (privacy.services.account_delete): data in
+        every region's database, files, keys, links, sessions ended, usage anonymised, audited
+        with the staff member as requester."""
+        account_delete(user=obj, requested_by=request.user)
 
     def delete_queryset(self, request, queryset) -> None:
-        _conversations_delete(owner_ids=list(queryset.values_list("pk", flat=True)))
-        super().delete_queryset(request, queryset)
-
-
-def _conversations_delete(*, owner_ids: list[int]) -> None:
-    for db in regions.region_dbs():
-        for conversation in Conversation.objects.using(db).filter(owner_id__in=owner_ids):
-            conversation_services.conversation_delete(conversation=conversation)
+        """As :meth:`delete_model` for each selected account; the last owner of an organisation
+        is left alone and named in an error message."""
+        for user in queryset:
+            try:
+                account_delete(user=user, requested_by=request.user)
+            except DeletionBlocked as exc:
+                self.message_user(request, f"{user.username}: {exc.messages[0]}", messages.ERROR)
 
 
 class MembershipInline(admin.TabularInline):

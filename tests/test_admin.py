@@ -19,6 +19,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts import services as account_services
+from attachments.services import attachment_create, uploads_read
+from audit.services import audit_record
+from django.contrib.auth.models import Group
+from django.core.files.uploadedfile import SimpleUploadedFile
+from sharing.services import share_link_create
+from workspaces.selectors import seat_get
+from workspaces.services import invitation_create
 from accounts.models import ApiKey, Membership, Organisation
 from conversations import services
 from conversations.admin import ConversationAdmin, TurnInline
@@ -84,6 +91,13 @@ def data(make_user):
     )  # fmt: skip
     vector = [1.0] + [0.0] * (embedding_dimension() - 1)
     UserMemory.objects.create(user=ann, text="Travels to Lisbon in May.", embedding=vector)
+    # The other registered models get a row each too, so no change page goes untested.
+    Group.objects.create(name="operators")
+    invitation_create(seat=seat_get(slug="acme", user=ann), email="carl@example.com")
+    share_link_create(conversation=conversation, user=ann)
+    (upload,) = uploads_read(files=[SimpleUploadedFile("itinerary.txt", b"Day 1: Belem.", "text/plain")])
+    attachment_create(conversation=conversation, upload=upload)
+    audit_record(actor=ann, action="org.policy_change", org=org, target_type="accounts.organisation", target_id=org.pk)
     return {
         "ann": ann, "bob": bob, "org": org, "key": issued, "conversation": conversation,
         "question": question, "answer": answer, "blocked": blocked, "withdrawn": withdrawn,
@@ -154,8 +168,7 @@ def test_every_search_and_date_drilldown_renders(data, staff, model):
 def test_every_change_page_renders(data, staff, model):
     """The change (or view-only) page of the first listed row of each model renders."""
     rows = staff.get(changelist(model)).context["cl"].result_list
-    if not rows:
-        pytest.skip(f"no {model._meta.label} rows in this test's data")
+    assert rows, f"no {model._meta.label} rows in this test's data"
 
     response = staff.get(change(model, rows[0].pk))
 
@@ -163,13 +176,9 @@ def test_every_change_page_renders(data, staff, model):
 
 
 def test_each_of_the_tests_models_has_rows(data, staff):
-    """The data fixture gives every model of this task's admins something to show (so the
-    change-page test above skips none of them)."""
-    mine = [
-        Conversation, Turn, ModeratedTurn, Feedback, ApiKey, Organisation, Membership,
-        UsageRecord, UserMemory,
-    ]  # fmt: skip
-    empty = [m._meta.label for m in mine if not staff.get(changelist(m)).context["cl"].result_list]
+    """The data fixture gives every registered model something to show (so the change-page
+    test above checks a real row of each)."""
+    empty = [m._meta.label for m in MODELS if not staff.get(changelist(m)).context["cl"].result_list]
     assert empty == []
 
 
@@ -514,3 +523,36 @@ def test_user_conditions_in_a_regions_database_use_ids_not_a_join(data):
 def test_the_region_filter_lists_every_region_with_one_database(data, staff):
     html = staff.get(changelist(Conversation)).content.decode()
     assert "?region=eu-west" in html and "?region=us-east" in html
+
+
+# --- deleting a user -------------------------------------------------------------------------
+
+
+def test_deleting_a_user_in_the_admin_deletes_the_account_as_its_owner_would(data, staff):
+    """Issue 10: the admin's delete goes through privacy.services.account_delete: the person's
+    conversations and keys are gone, their usage is kept without their id."""
+    from privacy.models import AccountDeletion  # noqa: F401, PLC0415 - the app is installed
+
+    bob = data["bob"]
+    conversation = services.conversation_create(owner=bob, title="Bob's notes")
+    services.turn_append_user(conversation=conversation, content="hello")
+    UsageRecord.objects.create(
+        user=bob, turn_id=uuid.uuid4(), conversation_id=conversation.pk, pool="mini",
+        model_version="smollm2-135m-1", tier="free", prompt_tokens=5, completion_tokens=1,
+        cost_usd=Decimal("0.000001"),
+    )  # fmt: skip
+    response = staff.post(reverse("admin:accounts_user_delete", args=[bob.pk]), {"post": "yes"})
+    assert response.status_code == 302
+    assert not type(bob).objects.filter(pk=bob.pk).exists()
+    assert not Conversation.objects.filter(pk=conversation.pk).exists()
+    assert not Turn.objects.filter(conversation_id=conversation.pk).exists()
+    assert UsageRecord.objects.filter(user__isnull=True, prompt_tokens=5).count() == 1
+
+
+def test_the_admin_refuses_to_delete_the_last_owner_of_an_organisation_and_says_why(data, staff):
+    ann = data["ann"]
+    response = staff.post(reverse("admin:accounts_user_delete", args=[ann.pk]), {"post": "yes"}, follow=True)
+    assert response.status_code == 200
+    assert "only owner of Acme" in response.content.decode()
+    assert type(ann).objects.filter(pk=ann.pk, is_active=True).exists()
+    assert Conversation.objects.filter(pk=data["conversation"].pk).exists()

@@ -140,6 +140,21 @@ def test_pages_compress_but_event_streams_never_do(make_user):
     assert not stream.has_header("Content-Encoding")
 
 
+def test_zip_downloads_are_not_compressed_again_and_keep_their_length():
+    """A data export (.zip) is already compressed: gzip would drop its Content-Length."""
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from chatsite.middleware import GZipExceptEventStreamMiddleware
+
+    request = RequestFactory().get("/", headers={"Accept-Encoding": "gzip"})
+    archive = HttpResponse(b"PK\x03\x04" + b"x" * 500, content_type="application/zip")
+    archive["Content-Length"] = "504"
+    response = GZipExceptEventStreamMiddleware(lambda r: archive)(request)
+    assert not response.has_header("Content-Encoding")
+    assert response["Content-Length"] == "504"
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 

@@ -728,3 +728,9 @@ MIDDLEWARE = [*MIDDLEWARE, "audit.middleware.AdminActionAuditMiddleware"]
 # Where data exports are built (one temporary file each, deleted once sent); empty: the system's
 # temporary folder. It needs room for the largest account's or organisation's archive.
 CHAT_PRIVACY_EXPORT_DIR = os.environ.get("CHAT_PRIVACY_EXPORT_DIR", "")
+# Account deletions that stopped part way are finished by beat (privacy/tasks.py) this often.
+CHAT_PRIVACY_DELETION_SWEEP_S = env_int("CHAT_PRIVACY_DELETION_SWEEP_S", 600)
+CELERY_BEAT_SCHEDULE["privacy.account_deletions_finish"] = {
+    "task": "privacy.account_deletions_finish",
+    "schedule": float(CHAT_PRIVACY_DELETION_SWEEP_S),
+}
