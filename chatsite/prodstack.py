@@ -219,7 +219,7 @@ def wait_http_ok(url: str, proc: subprocess.Popen | None, timeout_s: float) -> b
             with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
                     return True
-        time.sleep(0.5)
+        time.sleep(1)
     return False
 
 
