@@ -19,8 +19,9 @@ from conversations.models import Conversation, Turn
 
 
 def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
-    """The user's conversations, most recently active first (lazy; from every region's
-    database, merged: conversations/regions.py)."""
+    """The user's conversations, most recently active first (from every region's database,
+    merged: conversations/regions.py; lazy, but the call reads the user's memberships, so
+    call it from sync code). An organisation's conversations only while the user is a member."""
     return regions.merged(
         [
             objects.filter(owner=user)

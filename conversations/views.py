@@ -226,9 +226,8 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         **await sync_to_async(_model_choices)(user, conversation),
     }
     if created:
-        context["conversations"] = await sync_to_async(list)(
-            selectors.conversation_list(user=user)
-        )
+        # Built in the worker thread: listing reads the user's memberships (a query) at once.
+        context["conversations"] = await sync_to_async(lambda: list(selectors.conversation_list(user=user)))()
     response = HttpResponse(
         await sync_to_async(render_to_string)("chat/_turn_created.html", context, request=request)
     )
