@@ -7,6 +7,7 @@ import threading
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
@@ -26,9 +27,11 @@ if _config_errors:
 application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)})
 
 
-def _moderation_warm_up() -> None:
+def _warm_up() -> None:
     """Load the moderation classifiers (the first check loads and trains them, ~1 s) so the
-    first turn is not refused for a check that timed out (settings.CHAT_MODERATION_TIMEOUT_S)."""
+    first turn is not refused for a check that timed out (settings.CHAT_MODERATION_TIMEOUT_S),
+    and the memory embedding model (~1-2 s) so the first turn with memory does not wait for
+    it. Either failing is logged and shows on the first turn (moderation fails closed)."""
     from moderation.base import moderator  # noqa: PLC0415
     from moderation.verdicts import policy_for  # noqa: PLC0415
 
@@ -36,8 +39,15 @@ def _moderation_warm_up() -> None:
         checker = moderator()
         checker.check_input("warm-up", policy_for(None))
         checker.check_output("warm-up", policy_for(None))
-    except Exception:  # noqa: BLE001 - a broken classifier shows on the first turn (fail closed)
+    except Exception:  # noqa: BLE001
         logging.getLogger(__name__).exception("moderation warm-up failed")
+    if getattr(settings, "CHAT_MEMORY_ENABLED", False):
+        try:
+            from memory.embeddings import embeddings_warm  # noqa: PLC0415
+
+            embeddings_warm()
+        except Exception:  # noqa: BLE001
+            logging.getLogger(__name__).exception("memory embedding warm-up failed")
 
 
-threading.Thread(target=_moderation_warm_up, name="moderation-warm-up", daemon=True).start()
+threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()

@@ -98,6 +98,9 @@ class OpenAIRemoteEngine:
         served = [m.get("id") for m in response.json().get("data", [])]
         if self.model not in served:
             raise EngineUnavailable(f"the model server does not serve {self.model!r} ({served})")
+        # The prompt is templated here: load the tokenizer now, so ready means ready (a
+        # gateway's first turn would otherwise wait for it).
+        await asyncio.to_thread(self._require_tokenizer)
         self.ready = True
 
     def _require_tokenizer(self):
