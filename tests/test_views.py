@@ -546,3 +546,15 @@ async def test_first_message_turns_the_new_chat_page_into_the_conversation(make_
     assert 'maxlength="1234"' in html
     assert "Plan a picnic" in html  # the sidebar title
     await read_stream(await client.get(events_url_of(response)))
+
+
+def test_a_form_posted_without_its_csrf_token_gets_a_readable_page_with_no_inline_style(make_user):
+    """CSRF failures render the site's own page (templates/403_csrf.html): a message a person
+    can act on, and nothing the production Content-Security-Policy would block."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_user("csrfuser"))
+    response = client.post("/chat/turns", {"content": "hello"})
+    assert response.status_code == 403
+    page = response.content.decode()
+    assert "This form has expired" in page
+    assert "<style" not in page and "style=" not in page
