@@ -1,0 +1,335 @@
+"""The security table (issue 10): every URL of the site, how to fill its parameters with alice's
+objects (tests/security_world.py), the methods it accepts, the body that would do harm if the
+check were missing, and what each kind of caller must get.
+
+``tests/test_security_matrix.py`` walks the URL resolver and fails for a route this table does
+not cover, so a new endpoint cannot ship without saying who may use it. Routes under ``admin/``
+are covered by one rule (:data:`ADMIN`: Django's admin lets in active staff only); every other
+route has a row here. Public routes (:data:`PUBLIC`) carry the reason they are public.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from tests.conftest import PASSWORD
+from tests.security_world import World
+
+# --- what a caller gets -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``status`` and, for a redirect, where it must point (the start of its Location)."""
+
+    status: int
+    location: str = ""
+    label: str = ""
+
+    def __str__(self) -> str:
+        return self.label or str(self.status)
+
+
+LOGIN = Outcome(302, "/accounts/login/?next=", "sign-in")
+ADMIN_LOGIN = Outcome(302, "/admin/login/?next=", "admin sign-in")
+NOT_FOUND = Outcome(404)
+FORBIDDEN = Outcome(403)
+GONE = Outcome(410)
+UNAUTHORIZED = Outcome(401)  # /v1: the JSON error shape and WWW-Authenticate
+# Not a refusal: the caller may use the route (their own data, or read access by design).
+ALLOWED = Outcome(0, label="allowed")
+
+
+HTML_ACTORS = ("anonymous", "bob", "carol", "dave")
+API_ACTORS = (
+    "anonymous", "alice_session", "alice_session_csrf", "alice_revoked", "mallory_revoked",
+    "bob_key", "carol_key", "dave_key",
+)  # fmt: skip
+ADMIN_ACTORS = ("anonymous", "alice", "bob")
+
+
+def _access(anonymous: Outcome, bob: Outcome, carol: Outcome, dave: Outcome) -> dict:
+    return {"anonymous": anonymous, "bob": bob, "carol": carol, "dave": dave}
+
+
+# Alice's own objects: nobody else's business, and an id never tells that it exists.
+OWN = _access(LOGIN, NOT_FOUND, NOT_FOUND, NOT_FOUND)
+# Read by the members of the workspace it is shared with (dave; carol no longer).
+WORKSPACE_READ = _access(LOGIN, NOT_FOUND, NOT_FOUND, ALLOWED)
+# An organisation's pages for any member; others (bob, an owner elsewhere; carol) 404.
+ORG_MEMBERS = _access(LOGIN, NOT_FOUND, NOT_FOUND, ALLOWED)
+# Owners' and admins' pages that do not even tell a plain member they exist (usage, moderation).
+ORG_ADMINS_HIDDEN = _access(LOGIN, NOT_FOUND, NOT_FOUND, NOT_FOUND)
+# Owners' (and admins') pages: a plain member is told they lack the role (403, deliberate).
+ORG_ROLE = _access(LOGIN, NOT_FOUND, NOT_FOUND, FORBIDDEN)
+# The caller's own account: anonymous visitors sign in; anyone else sees only their own.
+SELF = _access(LOGIN, ALLOWED, ALLOWED, ALLOWED)
+# A revoked share link: 404 for everyone, signed in or not, its owner too.
+REVOKED_LINK = {**_access(NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND), "alice": NOT_FOUND}
+# A withdrawn invitation: sign in first; then 410 for everyone.
+WITHDRAWN_INVITATION = _access(LOGIN, GONE, GONE, GONE)
+PUBLIC = {actor: ALLOWED for actor in HTML_ACTORS}
+
+_API_REFUSED = {
+    "anonymous": UNAUTHORIZED,
+    # The API never acts on a session cookie, with or without a CSRF token (bearer only).
+    "alice_session": UNAUTHORIZED,
+    "alice_session_csrf": UNAUTHORIZED,
+    "alice_revoked": UNAUTHORIZED,
+    "mallory_revoked": UNAUTHORIZED,
+}
+API_OWN = {**_API_REFUSED, "bob_key": NOT_FOUND, "carol_key": NOT_FOUND, "dave_key": NOT_FOUND}
+API_SELF = {**_API_REFUSED, "bob_key": ALLOWED, "carol_key": ALLOWED, "dave_key": ALLOWED}
+API_PUBLIC = {actor: ALLOWED for actor in API_ACTORS}
+ADMIN = {actor: ADMIN_LOGIN for actor in ADMIN_ACTORS}
+
+
+# --- request bodies ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request body: ``kind`` "form" (urlencoded/multipart form fields), "json" or "file"
+    (multipart with one file in ``field``)."""
+
+    kind: str
+    data: dict
+
+    def send(self, client, method: str, path: str):
+        if self.kind == "json":
+            return client.generic(method, path, json.dumps(self.data), content_type="application/json")
+        if self.kind == "file":
+            upload = SimpleUploadedFile("pwned.txt", b"pwned\n", content_type="text/plain")
+            return client.post(path, {self.data["field"]: upload})
+        assert method == "POST", "form bodies are POSTed"
+        return client.post(path, self.data)
+
+
+def form(**fields) -> Callable[[World], Body]:
+    return lambda w: Body("form", {k: v(w) if callable(v) else v for k, v in fields.items()})
+
+
+def js(**fields) -> Callable[[World], Body]:
+    return lambda w: Body("json", {k: v(w) if callable(v) else v for k, v in fields.items()})
+
+
+def send(client, method: str, path: str, body: Body | None):
+    """Send one request; ``body`` None: none (GET, DELETE, a bare POST)."""
+    if body is not None:
+        return body.send(client, method, path)
+    return client.generic(method, path)
+
+
+# --- the rows ---------------------------------------------------------------------------------
+
+
+def no_params(w: World) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One URL. ``kwargs``: its parameters from the world; ``query``: a query string;
+    ``bodies``: per method, the body a harmful request would send; ``why``: for public and
+    allowed-by-design rows, the reason; ``generates``: a request that is let through starts an
+    answer (tests that let it through use the engine double)."""
+
+    name: str
+    methods: tuple[str, ...]
+    access: dict[str, Outcome]
+    kwargs: Callable[[World], dict] = no_params
+    query: str = ""
+    bodies: dict[str, Callable[[World], Body]] = field(default_factory=dict)
+    why: str = ""
+    generates: bool = False
+    # Secrets a refused response may show by design (e.g. an invitation names its organisation).
+    reveals: tuple[str, ...] = ()
+
+    @property
+    def api(self) -> bool:
+        return self.name.startswith("v1-")
+
+    def path(self, world: World) -> str:
+        path = reverse(self.name, kwargs=self.kwargs(world))
+        return f"{path}?{self.query}" if self.query else path
+
+    def body(self, world: World, method: str) -> Body | None:
+        make = self.bodies.get(method)
+        return make(world) if make is not None else None
+
+
+def conv(w: World) -> dict:
+    return {"conversation_id": w.conversation.pk}
+
+
+def question(w: World) -> dict:
+    return {**conv(w), "turn_id": w.question.pk}
+
+
+def answer(w: World) -> dict:
+    return {**conv(w), "turn_id": w.answer.pk}
+
+
+def acme(w: World) -> dict:
+    return {"slug": w.acme.slug}
+
+
+def dave_in_acme(w: World) -> dict:
+    return {**acme(w), "user_id": w.dave.pk}
+
+
+def alice_id(w: World) -> dict:
+    return {"user_id": w.alice.pk}
+
+
+CONTENT = form(content="pwned")
+
+ROUTES: list[Route] = [
+    # --- chat ---
+    Route("home", ("GET",), SELF),
+    Route("turn-create-new", ("POST",), SELF, bodies={"POST": CONTENT}, generates=True),
+    Route("conversation", ("GET",), WORKSPACE_READ, conv, why="dave reads what is shared with Acme"),
+    Route("turn-create", ("POST",), OWN, conv, bodies={"POST": CONTENT}, generates=True),
+    Route("turn-events", ("GET",), OWN, question),
+    Route("turn-stop", ("POST",), OWN, question),
+    Route("turn-edit", ("POST",), OWN, question, bodies={"POST": CONTENT}, generates=True),
+    Route("answer-regenerate", ("POST",), OWN, answer, generates=True),
+    Route("answer-version", ("GET",), OWN, answer),
+    Route("conversation-rename", ("POST",), OWN, conv, bodies={"POST": form(title="pwned")}),
+    Route("conversation-delete", ("POST",), OWN, conv),
+    # A search that alice's conversation matches: it must not show up for anyone else.
+    Route("conversation-search", ("GET",), SELF, query="q=axolotl"),
+    Route("conversation-workspace", ("POST",), OWN, conv, bodies={"POST": form(shared="0")}),
+    # --- accounts ---
+    Route("api-keys", ("GET", "POST"), SELF, bodies={"POST": form(name="mine")}),
+    Route("api-key-revoke", ("POST",), OWN, lambda w: {"key_id": w.alice_key.pk}),
+    Route("login", ("GET", "POST"), PUBLIC, bodies={"POST": form(username="alice", password="wrong-guess-123")},
+          why="signing in is how one stops being anonymous"),  # fmt: skip
+    Route("logout", ("POST",), PUBLIC, why="signing out needs no sign-in (it ends only the caller's own session)"),
+    Route("signup", ("GET", "POST"), PUBLIC, bodies={"POST": form(username="")},
+          why="anyone may make an account"),  # fmt: skip
+    Route("password_change", ("GET", "POST"), SELF,
+          bodies={"POST": form(old_password=PASSWORD, new_password1="pwned-pwned-pwned-1", new_password2="pwned-pwned-pwned-1")}),  # fmt: skip
+    Route("password_change_done", ("GET",), SELF),
+    Route("password_reset", ("GET", "POST"), PUBLIC, bodies={"POST": form(email="")},
+          why="a forgotten password is asked for signed out; the page is the same whether or not an account exists"),  # fmt: skip
+    Route("password_reset_done", ("GET",), PUBLIC, why="the 'check your email' page holds no data"),
+    Route(
+        "password_reset_confirm", ("GET", "POST"), PUBLIC,
+        lambda w: {"uidb64": _uid(w.alice), "token": "bogus-token"},
+        bodies={"POST": form(new_password1="pwned-pwned-pwned-1", new_password2="pwned-pwned-pwned-1")},
+        why="the emailed reset link is the credential; a wrong token changes nothing",
+    ),  # fmt: skip
+    Route("password_reset_complete", ("GET",), PUBLIC, why="the 'password set' page holds no data"),
+    Route("sessions", ("GET",), SELF),
+    Route("session-end", ("POST",), OWN, lambda w: {"session_id": w.alice_session.pk}),
+    Route("sessions-end-others", ("POST",), SELF),
+    Route("sessions-end-all", ("POST",), SELF),
+    # --- usage, settings, moderation ---
+    Route("usage", ("GET",), SELF),
+    Route("org-usage", ("GET",), ORG_ADMINS_HIDDEN, acme),
+    Route("settings", ("GET",), SELF),
+    Route("org-moderation", ("GET", "POST"), ORG_ADMINS_HIDDEN, acme,
+          bodies={"POST": form(blocked_terms="pwned", moderation_fail_open="on")}),  # fmt: skip
+    # --- memory ---
+    Route("memory-settings", ("GET", "POST"), SELF, bodies={"POST": form(text="likes pwning")}),
+    Route("memory-settings-duplicate", ("GET",), SELF),
+    Route("memory-delete", ("POST",), OWN, lambda w: {"fact_id": w.fact.pk}),
+    Route("memory-clear", ("POST",), SELF, bodies={"POST": form(confirm="yes")}),
+    Route("memory-toggle", ("POST",), SELF, bodies={"POST": form(enabled="")}),
+    # --- workspaces ---
+    Route("org-list", ("GET", "POST"), SELF, bodies={"POST": form(name="Mine", slug="mine", region="")}),
+    Route("org-overview", ("GET",), ORG_MEMBERS, acme),
+    Route("org-conversations", ("GET",), ORG_MEMBERS, acme, why="dave reads what is shared with Acme"),
+    Route("org-members", ("GET",), ORG_MEMBERS, acme),
+    Route("org-member-remove", ("POST",), ORG_ROLE, dave_in_acme),
+    Route("org-member-role", ("POST",), ORG_ROLE, dave_in_acme, bodies={"POST": form(role="owner")}),
+    # dave may leave (his own seat): only outsiders are refused.
+    Route("org-leave", ("POST",), ORG_MEMBERS, acme),
+    Route("org-invitations", ("GET", "POST"), ORG_ROLE, acme, bodies={"POST": form(email="", role="member")}),
+    Route("org-invitation-revoke", ("POST",), ORG_ROLE, lambda w: {**acme(w), "invitation_id": w.invitation.pk}),
+    Route("org-policies", ("GET", "POST"), ORG_ROLE, acme,
+          bodies={"POST": form(region=lambda w: w.acme.region, not_for_training="on", rate_limit_rpm="1")}),  # fmt: skip
+    # The link is the credential (who holds it may see what it invites to): its organisation's
+    # name is shown even when withdrawn.
+    Route("invitation-accept", ("GET", "POST"), WITHDRAWN_INVITATION,
+          lambda w: {"token": w.raw["withdrawn_invitation"]}, reveals=("org",)),  # fmt: skip
+    # --- sharing ---
+    Route("share-manage", ("GET", "POST"), OWN, conv),
+    Route("share-update", ("POST",), OWN, lambda w: {**conv(w), "link_id": w.link.pk}),
+    Route("share-revoke", ("POST",), OWN, lambda w: {**conv(w), "link_id": w.link.pk}),
+    Route("shared-links", ("GET",), SELF),
+    # A working link is public by design (test_a_working_share_link_is_public); a revoked one
+    # is dead for everyone.
+    Route("shared", ("GET",), REVOKED_LINK, lambda w: {"token": w.raw["revoked_link"]},
+          why="a working link is public: the link is the credential"),  # fmt: skip
+    Route("shared-continue", ("GET", "POST"), REVOKED_LINK, lambda w: {"token": w.raw["revoked_link"]}),
+    # --- attachments, feedback, audit ---
+    Route("attachment-download", ("GET",), WORKSPACE_READ,
+          lambda w: {**conv(w), "attachment_id": w.attachment.pk}, why="files go with the conversation"),  # fmt: skip
+    Route("answer-feedback", ("POST",), OWN, answer, bodies={"POST": form(rating="down", comment="pwned")}),
+    Route("org-audit", ("GET",), ORG_ROLE, acme),
+    # --- privacy ---
+    Route("privacy-data", ("GET",), SELF),
+    Route("privacy-export", ("POST",), SELF),
+    Route("account-delete", ("GET", "POST"), SELF, bodies={"POST": form(password=PASSWORD)}),
+    Route("account-deleted", ("GET",), PUBLIC, why="the goodbye page after a deletion: there is no account any more"),
+    Route("org-export", ("GET", "POST"), ORG_ROLE, acme),
+    Route("org-delete", ("GET", "POST"), ORG_ROLE, acme, bodies={"POST": form(slug="acme", password=PASSWORD)}),
+    # --- operations ---
+    Route("metrics", ("GET",), PUBLIC,
+          why="Prometheus scrapes each process; counters by pool and tier only, no user data. "
+              "Deployments keep it off the internet (README: an nginx allow-list)"),  # fmt: skip
+    Route("healthz", ("GET",), PUBLIC, why="liveness probe of load balancers; no user data"),
+    Route("readyz", ("GET",), PUBLIC, why="readiness probe of load balancers; no user data"),
+    # --- /v1 ---
+    Route("v1-conversations", ("GET", "POST"), API_SELF, query="q=axolotl", bodies={"POST": js(system_prompt="x")}),
+    Route("v1-conversation", ("GET", "DELETE"), API_OWN, conv),
+    Route("v1-turns", ("POST",), API_OWN, conv, bodies={"POST": js(role="user", content="pwned")}, generates=True),
+    Route("v1-turn-events", ("GET",), API_OWN, answer),
+    Route("v1-turn-regenerate", ("POST",), API_OWN, answer, generates=True),
+    Route("v1-cancel", ("POST",), API_OWN, conv),
+    Route("v1-attachments", ("POST",), API_OWN, conv, bodies={"POST": lambda w: Body("file", {"field": "file"})}),
+    Route("v1-answer-feedback", ("POST",), API_OWN, answer, bodies={"POST": js(rating="down", comment="pwned")}),
+    Route("v1-user-memory", ("GET", "PATCH"), API_OWN, alice_id,
+          bodies={"PATCH": js(remove=lambda w: [str(w.fact.pk)], add=["pwned"])}),  # fmt: skip
+    Route("v1-user-export", ("GET",), API_OWN, alice_id),
+    Route("v1-chat-completions", ("POST",), API_SELF,
+          bodies={"POST": js(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "hi"}])}, generates=True),  # fmt: skip
+    Route("v1-completions", ("POST",), API_SELF, bodies={"POST": js(model="SmolLM2-135M-Instruct", prompt="hi")}, generates=True),
+    Route("v1-models", ("GET",), API_SELF),
+    Route("v1-openapi", ("GET",), API_PUBLIC, why="the API's description: no data, readable before one has a key"),
+    # The admin's own sign-in page (every other admin/ route: the ADMIN rule).
+    Route("admin:login", ("GET", "POST"), PUBLIC, why="the admin's sign-in page"),
+]
+
+# Routes that exist only with a setting on; covered when present, not stale when absent.
+OPTIONAL_PUBLIC = {
+    "oidc_authentication_init": "OpenID Connect sign-in starts signed out (CHAT_OIDC_ENABLED)",
+    "oidc_authentication_callback": "the provider sends the browser back signed out (CHAT_OIDC_ENABLED)",
+}
+
+BY_NAME = {r.name: r for r in ROUTES}
+
+
+def _uid(user) -> str:
+    from django.utils.encoding import force_bytes  # noqa: PLC0415
+    from django.utils.http import urlsafe_base64_encode  # noqa: PLC0415
+
+    return urlsafe_base64_encode(force_bytes(user.pk))
+
+
+def cases(actors_of: Callable[[Route], tuple[str, ...]]) -> list[tuple[Route, str, str]]:
+    """(route, method, actor) for every row, method and refused actor."""
+    found = []
+    for route in ROUTES:
+        for method in route.methods:
+            for actor in actors_of(route):
+                if route.access.get(actor, ALLOWED) is not ALLOWED:
+                    found.append((route, method, actor))
+    return found

@@ -1,0 +1,323 @@
+"""Every URL tried by the wrong people (issue 10): anonymous, another user (bob, an owner of
+another organisation), a removed member (carol), a plain member where a role is needed (dave),
+another user's API key, a revoked key, alice's session cookie on ``/v1``, a revoked share
+link, a withdrawn invitation. Each must get its refusal (tests/security_routes.py says which)
+and the request must read nothing (no secret of alice's in the response) and write nothing
+(every row of every table of ours the same before and after).
+
+The table must cover every route the resolver knows: a new endpoint without a row fails
+``test_every_route_has_a_row``. World and people: tests/security_world.py. CSRF:
+tests/test_security_csrf.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+from django.apps import apps
+from django.contrib.contenttypes.models import ContentType
+from django.db import DEFAULT_DB_ALIAS
+from django.http import HttpResponse
+from django.urls import URLPattern, URLResolver, get_resolver, path
+
+from conversations.models import Conversation
+from tests.security_routes import (
+    ADMIN,
+    ALLOWED,
+    API_SELF,
+    BY_NAME,
+    OPTIONAL_PUBLIC,
+    PUBLIC,
+    REVOKED_LINK,
+    ROUTES,
+    SELF,
+    UNAUTHORIZED,
+    WITHDRAWN_INVITATION,
+    API_PUBLIC,
+    Outcome,
+    Route,
+    no_params,
+    send,
+)
+from tests.security_world import (
+    ORG_NAME,
+    alice_fingerprint,
+    body_text,
+    changes,
+    client_for,
+    generation_refused,  # noqa: F401  (fixture)
+    keep_test_connection,  # noqa: F401  (fixture)
+    leaked,
+    snapshot,
+    world,  # noqa: F401  (the module's world fixture)
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _engine(engine_double, keep_test_connection):
+    """No request here may reach a real engine (a route that would answer gets the double)."""
+    return engine_double
+
+
+# --- the resolver and the table -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SiteRoute:
+    """A URL pattern as the resolver has it: the whole pattern text and its namespaced name."""
+
+    pattern: str
+    name: str | None
+
+
+def site_routes(patterns=None, prefix: str = "", namespace: str = "") -> list[SiteRoute]:
+    """Every URL pattern under ``patterns`` (default: the site's), walked recursively."""
+    found = []
+    for entry in get_resolver().url_patterns if patterns is None else patterns:
+        if isinstance(entry, URLResolver):
+            inner = ":".join(n for n in (namespace, entry.namespace) if n)
+            found += site_routes(entry.url_patterns, prefix + str(entry.pattern), inner)
+        elif isinstance(entry, URLPattern):
+            name = ":".join(n for n in (namespace, entry.name) if n) if entry.name else None
+            found.append(SiteRoute(prefix + str(entry.pattern), name))
+    return found
+
+
+def is_admin(route: SiteRoute) -> bool:
+    return route.pattern.startswith("admin/")
+
+
+def uncovered(routes: list[SiteRoute]) -> list[SiteRoute]:
+    """The routes the security table says nothing about: not a row, not an optional public
+    route, and not under ``admin/`` (the ADMIN rule covers those)."""
+    return [
+        r for r in routes
+        if not (r.name in BY_NAME or r.name in OPTIONAL_PUBLIC or (is_admin(r) and r.name != "admin:login"))
+    ]  # fmt: skip
+
+
+def test_every_route_has_a_row():
+    """Given the site's URL patterns, then each is in the security table (or under admin/):
+    a new endpoint needs a row in tests/security_routes.py saying who may use it."""
+    missing = uncovered(site_routes())
+    assert not missing, f"routes without a row in tests/security_routes.py: {missing}"
+
+
+def test_a_new_route_is_caught():
+    """Given the site's patterns plus one nobody described, then the coverage check names it
+    (so test_every_route_has_a_row fails the day such a route is added)."""
+    extra = path("brand-new/<int:pk>/", lambda request, pk: HttpResponse(), name="brand-new")
+    unnamed = path("nameless/", lambda request: HttpResponse())
+
+    found = uncovered(site_routes([*get_resolver().url_patterns, extra, unnamed]))
+
+    assert found == [SiteRoute("brand-new/<int:pk>/", "brand-new"), SiteRoute("nameless/", None)]
+
+
+def test_no_row_names_a_route_that_is_gone():
+    names = {r.name for r in site_routes()}
+    assert not [name for name in BY_NAME if name not in names]
+
+
+def test_every_public_row_says_why():
+    """Public routes are an explicit, justified allowlist."""
+    public = [r for r in ROUTES if r.access in (PUBLIC, API_PUBLIC)]
+    assert public and all(r.why for r in public), [r.name for r in public if not r.why]
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+
+def _refusals() -> list[tuple[Route, str, str]]:
+    return [
+        (route, method, actor)
+        for route in ROUTES
+        for method in route.methods
+        for actor, outcome in route.access.items()
+        if outcome is not ALLOWED
+    ]
+
+
+def assert_outcome(response, expected: Outcome, *, api: bool) -> None:
+    assert response.status_code == expected.status, (
+        f"expected {expected}, got {response.status_code}: {body_text(response)[:300]}"
+    )
+    if expected.location:
+        assert response["Location"].startswith(expected.location), response["Location"]
+    if api:
+        error = response.json()["error"]
+        assert error["message"]
+        assert error["type"] == {401: "authentication", 404: "not_found"}[expected.status]
+    if api and expected is UNAUTHORIZED:
+        assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def secrets_for(world, route: Route, actor: str) -> list[str]:
+    found = world.secrets(member=actor == "dave")
+    return [s for s in found if not (s == ORG_NAME and "org" in route.reveals)]
+
+
+@pytest.mark.parametrize(
+    ("route", "method", "actor"),
+    _refusals(),
+    ids=[f"{r.name}-{m}-{a}" for r, m, a in _refusals()],
+)
+def test_refused_and_nothing_read_or_written(world, route, method, actor):
+    """Given alice's world, when ``actor`` sends ``method`` to the route filled with alice's
+    objects (with the body that would do harm), then they get the table's refusal, no secret of
+    alice's in the response, and no row of any table changed."""
+    client = client_for(world, actor)
+    before = snapshot()
+
+    response = send(client, method, route.path(world), route.body(world, method))
+
+    assert_outcome(response, route.access[actor], api=route.api)
+    assert not leaked(response, secrets_for(world, route, actor))
+    assert changes(before, snapshot()) == {}
+
+
+# --- what is let through, and that the table's ids are real ---------------------------------------
+
+
+def _owner_checks() -> list[tuple[Route, str]]:
+    """Rows whose refusals hinge on ids of alice's (the others have no parameters, or are
+    checked with working links below)."""
+    skip = (PUBLIC, API_PUBLIC, REVOKED_LINK, WITHDRAWN_INVITATION)
+    return [(r, m) for r in ROUTES if r.access not in skip and r.kwargs is not no_params for m in r.methods]
+
+
+@pytest.mark.parametrize(
+    ("route", "method"), _owner_checks(), ids=[f"{r.name}-{m}" for r, m in _owner_checks()]
+)
+def test_alice_gets_through(world, generation_refused, route, method):
+    """Control: the same request as alice (her session; on /v1 her key) is not refused, so each
+    refusal above comes from the access check, not from a wrong id in the table. A route that
+    would start an answer stops there with 409 (``generation_refused``): past every check."""
+    client = client_for(world, "alice_key" if route.api else "alice")
+
+    response = send(client, method, route.path(world), route.body(world, method))
+
+    assert response.status_code < 500, body_text(response)[:300]
+    if route.generates:
+        assert response.status_code == 409, body_text(response)[:300]
+    assert response.status_code not in (401, 403, 404, 405, 410), body_text(response)[:300]
+
+
+def _self_cases() -> list[tuple[Route, str, str]]:
+    return [
+        (r, m, actor)
+        for r in ROUTES
+        if r.access in (SELF, API_SELF)
+        for m in r.methods
+        if not (r.generates and m == "POST")
+        for actor in (("bob_key",) if r.api else ("bob",))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("route", "method", "actor"), _self_cases(), ids=[f"{r.name}-{m}-{a}" for r, m, a in _self_cases()]
+)
+def test_own_account_pages_show_and_touch_only_the_callers_data(world, route, method, actor):
+    """Given bob on a page of his own account (settings, memory, keys, search...), then he gets
+    it, without any of alice's secrets, and alice's data is as it was."""
+    client = client_for(world, actor)
+    before = alice_fingerprint(world)
+
+    response = send(client, method, route.path(world), route.body(world, method))
+
+    assert response.status_code < 500
+    assert response.status_code not in (401, 403, 404, 405)
+    assert not leaked(response, world.secrets())
+    assert alice_fingerprint(world) == before
+
+
+@pytest.mark.parametrize(
+    "name", ["conversation", "attachment-download", "org-overview", "org-conversations", "org-members"]
+)
+def test_a_member_reads_what_the_workspace_shares(world, name):
+    """Control for the ALLOWED cells: dave (a member of Acme) reads the workspace's pages and
+    the conversation alice shared with it, while carol (removed) gets 404 above."""
+    route = BY_NAME[name]
+    response = client_for(world, "dave").get(route.path(world))
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("route", [r for r in ROUTES if r.access in (PUBLIC, API_PUBLIC)], ids=lambda r: r.name)
+def test_public_routes_read_and_write_nothing_of_alices(world, route):
+    """Given an anonymous visitor on a public route (every method it takes), then no 5xx, no
+    secret of alice's, no row changed (a bad sign-in, an empty sign-up, a bogus reset token)."""
+    for method in route.methods:
+        client = client_for(world, "anonymous")
+        before = snapshot()
+
+        response = send(client, method, route.path(world), route.body(world, method))
+
+        assert response.status_code < 500 or route.name == "readyz", (method, response.status_code)
+        assert not leaked(response, world.secrets()), method
+        assert changes(before, snapshot()) == {}, method
+
+
+def test_a_working_share_link_is_public(world):
+    """The allowlisted /s/<token>/: a working link shows its snapshot to anyone signed out."""
+    response = client_for(world, "anonymous").get(f"/s/{world.raw['link']}/")
+    assert response.status_code == 200
+    assert "axolotl-ALICE-ANSWER" in body_text(response)
+
+
+def test_a_working_invitation_shows_what_it_invites_to(world):
+    """Control for invitation-accept: the pending link works for a signed-in holder."""
+    response = client_for(world, "bob").get(f"/invitations/{world.raw['invitation']}/")
+    assert response.status_code == 200
+    assert ORG_NAME in body_text(response)
+
+
+# --- the admin ------------------------------------------------------------------------------------
+
+
+def admin_path(route: SiteRoute, world) -> str:
+    """A concrete path for an admin pattern: object ids of a real row of the route's model."""
+    text = route.pattern.replace("^", "").replace("$", "")
+    text = re.sub(r"\(\?P<app_label>[^)]*\)", "conversations", text)
+    text = re.sub(r"\(\?P<url>\.\*\)", "no-such-page/", text)
+
+    def value(match: re.Match) -> str:
+        param = match.group(1)
+        if param == "content_type_id":
+            return str(ContentType.objects.get_for_model(Conversation).pk)
+        if param == "id":
+            return str(world.alice.pk)
+        if text.startswith("admin/r/"):  # "view on site": a conversation
+            return str(world.conversation.pk)
+        model = apps.get_model(*re.match(r"admin/(\w+)/(\w+)/", text).groups())
+        row = model._base_manager.using(DEFAULT_DB_ALIAS).order_by("pk").first()
+        return str(row.pk if row is not None else 1)
+
+    return "/" + re.sub(r"<(?:\w+:)?(\w+)>", value, text)
+
+
+ADMIN_ROUTES = [r for r in site_routes() if is_admin(r) and r.name != "admin:login"]
+
+
+@pytest.mark.parametrize("route", ADMIN_ROUTES, ids=[r.pattern for r in ADMIN_ROUTES])
+def test_the_admin_lets_in_staff_only(world, route):
+    """Given any admin route, when anonymous, alice (an organisation's owner, not staff) or bob
+    GET or POST it, then they are sent to the admin's sign-in and nothing is written; staff
+    (sam) are let in (control)."""
+    url = admin_path(route, world)
+    for actor, outcome in ADMIN.items():
+        for method in ("GET", "POST"):
+            client = client_for(world, actor)
+            before = snapshot()
+            response = send(client, method, url, None)
+            if route.name == "admin:logout":  # the admin sends non-staff to its index first
+                outcome = Outcome(302, "/admin/")
+            assert_outcome(response, outcome, api=False)
+            assert not leaked(response, world.secrets()), (actor, method)
+            assert changes(before, snapshot()) == {}, (actor, method)
+    staff = client_for(world, "sam").get(url)
+    assert staff.status_code < 500
+    assert not staff.get("Location", "").startswith("/admin/login/")
