@@ -317,6 +317,12 @@ def test_the_owner_downloads_the_file_as_an_attachment_never_as_a_page(make_user
     assert response["X-Content-Type-Options"] == "nosniff"
 
 
+def test_a_non_ascii_name_is_offered_encoded_in_the_download(make_user):
+    _, attachment = stored_attachment(make_user("owner"), name='r\u00e9sum\u00e9 "final".txt')
+    response = signed_in_client(attachment.conversation.owner).get(download_url(attachment))
+    assert "filename*=utf-8''r%C3%A9sum%C3%A9%20%22final%22.txt" in response["Content-Disposition"]
+
+
 def test_an_html_file_is_sent_as_plain_text(make_user):
     """PF-X1: uploaded markup is never served as HTML, whatever its name."""
     page = b"<html><script>alert(document.cookie)</script></html>"
@@ -434,6 +440,9 @@ def test_the_admin_deletes_the_file_with_the_row(make_user, django_user_model, m
     staff = django_user_model.objects.create_superuser("boss", password="x-long-password-1")
     client = signed_in_client(staff)
     assert client.get("/admin/attachments/attachment/").status_code == 200
+    change = client.get(f"/admin/attachments/attachment/{attachment.pk}/change/")
+    assert change.status_code == 200
+    assert b"tangerine" not in change.content  # metadata only, never the user's text
     response = client.post(
         f"/admin/attachments/attachment/{attachment.pk}/delete/", {"post": "yes"}
     )

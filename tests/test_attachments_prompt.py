@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from attachments.models import Attachment
-from conversations import streaming
+from conversations import services, streaming
 from conversations.models import Conversation, Turn
 from tests.test_api import api_client, assert_error, new_conversation, post_json
 from tests.test_attachments import PNG, media, pdf_bytes, stored_files, upload  # noqa: F401 - fixture
@@ -234,6 +234,14 @@ async def test_a_turn_names_at_most_the_file_limit(make_user, engine_double, set
 # --- the chat page: files go with the message ---------------------------------------------------
 
 
+async def chat(make_user):
+    """A signed-in client and an empty conversation of its user (most tests here post into an
+    existing conversation; the new-chat path has a test of its own)."""
+    client, user = await signed_in(make_user)
+    conversation = await sync_to_async(services.conversation_create)(owner=user)
+    return client, conversation.pk
+
+
 async def post_with_files(client, content: str, files: list[tuple[str, bytes]], conversation_id=None):
     url = f"/c/{conversation_id}/turns" if conversation_id else "/chat/turns"
     data = {"content": content, "files": [SimpleUploadedFile(name, body) for name, body in files]}
@@ -253,14 +261,25 @@ async def test_a_new_chat_with_a_file_answers_from_it_and_shows_its_chip(make_us
     assert 'class="attachment-chip' in page and "notes.md" in page
 
 
+async def test_a_hostile_file_name_is_shown_as_text(make_user, engine_double):
+    """PF-X1: a file name is user input; the chip shows it escaped."""
+    client, conversation_id = await chat(make_user)
+    response = await post_with_files(client, "Look", [('<img src=x onerror="alert(1)">.txt', b"hello")], conversation_id)
+    html = response.content.decode()
+    assert "<img src=x" not in html
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;.txt" in html
+    await read_stream(await client.get(events_url_of(response)))  # no answer left running
+
+
 async def test_a_cut_file_shows_it_on_its_chip(make_user, engine_double, settings):
     settings.CHAT_ATTACHMENT_MAX_TOKENS = 5
-    client, _ = await signed_in(make_user)
+    client, conversation_id = await chat(make_user)
     words = " ".join(f"w{i}" for i in range(20))
-    response = await post_with_files(client, "Go", [("long.txt", words.encode())])
+    response = await post_with_files(client, "Go", [("long.txt", words.encode())], conversation_id)
     html = response.content.decode()
     assert "data-truncated" in html
     assert "first 5 of 20 tokens" in html
+    await read_stream(await client.get(events_url_of(response)))  # no answer left running
 
 
 async def test_a_png_sent_as_text_is_refused_inline_and_nothing_is_stored(make_user, engine_double, media):
@@ -288,25 +307,23 @@ async def test_too_many_files_are_refused_inline(make_user, engine_double, setti
 async def test_a_message_refused_while_answering_leaves_no_file_behind(make_user, engine_double, media):
     """409 while another answer is written: the files that came with it are not kept."""
     engine_double.scripts = [["slow", 30.0, " answer"]]
-    client, _ = await signed_in(make_user)
-    first = await post_with_files(client, "First", [])
-    conversation = await Conversation.objects.aget()
-    second = await post_with_files(client, "Second", [("notes.md", NOTES.encode())], conversation.pk)
+    client, conversation_id = await chat(make_user)
+    first = await post_with_files(client, "First", [], conversation_id)
+    second = await post_with_files(client, "Second", [("notes.md", NOTES.encode())], conversation_id)
     assert second.status_code == 409
     assert not await Attachment.objects.aexists()
     assert stored_files(media) == []
-    streaming.stream_for_conversation(conversation.pk).stop()
+    streaming.stream_for_conversation(conversation_id).stop()
     await read_stream(await client.get(events_url_of(first)))
 
 
 async def test_editing_a_message_on_the_page_keeps_its_files(make_user, prompts):
-    client, _ = await signed_in(make_user)
-    first = await post_with_files(client, "What is the code?", [("notes.md", NOTES.encode())])
+    client, conversation_id = await chat(make_user)
+    first = await post_with_files(client, "What is the code?", [("notes.md", NOTES.encode())], conversation_id)
     await read_stream(await client.get(events_url_of(first)))
-    conversation = await Conversation.objects.aget()
     question = await Turn.objects.aget(role=Turn.Role.USER)
     response = await client.post(
-        f"/c/{conversation.pk}/turns/{question.turn_id}/edit", {"content": "What is the backup code?"}, headers=HTMX
+        f"/c/{conversation_id}/turns/{question.turn_id}/edit", {"content": "What is the backup code?"}, headers=HTMX
     )
     assert response.status_code == 200, response.content
     assert "notes.md" in response.content.decode()  # the chip moved to the edited message
@@ -316,8 +333,8 @@ async def test_editing_a_message_on_the_page_keeps_its_files(make_user, prompts)
 
 
 async def test_a_message_without_files_still_posts_as_before(make_user, prompts):
-    client, _ = await signed_in(make_user)
-    response = await client.post("/chat/turns", {"content": "plain hello"}, headers=HTMX)
+    client, conversation_id = await chat(make_user)
+    response = await client.post(f"/c/{conversation_id}/turns", {"content": "plain hello"}, headers=HTMX)
     assert response.status_code == 200
     await read_stream(await client.get(events_url_of(response)))
     assert question_of(prompts[-1]) == "plain hello"
