@@ -383,8 +383,10 @@ CHAT_MODERATION_THRESHOLDS: dict[str, float] = json.loads(
     "unsafe": 0.5,
 }
 # A check that takes longer than this (seconds) counts as failed: the turn is refused unless
-# the organisation chose fail-open (PF-M2).
-CHAT_MODERATION_TIMEOUT_S = float(os.environ.get("CHAT_MODERATION_TIMEOUT_S", "0.25"))
+# the organisation chose fail-open (PF-M2). A guard against a hung or broken classifier, not a
+# latency target (checks take ~10-20 ms): 1 s leaves room for a 2-core machine under load, where
+# 0.25 s refused healthy turns.
+CHAT_MODERATION_TIMEOUT_S = float(os.environ.get("CHAT_MODERATION_TIMEOUT_S", "1.0"))
 # The output gate checks the newest CHAT_MODERATION_WINDOW_CHARS characters of the answer each
 # time CHAT_MODERATION_STEP_CHARS more have streamed (and the tail at the end), so a phrase
 # split across tokens is whole in some window (PF-M1).
@@ -699,7 +701,9 @@ CHAT_ENGINE_EAGER = env_bool("CHAT_ENGINE_EAGER", True)
 CHAT_ENGINE_COMPILE_SIZES = tuple(
     int(n) for n in os.environ.get("CHAT_ENGINE_COMPILE_SIZES", "").split(",") if n.strip()
 )
-CHAT_ENGINE_DTYPE = os.environ.get("CHAT_ENGINE_DTYPE", "bfloat16")
+# Weights and activations: "auto" = bfloat16 on CPUs that compute in it (AVX-512 BF16, AMX), else
+# float32 (on AVX2, e.g. this AMD EPYC, vLLM's bf16 matmuls fall back to a slow path).
+CHAT_ENGINE_DTYPE = os.environ.get("CHAT_ENGINE_DTYPE", "auto")
 # KV cache block size in tokens (0: vLLM's CPU default, 128; multiples of 32).
 CHAT_ENGINE_BLOCK_SIZE = env_int("CHAT_ENGINE_BLOCK_SIZE", 0)
 # vLLM's OpenMP binding (VLLM_CPU_OMP_THREADS_BIND: auto, nobind, or CPU ids like 0-1) and the
