@@ -1,8 +1,7 @@
 """Attachments in the admin: read-only metadata (never the file's text or bytes); deleting one
 removes its file from storage too (once committed).
 
-Lists the default region's database (the router's choice without a conversation); with a
-database per region, the regional admin helpers in conversations/admin.py can take it over."""
+One region's database at a time, like conversations (conversations.admin.RegionalAdmin)."""
 
 from __future__ import annotations
 
@@ -10,15 +9,17 @@ from django.contrib import admin
 
 from attachments import services
 from attachments.models import Attachment
+from conversations.admin import RegionalAdmin, RegionFilter
 
 
 @admin.register(Attachment)
-class AttachmentAdmin(admin.ModelAdmin):
+class AttachmentAdmin(RegionalAdmin):
     list_display = (
         "name", "kind", "size", "prompt_tokens", "tokens", "conversation", "turn_id", "created_at"
     )
-    list_filter = ("kind",)
-    search_fields = ("name", "=sha256")
+    list_filter = (RegionFilter, "kind")
+    search_fields = ("name", "sha256")
+    id_search_fields = ("attachment_id", "conversation_id")
     list_select_related = ("conversation",)  # same database: a join is fine
     readonly_fields = (
         "attachment_id", "conversation", "turn_id", "name", "kind", "size", "sha256",
