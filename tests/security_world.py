@@ -209,16 +209,23 @@ def keep_test_connection(monkeypatch):
 
 @pytest.fixture
 def generation_refused(monkeypatch):
-    """Stop a request where it would start generating, as if the conversation were busy (409):
+    """Stop a request where it would start generating, as if the conversation (or the engine)
+    were busy (409):
     reaching that point shows the access checks let it through, and no generation task (whose
     database calls run on other connections, outside the world's transaction) is started."""
+    from api import completions  # noqa: PLC0415
+    from api.errors import ApiError  # noqa: PLC0415
     from conversations import streaming  # noqa: PLC0415
 
     async def busy(**kwargs):
         raise streaming.ConversationBusy("(test) generation is not started here")
 
+    async def admit_busy(request, model):
+        raise ApiError(409, "conflict", "(test) generation is not started here")
+
     monkeypatch.setattr(streaming, "turn_submit", busy)
     monkeypatch.setattr(streaming, "answer_regenerate", busy)
+    monkeypatch.setattr(completions, "_admit", admit_busy)
 
 
 # --- who knocks ----------------------------------------------------------------------------------
