@@ -6,7 +6,8 @@ People:
   it) holds a question, an answer, an attached file, a rating with a comment; she has a
   working and a revoked share link to it, a memory fact, an API key (and one revoked), a
   signed-in session row, and Acme has a pending and a withdrawn invitation.
-- bob: someone else, owner of the organisation Globex (an owner elsewhere has no say in Acme).
+- bob: someone else, owner of the organisation Globex (an owner elsewhere has no say in Acme),
+  with a conversation of his own there (a question, an answer, a share link).
 - carol: was a member of Acme and was removed.
 - dave: a plain member of Acme now (reads what is shared with the workspace; no other role).
 - mallory: her only API key is revoked.
@@ -84,6 +85,8 @@ class World:
     alice_key: ApiKey
     alice_session: UserSession
     invitation: object  # pending, by link
+    bob_conversation: Conversation  # in Globex: a question and its answer
+    bob_answer: Turn
     raw: dict[str, str] = field(default_factory=dict)  # raw secrets: keys, tokens
 
     def secrets(self, *, member: bool = False) -> list[str]:
@@ -157,6 +160,13 @@ def build_world() -> World:
     invitation = workspace_services.invitation_create(seat=alice_seat)
     withdrawn = workspace_services.invitation_create(seat=alice_seat)
     workspace_services.invitation_revoke(seat=alice_seat, invitation=withdrawn.invitation)
+    bob_conversation = conversation_services.conversation_create(owner=bob, org=globex, title="Bob's")
+    bob_question = conversation_services.turn_append_user(conversation=bob_conversation, content="Hi")
+    bob_answer = conversation_services.turn_append_assistant(
+        conversation_id=bob_conversation.pk, turn_id=uuid.uuid4(), reply_to_id=bob_question.turn_id,
+        content="Hello", status=Turn.Status.COMPLETE, prompt_tokens=3, completion_tokens=1,
+    )  # fmt: skip
+    share_link_create(conversation=bob_conversation, user=bob)
     # carol is removed last: by then she had been a member while all of this was made.
     workspace_services.member_remove(seat=alice_seat, membership=carol_seat)
 
@@ -165,7 +175,7 @@ def build_world() -> World:
         acme=acme, globex=globex, conversation=conversation, question=question, answer=answer,
         attachment=attachment, link=link, revoked_link=revoked_link, fact=fact,
         feedback=feedback, alice_key=alice_key.api_key, alice_session=alice_session,
-        invitation=invitation.invitation,
+        invitation=invitation.invitation, bob_conversation=bob_conversation, bob_answer=bob_answer,
         raw={
             "alice_key": alice_key.raw, "alice_revoked": alice_revoked.raw,
             "mallory_revoked": mallory_key.raw, "bob_key": keys["bob"].raw,
