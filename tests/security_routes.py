@@ -209,6 +209,9 @@ def alice_id(w: World) -> dict:
 
 
 CONTENT = form(content="pwned")
+# Views that answer every method (Django's form views take PUT as POST; some pages and the
+# probes do not restrict methods and answer others as GET): each method they answer is tried.
+ANY = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 ROUTES: list[Route] = [
     # --- chat ---
@@ -227,27 +230,27 @@ ROUTES: list[Route] = [
     Route("conversation-search", ("GET",), SELF, query="q=axolotl"),
     Route("conversation-workspace", ("POST",), OWN, conv, bodies={"POST": form(shared="0")}),
     # --- accounts ---
-    Route("api-keys", ("GET", "POST"), SELF, bodies={"POST": form(name="mine")}),
+    Route("api-keys", ANY, SELF, bodies={"POST": form(name="mine")}),
     Route("api-key-revoke", ("POST",), OWN, lambda w: {"key_id": w.alice_key.pk}),
-    Route("login", ("GET", "POST"), PUBLIC, bodies={"POST": form(username="alice", password="wrong-guess-123")},
+    Route("login", ("GET", "POST", "PUT"), PUBLIC, bodies={"POST": form(username="alice", password="wrong-guess-123")},
           why="signing in is how one stops being anonymous"),  # fmt: skip
     Route("logout", ("POST",), PUBLIC, why="signing out needs no sign-in (it ends only the caller's own session)"),
-    Route("signup", ("GET", "POST"), PUBLIC, bodies={"POST": form(username="")},
+    Route("signup", ANY, PUBLIC, bodies={"POST": form(username="")},
           why="anyone may make an account"),  # fmt: skip
-    Route("password_change", ("GET", "POST"), SELF,
+    Route("password_change", ("GET", "POST", "PUT"), SELF,
           bodies={"POST": form(old_password=PASSWORD, new_password1="pwned-pwned-pwned-1", new_password2="pwned-pwned-pwned-1")}),  # fmt: skip
     Route("password_change_done", ("GET",), SELF),
-    Route("password_reset", ("GET", "POST"), PUBLIC, bodies={"POST": form(email="")},
+    Route("password_reset", ("GET", "POST", "PUT"), PUBLIC, bodies={"POST": form(email="")},
           why="a forgotten password is asked for signed out; the page is the same whether or not an account exists"),  # fmt: skip
     Route("password_reset_done", ("GET",), PUBLIC, why="the 'check your email' page holds no data"),
     Route(
-        "password_reset_confirm", ("GET", "POST"), PUBLIC,
+        "password_reset_confirm", ANY, PUBLIC,
         lambda w: {"uidb64": _uid(w.alice), "token": "bogus-token"},
         bodies={"POST": form(new_password1="pwned-pwned-pwned-1", new_password2="pwned-pwned-pwned-1")},
         why="the emailed reset link is the credential; a wrong token changes nothing",
     ),  # fmt: skip
     Route("password_reset_complete", ("GET",), PUBLIC, why="the 'password set' page holds no data"),
-    Route("sessions", ("GET",), SELF),
+    Route("sessions", ANY, SELF),
     Route("session-end", ("POST",), OWN, lambda w: {"session_id": w.alice_session.pk}),
     Route("sessions-end-others", ("POST",), SELF),
     Route("sessions-end-all", ("POST",), SELF),
@@ -259,7 +262,7 @@ ROUTES: list[Route] = [
           bodies={"POST": form(blocked_terms="pwned", moderation_fail_open="on")}),  # fmt: skip
     # --- memory ---
     Route("memory-settings", ("GET", "POST"), SELF, bodies={"POST": form(text="likes pwning")}),
-    Route("memory-settings-duplicate", ("GET",), SELF),
+    Route("memory-settings-duplicate", ANY, SELF),
     Route("memory-delete", ("POST",), OWN, lambda w: {"fact_id": w.fact.pk}),
     Route("memory-clear", ("POST",), SELF, bodies={"POST": form(confirm="yes")}),
     Route("memory-toggle", ("POST",), SELF, bodies={"POST": form(enabled="")}),
@@ -303,11 +306,11 @@ ROUTES: list[Route] = [
     Route("org-export", ("GET", "POST"), ORG_ROLE, acme),
     Route("org-delete", ("GET", "POST"), ORG_ROLE, acme, bodies={"POST": form(slug="acme", password=PASSWORD)}),
     # --- operations ---
-    Route("metrics", ("GET",), PUBLIC,
+    Route("metrics", ANY, PUBLIC,
           why="Prometheus scrapes each process; counters by pool and tier only, no user data. "
               "Deployments keep it off the internet (README: an nginx allow-list)"),  # fmt: skip
-    Route("healthz", ("GET",), PUBLIC, why="liveness probe of load balancers; no user data"),
-    Route("readyz", ("GET",), PUBLIC, why="readiness probe of load balancers; no user data"),
+    Route("healthz", ANY, PUBLIC, why="liveness probe of load balancers; no user data"),
+    Route("readyz", ANY, PUBLIC, why="readiness probe of load balancers; no user data"),
     # --- /v1 ---
     Route("v1-conversations", ("GET", "POST"), API_SELF, query="q=axolotl", bodies={"POST": js(system_prompt="x")}),
     Route("v1-conversation", ("GET", "DELETE"), API_OWN, conv),
@@ -326,7 +329,7 @@ ROUTES: list[Route] = [
     Route("v1-models", ("GET",), API_SELF),
     Route("v1-openapi", ("GET",), API_PUBLIC, why="the API's description: no data, readable before one has a key"),
     # The admin's own sign-in page (every other admin/ route: the ADMIN rule).
-    Route("admin:login", ("GET", "POST"), PUBLIC, why="the admin's sign-in page"),
+    Route("admin:login", ("GET", "POST", "PUT"), PUBLIC, why="the admin's sign-in page"),
 ]
 
 # Routes that exist only with a setting on; covered when present, not stale when absent.

@@ -18,6 +18,7 @@ from django.urls import get_resolver, path
 
 from tests.security_routes import (
     ADMIN,
+    ANY,
     ADMIN_ROUTES,
     ALLOWED,
     API_PUBLIC,
@@ -84,6 +85,17 @@ def test_a_new_route_is_caught():
 def test_no_row_names_a_route_that_is_gone():
     names = {r.name for r in site_routes()}
     assert not [name for name in BY_NAME if name not in names]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=lambda r: r.name)
+def test_a_method_the_row_does_not_list_is_refused(world, generation_refused, route):
+    """Given a row's methods, then every other of GET, POST, PUT, PATCH, DELETE gets 405 (as
+    alice, who may use the route): the rows list every method a view answers, so the refusal
+    tests below try each of them."""
+    for method in set(ANY) - set(route.methods):
+        client = client_for(world, "alice_key" if route.api else "alice")
+        response = send(client, method, route.path(world), None)
+        assert response.status_code == 405, (method, response.status_code)
 
 
 def test_every_public_row_says_why():
