@@ -113,7 +113,9 @@ def build_world() -> World:
     acme = workspace_services.organisation_create(creator=alice, name=ORG_NAME, slug="acme")
     globex = workspace_services.organisation_create(creator=bob, name="Globex", slug="globex")
     Membership.objects.create(organisation=acme, user=dave, role=Membership.Role.MEMBER)
-    carol_seat = Membership.objects.create(organisation=acme, user=carol, role=Membership.Role.MEMBER)
+    carol_seat = Membership.objects.create(
+        organisation=acme, user=carol, role=Membership.Role.MEMBER
+    )
     alice_seat = workspace_selectors.seat_get(slug="acme", user=alice)
 
     conversation = conversation_services.conversation_create(
@@ -131,7 +133,8 @@ def build_world() -> World:
         conversation=conversation,
         uploads=[
             file_read(
-                name=SECRET_FILE_NAME, data=f"the file says {SECRET_FILE}\n".encode(),
+                name=SECRET_FILE_NAME,
+                data=f"the file says {SECRET_FILE}\n".encode(),
                 encode_text=str.split,
             )  # fmt: skip
         ],
@@ -153,15 +156,22 @@ def build_world() -> World:
     api_key_revoke(api_key=alice_revoked.api_key)
     mallory_key = api_key_create(user=mallory, name="mallory's script")
     api_key_revoke(api_key=mallory_key.api_key)
-    keys = {name: api_key_create(user=u, name="k") for name, u in (("bob", bob), ("carol", carol), ("dave", dave))}
+    keys = {
+        name: api_key_create(user=u, name="k")
+        for name, u in (("bob", bob), ("carol", carol), ("dave", dave))
+    }
     alice_session = UserSession.objects.create(
         user=alice, session_key=f"alice-{uuid.uuid4().hex[:24]}", user_agent="Firefox"
     )
     invitation = workspace_services.invitation_create(seat=alice_seat)
     withdrawn = workspace_services.invitation_create(seat=alice_seat)
     workspace_services.invitation_revoke(seat=alice_seat, invitation=withdrawn.invitation)
-    bob_conversation = conversation_services.conversation_create(owner=bob, org=globex, title="Bob's")
-    bob_question = conversation_services.turn_append_user(conversation=bob_conversation, content="Hi")
+    bob_conversation = conversation_services.conversation_create(
+        owner=bob, org=globex, title="Bob's"
+    )
+    bob_question = conversation_services.turn_append_user(
+        conversation=bob_conversation, content="Hi"
+    )
     bob_answer = conversation_services.turn_append_assistant(
         conversation_id=bob_conversation.pk, turn_id=uuid.uuid4(), reply_to_id=bob_question.turn_id,
         content="Hello", status=Turn.Status.COMPLETE, prompt_tokens=3, completion_tokens=1,
@@ -279,7 +289,9 @@ def csrf_token_of(client: Client, page: str = "/") -> str:
     if found is not None:
         token = json.loads(found.group(1))["X-CSRFToken"]
     else:  # a page without the htmx body (sign-in): the form's hidden field
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.content.decode()).group(1)
+        token = re.search(
+            r'name="csrfmiddlewaretoken" value="([^"]+)"', response.content.decode()
+        ).group(1)
     assert settings.CSRF_COOKIE_NAME in client.cookies
     return token
 
@@ -318,7 +330,11 @@ def snapshot() -> dict[str, list[str]]:
     state = {}
     for model in watched_models():
         label = model._meta.label_lower
-        names = [f.attname for f in model._meta.concrete_fields if f.attname not in VOLATILE.get(label, ())]
+        names = [
+            f.attname
+            for f in model._meta.concrete_fields
+            if f.attname not in VOLATILE.get(label, ())
+        ]
         rows = model._base_manager.using(DEFAULT_DB_ALIAS).order_by("pk").values_list(*names)
         # Rows as JSON text: comparable as sets (JSON fields hold lists and dicts).
         state[label] = [json.dumps([_plain(v) for v in row], default=str) for row in rows]
@@ -366,10 +382,16 @@ def alice_fingerprint(world: World) -> dict:
     for label, query in label_of.items():
         rows = query.order_by("pk").values()
         state[label] = [
-            {k: _plain(v) for k, v in row.items() if k not in {"last_used_at", "last_seen_at", "ip", "user_agent"}}
+            {
+                k: _plain(v)
+                for k, v in row.items()
+                if k not in {"last_used_at", "last_seen_at", "ip", "user_agent"}
+            }
             for row in rows
         ]
-    state["user"] = get_user_model().objects.filter(pk=world.alice.pk).values(
-        "password", "email", "memory_enabled", "session_salt", "is_active"
-    )[0]
+    state["user"] = (
+        get_user_model()
+        .objects.filter(pk=world.alice.pk)
+        .values("password", "email", "memory_enabled", "session_salt", "is_active")[0]
+    )
     return state

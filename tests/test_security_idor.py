@@ -90,18 +90,28 @@ MIXED = [
     Mixed("an Acme member", "org-member-remove", lambda w: globex(w, user_id=w.dave.pk)),
     Mixed("alice", "org-member-remove", lambda w: globex(w, user_id=w.alice.pk)),
     Mixed("an Acme member", "org-member-role", lambda w: globex(w, user_id=w.dave.pk)),
-    Mixed("Acme's invitation", "org-invitation-revoke", lambda w: globex(w, invitation_id=w.invitation.pk)),
+    Mixed(
+        "Acme's invitation",
+        "org-invitation-revoke",
+        lambda w: globex(w, invitation_id=w.invitation.pk),
+    ),
     Mixed("alice's answer", "v1-turn-events", lambda w: bobs(w, turn_id=w.answer.pk)),
     Mixed("alice's answer", "v1-turn-regenerate", lambda w: bobs(w, turn_id=w.answer.pk)),
     Mixed("alice's answer", "v1-answer-feedback", lambda w: bobs(w, turn_id=w.answer.pk)),
     Mixed(
-        "alice's question replaced", "v1-turns", bobs,
+        "alice's question replaced",
+        "v1-turns",
+        bobs,
         lambda w: Body("json", {"role": "user", "content": "x", "replaces": str(w.question.pk)}),
         (400,),
     ),  # fmt: skip
     Mixed(
-        "alice's file attached", "v1-turns", bobs,
-        lambda w: Body("json", {"role": "user", "content": "x", "attachments": [str(w.attachment.pk)]}),
+        "alice's file attached",
+        "v1-turns",
+        bobs,
+        lambda w: Body(
+            "json", {"role": "user", "content": "x", "attachments": [str(w.attachment.pk)]}
+        ),
         (400, 404),
     ),  # fmt: skip
 ]
@@ -145,7 +155,7 @@ def route_path(route: Route, kwargs: dict) -> str:
     return reverse(route.name, kwargs=kwargs)
 
 
-# --- a refusal says nothing about existence --------------------------------------------------------
+# --- a refusal says nothing about existence ------------------------------------------------------
 
 
 def missing_kwargs(world: World, kwargs: dict) -> dict:

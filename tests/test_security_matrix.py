@@ -18,9 +18,9 @@ from django.urls import get_resolver, path
 
 from tests.security_routes import (
     ADMIN,
-    ANY,
     ADMIN_ROUTES,
     ALLOWED,
+    ANY,
     API_PUBLIC,
     API_SELF,
     BY_NAME,
@@ -41,6 +41,9 @@ from tests.security_routes import (
 )
 from tests.security_world import (
     ORG_NAME,
+    SECRET_ANSWER,
+    SECRET_QUESTION,
+    SECRET_TITLE,
     alice_fingerprint,
     body_text,
     changes,
@@ -149,7 +152,12 @@ def _owner_checks() -> list[tuple[Route, str]]:
     """Rows whose refusals hinge on ids of alice's (the others have no parameters, or are
     checked with working links below)."""
     skip = (PUBLIC, API_PUBLIC, REVOKED_LINK, WITHDRAWN_INVITATION)
-    return [(r, m) for r in ROUTES if r.access not in skip and r.kwargs is not no_params for m in r.methods]
+    return [
+        (r, m)
+        for r in ROUTES
+        if r.access not in skip and r.kwargs is not no_params
+        for m in r.methods
+    ]
 
 
 @pytest.mark.parametrize(
@@ -181,7 +189,9 @@ def _self_cases() -> list[tuple[Route, str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("route", "method", "actor"), _self_cases(), ids=[f"{r.name}-{m}-{a}" for r, m, a in _self_cases()]
+    ("route", "method", "actor"),
+    _self_cases(),
+    ids=[f"{r.name}-{m}-{a}" for r, m, a in _self_cases()],
 )
 def test_own_account_pages_show_and_touch_only_the_callers_data(world, route, method, actor):
     """Given bob on a page of his own account (settings, memory, keys, search...), then he gets
@@ -198,7 +208,8 @@ def test_own_account_pages_show_and_touch_only_the_callers_data(world, route, me
 
 
 @pytest.mark.parametrize(
-    "name", ["conversation", "attachment-download", "org-overview", "org-conversations", "org-members"]
+    "name",
+    ["conversation", "attachment-download", "org-overview", "org-conversations", "org-members"],
 )
 def test_a_member_reads_what_the_workspace_shares(world, name):
     """Control for the ALLOWED cells: dave (a member of Acme) reads the workspace's pages and
@@ -208,7 +219,19 @@ def test_a_member_reads_what_the_workspace_shares(world, name):
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize("route", [r for r in ROUTES if r.access in (PUBLIC, API_PUBLIC)], ids=lambda r: r.name)
+def test_a_member_reads_the_shared_conversation_and_nothing_more(world):
+    """Dave's read-only page of alice's shared conversation shows its title and exchanges, not
+    her system prompt, files' text, memory, ratings, email or credentials."""
+    response = client_for(world, "dave").get(f"/c/{world.conversation.pk}/")
+
+    assert set(leaked(response, world.secrets(member=True))) == {
+        SECRET_TITLE, SECRET_QUESTION, SECRET_ANSWER,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "route", [r for r in ROUTES if r.access in (PUBLIC, API_PUBLIC)], ids=lambda r: r.name
+)
 def test_public_routes_read_and_write_nothing_of_alices(world, route):
     """Given an anonymous visitor on a public route (every method it takes), then no 5xx, no
     secret of alice's, no row changed (a bad sign-in, an empty sign-up, a bogus reset token)."""
@@ -223,11 +246,16 @@ def test_public_routes_read_and_write_nothing_of_alices(world, route):
         assert changes(before, snapshot()) == {}, method
 
 
-def test_a_working_share_link_is_public(world):
-    """The allowlisted /s/<token>/: a working link shows its snapshot to anyone signed out."""
+def test_a_working_share_link_is_public_and_shows_only_its_snapshot(world):
+    """The allowlisted /s/<token>/: a working link shows its snapshot to anyone signed out: the
+    title and the exchanges (and its own URL), nothing else of alice's (no system prompt, file
+    text, memory, ratings, email, organisation or credentials)."""
     response = client_for(world, "anonymous").get(f"/s/{world.raw['link']}/")
+
     assert response.status_code == 200
-    assert "axolotl-ALICE-ANSWER" in body_text(response)
+    assert set(leaked(response, world.secrets())) == {
+        SECRET_TITLE, SECRET_QUESTION, SECRET_ANSWER, world.raw["link"],
+    }  # fmt: skip
 
 
 def test_a_working_invitation_shows_what_it_invites_to(world):
@@ -238,8 +266,6 @@ def test_a_working_invitation_shows_what_it_invites_to(world):
 
 
 # --- the admin ------------------------------------------------------------------------------------
-
-
 
 
 @pytest.mark.parametrize("route", ADMIN_ROUTES, ids=[r.pattern for r in ADMIN_ROUTES])
