@@ -4,7 +4,8 @@
 ``CHAT_TIER_DEFAULT_POOL``) is invalid; the message names the pool and the field
 (inference/pools.py, ``pools_load``). ``chat.E002``: ``CHAT_CANARIES``, ``CHAT_EXPERIMENTS`` or
 ``CHAT_FLAG_POOLS`` names a pool that is not defined, or has a malformed entry
-(inference/router.py, ``routing_config_errors``).
+(inference/router.py, ``routing_config_errors``). ``chat.E003``: a ``CHAT_ENGINE_*`` speed setting
+is invalid (inference/engine.py, ``EngineTuning``).
 
 The check lives here because ``inference`` is not a Django app; ``accounts`` registers it in
 ``AccountsConfig.ready``, with the tag ``chat``. It reads no database, so it runs before
@@ -45,3 +46,18 @@ def check_model_pools(app_configs=None, **kwargs) -> list[Error]:
             flag_pools=dict(getattr(settings, "CHAT_FLAG_POOLS", {}) or {}),
         )
     ]
+
+
+@register("chat")
+def check_engine_tuning(app_configs=None, **kwargs) -> list[Error]:
+    """``chat.E003``: a ``CHAT_ENGINE_*`` speed setting is invalid (inference/engine.py,
+    ``EngineTuning.from_settings``); the message names the variable and what it accepts."""
+    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+    from inference.engine import EngineTuning  # noqa: PLC0415
+
+    try:
+        EngineTuning.from_settings()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint="See README 'Engine tuning'.", id="chat.E003")]
+    return []

@@ -194,3 +194,21 @@ def test_unset_threads_bind_leaves_vllms_default(settings, monkeypatch):
     EngineTuning.from_settings().apply_process_env()
     # Then: vLLM decides (auto binding)
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+
+
+def test_bad_value_stops_the_server_start_with_a_system_check(settings):
+    # Given: a bad lever (daphne runs the "chat" checks at start: chatsite/asgi.py)
+    from django.core import checks
+
+    settings.CHAT_ENGINE_BLOCK_SIZE = 100
+    # When
+    errors = [e for e in checks.run_checks(tags=["chat"]) if e.id == "chat.E003"]
+    # Then: one error naming the variable
+    assert len(errors) == 1
+    assert "CHAT_ENGINE_BLOCK_SIZE=100" in errors[0].msg
+
+
+def test_shipped_settings_pass_the_system_check():
+    from django.core import checks
+
+    assert not [e for e in checks.run_checks(tags=["chat"]) if e.id == "chat.E003"]
