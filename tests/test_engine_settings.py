@@ -35,10 +35,11 @@ def test_defaults_are_the_measured_winners(settings):
     # When: the engine's arguments are built
     kwargs = engine_kwargs()
     # Then: the winners of the measured levers (README "Engine tuning"): eager (start in ~30 s),
-    # the dtype this CPU computes fastest in, n-gram speculation, prefix caching, vLLM's blocks
+    # the dtype this CPU computes fastest in, prefix caching, vLLM's blocks; n-gram speculation
+    # stays opt-in until the real-engine suite has run with it (settings/base.py)
     assert kwargs["enforce_eager"] is True
     assert kwargs["dtype"] in ("bfloat16", "float32")
-    assert kwargs["speculative_config"]["method"] == "ngram"
+    assert "speculative_config" not in kwargs
     assert kwargs["enable_prefix_caching"] is True
     assert "block_size" not in kwargs  # vLLM's CPU default (128)
     assert "max_num_batched_tokens" not in kwargs
