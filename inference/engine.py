@@ -411,8 +411,10 @@ class EngineTuning:
       its spawned processes inherit.
     - ``max_batched_tokens``: chunked-prefill budget per step (0: vLLM's default).
     - ``speculative``: a vLLM ``speculative_config`` dict (n-gram prompt lookup) or None.
-    - ``quantization``: "" (bf16 weights) or a variant in :data:`QUANTIZED_VARIANTS`, served
-      from the folder ``inference/quantize.py`` writes beside the model.
+    - ``quantization``: "" (unquantised weights), ``auto`` (w8a8 on CPUs with int8 matrix
+      units, else unquantised: :meth:`resolved_quantization`) or a variant in
+      :data:`QUANTIZED_VARIANTS`, served from the folder ``inference/quantize.py`` writes beside
+      the model.
     - ``prefix_caching``: vLLM's automatic prefix caching.
     """
 
@@ -458,9 +460,11 @@ class EngineTuning:
                       "0 (vLLM's default) or a positive number of tokens")  # fmt: skip
         speculative = _parse_speculative(getattr(settings, "CHAT_ENGINE_SPECULATIVE", ""), bad)
         quantization = str(getattr(settings, "CHAT_ENGINE_QUANTIZATION", "")).strip().lower()
-        if quantization and quantization not in QUANTIZED_VARIANTS:
+        quantization = "" if quantization == "none" else quantization
+        if quantization and quantization not in (*QUANTIZED_VARIANTS, "auto"):
             raise bad("CHAT_ENGINE_QUANTIZATION", quantization,
-                      "empty (bf16 weights) or one of " + ", ".join(QUANTIZED_VARIANTS))  # fmt: skip
+                      "auto, none (unquantised weights) or one of "
+                      + ", ".join(QUANTIZED_VARIANTS))  # fmt: skip
         sizes = getattr(settings, "CHAT_ENGINE_COMPILE_SIZES", ())
         if not all(isinstance(n, int) and n > 0 for n in sizes):
             raise bad("CHAT_ENGINE_COMPILE_SIZES", sizes, "batch sizes, e.g. 1,2,4,8,16")
@@ -486,22 +490,44 @@ class EngineTuning:
         native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
         return "bfloat16" if native_bf16 else "float32"
 
+    def resolved_quantization(self, model_path: str | None = None) -> str:
+        """The weights variant served: ``quantization``, with ``auto`` resolved for this CPU
+        (inference.quantize.auto_variant: w8a8 where the CPU has int8 matrix units, else none).
+        With ``model_path``, an ``auto`` whose quantised sibling folder is missing (a model
+        folder of the user's own, not made by ``make model``) resolves to "" (unquantised)."""
+        if self.quantization != "auto":
+            return self.quantization
+        from inference.quantize import auto_variant, quantized_path  # noqa: PLC0415
+
+        variant = auto_variant()
+        if variant and model_path is not None:
+            if not (quantized_path(model_path, variant) / "config.json").is_file():
+                logger.warning(
+                    "CHAT_ENGINE_QUANTIZATION=auto would serve %s on this CPU, but %s is "
+                    "missing: serving the unquantised weights (make it with `make model`)",
+                    variant, quantized_path(model_path, variant),
+                )  # fmt: skip
+                return ""
+        return variant
+
     def weights_path(self, model_path: str) -> str:
         """The folder the weights load from: ``model_path`` itself, or its quantised sibling
-        ``<model_path>-<variant>``. Raises EngineUnavailable if that sibling is missing."""
-        if not self.quantization:
+        ``<model_path>-<variant>`` (:meth:`resolved_quantization`). Raises EngineUnavailable if
+        an explicitly named variant's sibling is missing or this CPU cannot run it."""
+        variant = self.resolved_quantization(model_path)
+        if not variant:
             return model_path
         from inference.quantize import cpu_supports, quantized_path  # noqa: PLC0415
 
-        supported, why = cpu_supports(self.quantization)
+        supported, why = cpu_supports(variant)
         if not supported:
-            raise EngineUnavailable(f"CHAT_ENGINE_QUANTIZATION={self.quantization}: {why}")
-        path = quantized_path(model_path, self.quantization)
+            raise EngineUnavailable(f"CHAT_ENGINE_QUANTIZATION={variant}: {why}")
+        path = quantized_path(model_path, variant)
         if not (path / "config.json").is_file():
             raise EngineUnavailable(
-                f"CHAT_ENGINE_QUANTIZATION={self.quantization} needs the quantised model "
-                f"{path}; make it with `make model CHAT_ENGINE_QUANTIZATION={self.quantization}`"
-                f" (python -m inference.quantize --variant {self.quantization})."
+                f"CHAT_ENGINE_QUANTIZATION={variant} needs the quantised model "
+                f"{path}; make it with `make model CHAT_ENGINE_QUANTIZATION={variant}`"
+                f" (python -m inference.quantize --variant {variant})."
             )
         return str(path)
 
@@ -517,7 +543,8 @@ class EngineTuning:
         """One line for the log: the levers that differ from vLLM's defaults."""
         parts = ["eager" if self.eager else "compiled", self.resolved_dtype()]
         if self.quantization:
-            parts.append(self.quantization)
+            parts.append(f"{self.quantization} -> {self.resolved_quantization() or 'none'}"
+                         if self.quantization == "auto" else self.quantization)
         if self.block_size:
             parts.append(f"block {self.block_size}")
         if self.threads_bind or self.reserved_cpus is not None:

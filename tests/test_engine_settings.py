@@ -126,6 +126,79 @@ def test_quantization_loads_the_quantised_sibling_folder(settings, tmp_path):
     assert kwargs["tokenizer"] == str(model)
 
 
+def _model_with_sibling(tmp_path, variant: str | None):
+    model = tmp_path / "SmolLM2"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    if variant:
+        sibling = tmp_path / f"SmolLM2-{variant}"
+        sibling.mkdir()
+        (sibling / "config.json").write_text("{}")
+    return model
+
+
+@pytest.mark.parametrize("flag", ["amx_int8", "avx512_vnni"])
+def test_auto_quantization_serves_int8_where_the_cpu_has_int8_units(settings, tmp_path,
+                                                                    monkeypatch, flag):
+    # Given: a CPU with int8 matrix units and the w8a8 copy `make model` writes
+    from inference import quantize
+
+    monkeypatch.setattr(quantize, "cpu_flags", lambda: {"avx2", "avx512f", flag})
+    settings.CHAT_MODEL_PATH = _model_with_sibling(tmp_path, "w8a8")
+    settings.CHAT_ENGINE_QUANTIZATION = "auto"
+    # When
+    kwargs = engine_kwargs()
+    # Then
+    assert kwargs["model"] == str(tmp_path / "SmolLM2-w8a8")
+    assert "w8a8" in EngineTuning.from_settings().describe()
+
+
+def test_auto_quantization_keeps_unquantised_weights_on_avx2(settings, tmp_path, monkeypatch):
+    # Given: an AVX2-only CPU (no VNNI: int8 GEMMs are slower than float32 there), even with a
+    # w8a8 copy on disk
+    from inference import quantize
+
+    monkeypatch.setattr(quantize, "cpu_flags", lambda: {"avx", "avx2", "fma", "f16c"})
+    settings.CHAT_MODEL_PATH = _model_with_sibling(tmp_path, "w8a8")
+    settings.CHAT_ENGINE_QUANTIZATION = "auto"
+    # When / Then
+    assert engine_kwargs()["model"] == str(settings.CHAT_MODEL_PATH)
+
+
+def test_auto_quantization_without_the_copy_serves_unquantised_and_says_so(settings, tmp_path,
+                                                                           monkeypatch, caplog):
+    # Given: an int8-capable CPU, but a model folder of the user's own with no w8a8 sibling
+    from inference import quantize
+
+    monkeypatch.setattr(quantize, "cpu_flags", lambda: {"amx_int8"})
+    settings.CHAT_MODEL_PATH = _model_with_sibling(tmp_path, None)
+    settings.CHAT_ENGINE_QUANTIZATION = "auto"
+    # When
+    kwargs = engine_kwargs()
+    # Then: the unquantised weights (auto never stops the start), with a warning saying how
+    assert kwargs["model"] == str(settings.CHAT_MODEL_PATH)
+    assert "make model" in caplog.text
+
+
+def test_quantize_command_makes_nothing_for_auto_on_avx2(tmp_path, monkeypatch, capsys):
+    # Given: `make model`'s call with the default (auto) on an AVX2-only CPU
+    from inference import quantize
+
+    monkeypatch.setattr(quantize, "cpu_flags", lambda: {"avx2"})
+    model = _model_with_sibling(tmp_path, None)
+    # When
+    assert quantize.main(["--variant", "auto", str(model)]) == 0
+    # Then: no copy written, and the reason printed
+    assert not (tmp_path / "SmolLM2-w8a8").exists()
+    assert "no int8 matrix units" in capsys.readouterr().out
+
+
+def test_none_means_unquantised(settings, tmp_path):
+    settings.CHAT_MODEL_PATH = _model_with_sibling(tmp_path, "w8a8")
+    settings.CHAT_ENGINE_QUANTIZATION = "none"
+    assert engine_kwargs()["model"] == str(settings.CHAT_MODEL_PATH)
+
+
 def test_missing_quantised_folder_says_how_to_make_it(settings, tmp_path):
     # Given: quantisation asked for, but `make model` never wrote the folder
     settings.CHAT_MODEL_PATH = tmp_path / "SmolLM2"
