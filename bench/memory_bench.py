@@ -166,15 +166,12 @@ def ttft(rounds: int, turns: int) -> dict:
         blocks = [memory_block(user=api.user, query=q) for q in QUESTIONS]
         padded = [system_message(settings.CHAT_SYSTEM_PROMPT, memory=b) for b in blocks]
         engine = get_engine()
-        extra_tokens = [
-            len(engine.encode_chat(chat_messages(system_prompt=p, question=q)))
-            - len(engine.encode_chat(chat_messages(system_prompt=settings.CHAT_SYSTEM_PROMPT, question=q)))
-            for p, q in zip(padded, QUESTIONS)
-        ]
-        off_tokens = [
-            len(engine.encode_chat(chat_messages(system_prompt=settings.CHAT_SYSTEM_PROMPT, question=q)))
-            for q in QUESTIONS
-        ]
+
+        def prompt_tokens(system: str, question: str) -> int:
+            return len(engine.encode_chat(chat_messages(system_prompt=system, question=question)))
+
+        off_tokens = [prompt_tokens(settings.CHAT_SYSTEM_PROMPT, q) for q in QUESTIONS]
+        extra_tokens = [prompt_tokens(p, q) - n for p, q, n in zip(padded, QUESTIONS, off_tokens)]
         for i, question in enumerate(QUESTIONS):  # warm-up: both sides once
             settings.CHAT_MEMORY_ENABLED = i % 2 == 0
             api.turn(question, 16, "warm", -1, i)
@@ -205,7 +202,8 @@ def ttft(rounds: int, turns: int) -> dict:
             "facts_per_turn": statistics.mean(injected),
             "extra_tokens_per_turn": statistics.mean(extra_tokens),
             "off_prompt_tokens": statistics.mean(off_tokens),
-            "prefill_ms_per_extra_token": (pad - off) * 1000 / max(statistics.mean(extra_tokens), 1e-9)}
+            "prefill_ms_per_extra_token":
+                (pad - off) * 1000 / max(statistics.mean(extra_tokens), 1e-9)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,11 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"    memory facts in each memory-on prompt: {timing['facts_per_turn']:.2f} on average")
     print(f"    retrieval alone (embedded and searched, nothing injected): {timing['lookup_p50_ms']:.1f} ms"
           f"   ratio {timing['lookup_ratio']:.3f}x to off (the rest of 'on' is prefilling the block's tokens)")
-    print(f"    the same prompt tokens without memory (block in the system prompt): {timing['pad_p50_ms']:.1f} ms"
-          f"   ratio {timing['pad_ratio']:.3f}x to off, on / pad {timing['on_to_pad']:.3f}x")
-    print(f"    prompt tokens: off {timing['off_prompt_tokens']:.1f}, +{timing['extra_tokens_per_turn']:.1f} with the"
-          f" memory block; prefill cost of one extra token: {timing['prefill_ms_per_extra_token']:.2f} ms"
-          f" (1.1x of off leaves {0.1 * timing['off_p50_ms']:.1f} ms for retrieval and the block together)")
+    print("    the same prompt tokens without memory (block in the system prompt): "
+          f"{timing['pad_p50_ms']:.1f} ms   ratio {timing['pad_ratio']:.3f}x to off, "
+          f"on / pad {timing['on_to_pad']:.3f}x")
+    print(f"    prompt tokens: off {timing['off_prompt_tokens']:.1f}, "
+          f"+{timing['extra_tokens_per_turn']:.1f} with the memory block; prefill cost of one "
+          f"extra token (pad - off): {timing['prefill_ms_per_extra_token']:.2f} ms (1.1x of off "
+          f"leaves {0.1 * timing['off_p50_ms']:.1f} ms for retrieval and the block together)")
     out = VAR / "bench" / "memory_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"retrieval": found, "ttft": timing, "facts": args.facts}, indent=2))
