@@ -697,7 +697,7 @@ def quality_part(args) -> dict:
     from inference.engine import EngineTuning  # noqa: PLC0415
     from inference.quantize import cpu_supports, quality_report, quantize  # noqa: PLC0415
 
-    variant = EngineTuning.from_settings().resolved_quantization() or args.quality_variant
+    variant = _served_variant() or args.quality_variant
     supported, why = cpu_supports(variant)
     if not supported:
         log(f"quality: {variant} skipped: {why}")

@@ -171,7 +171,7 @@ class VllmEngine:
         tuning = self.tuning or EngineTuning()
         tuning.apply_process_env()
         args = AsyncEngineArgs(**self.engine_args_kwargs())
-        logger.info("starting vLLM engine for %s (%s)", args.model, tuning.describe())
+        logger.info("starting vLLM engine for %s (%s)", args.model, tuning.describe(self.model_path))
         # Built in a worker thread: construction waits ~25 s for the EngineCore handshake, and
         # the server's event loop must keep serving (readiness probes, other streams) meanwhile.
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
@@ -539,12 +539,14 @@ class EngineTuning:
         if self.reserved_cpus is not None:
             os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(self.reserved_cpus)
 
-    def describe(self) -> str:
-        """One line for the log: the levers that differ from vLLM's defaults."""
+    def describe(self, model_path: str | None = None) -> str:
+        """One line for the log: the levers that differ from vLLM's defaults (``model_path``:
+        resolve ``auto`` quantisation as :meth:`weights_path` does for it)."""
         parts = ["eager" if self.eager else "compiled", self.resolved_dtype()]
-        if self.quantization:
-            parts.append(f"{self.quantization} -> {self.resolved_quantization() or 'none'}"
-                         if self.quantization == "auto" else self.quantization)
+        if self.quantization == "auto":
+            parts.append(f"auto -> {self.resolved_quantization(model_path) or 'none'}")
+        elif self.quantization:
+            parts.append(self.quantization)
         if self.block_size:
             parts.append(f"block {self.block_size}")
         if self.threads_bind or self.reserved_cpus is not None:

@@ -175,9 +175,12 @@ def test_auto_quantization_without_the_copy_serves_unquantised_and_says_so(setti
     settings.CHAT_ENGINE_QUANTIZATION = "auto"
     # When
     kwargs = engine_kwargs()
-    # Then: the unquantised weights (auto never stops the start), with a warning saying how
+    # Then: the unquantised weights (auto never stops the start), with a warning saying how,
+    # and the start's log line says what is served
     assert kwargs["model"] == str(settings.CHAT_MODEL_PATH)
     assert "make model" in caplog.text
+    tuning = EngineTuning.from_settings()
+    assert "auto -> none" in tuning.describe(str(settings.CHAT_MODEL_PATH))
 
 
 def test_quantize_command_makes_nothing_for_auto_on_avx2(tmp_path, monkeypatch, capsys):

@@ -718,9 +718,10 @@ CHAT_ENGINE_RESERVED_CPUS = (
 # Chunked prefill: prompt tokens per engine step (0: vLLM's default).
 CHAT_ENGINE_MAX_BATCHED_TOKENS = env_int("CHAT_ENGINE_MAX_BATCHED_TOKENS", 0)
 # Speculative decoding without a draft model: "ngram" (prompt lookup: up to 4 tokens proposed from
-# earlier text, verified in one step), "off", or a JSON speculative_config object. Off by default
-# for now: ngram measured TPOT -20..25% in the engine bench, but the real-engine suite (stop
-# strings, cancel, resume, moderation retract) has not yet been run with it.
+# earlier text, verified in one step), "off", or a JSON speculative_config object. Off by default:
+# ngram cut TPOT 19-25% in the engine bench on both CPUs measured, but on the AMX Xeon it raised
+# single-stream TTFT 206 -> 280 ms and 16-user TTFT p99 4.2 -> 4.6 s (README "Engine tuning"),
+# and the real-engine suite has not been run with it.
 CHAT_ENGINE_SPECULATIVE = os.environ.get("CHAT_ENGINE_SPECULATIVE", "off")
 # Lower-precision weights: "" / "none" (unquantised, the default), "auto" (w8a8 on CPUs with int8
 # matrix units, AMX-INT8 or AVX-512 VNNI, else unquantised: inference.quantize.auto_variant), or
