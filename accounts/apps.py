@@ -6,8 +6,6 @@ class AccountsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Registers the model-pool system check (manage.py check and server start).
-        from accounts import checks  # noqa: F401, PLC0415
         # Issue 10: session records at sign-in/out, the OIDC settings check, and the admin's
         # sign-in form under the same failed-sign-in throttle as the site's.
         from django.contrib import admin  # noqa: PLC0415

@@ -14,7 +14,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_asgi_app = get_asgi_application()
 
 # daphne runs no system checks: refuse to start on an invalid model-pool or routing
-# configuration (the checks `manage.py check` runs, accounts/checks.py), with their messages.
+# configuration (the checks `manage.py check` runs, inference/checks.py), with their messages.
 from django.core import checks  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 

@@ -10,7 +10,7 @@ Pools come from ``settings.CHAT_POOLS_FILE`` (a YAML list) when set, else ``sett
 (a list of dicts); both have the same fields (``chatsite/settings/base.py``, "Model pools").
 :func:`pools_load` validates them (pydantic for field types, then rules across fields and pools)
 and raises :class:`PoolConfigError` naming the pool and the field; the system check in
-``accounts/checks.py`` runs it at start, so ``manage.py check`` and the server refuse a bad file.
+``inference/checks.py`` runs it at start, so ``manage.py check`` and the server refuse a bad file.
 
 Several pools may share one engine: every local pool on ``settings.CHAT_MODEL_PATH`` is served by
 the process's engine (``inference.engine.get_engine()``); :func:`pool_engine` builds one more

@@ -237,7 +237,7 @@ def routing_config_errors(
 ) -> list[str]:
     """Problems in ``CHAT_CANARIES``, ``CHAT_EXPERIMENTS`` and ``CHAT_FLAG_POOLS`` against the
     pools (each a sentence naming the entry and field); empty when all is well. The system
-    check (``accounts/checks.py``) reports them at start."""
+    check (``inference/checks.py``) reports them at start."""
     errors: list[str] = []
     for i, c in enumerate(canaries):
         where = f"CHAT_CANARIES[{i}]"
@@ -293,12 +293,15 @@ def _count_shed(tier: str, action: str) -> None:
 
 
 def shed(route: Route, *, tier: str, waiting: int, pools: PoolSet) -> Route:
-    """Load shedding on ``waiting`` (requests queued for a slot of the route's engine).
+    """Load shedding on ``waiting`` (requests queued for a slot of the route's engine), in
+    DESIGN.md's order (free first, then paid degraded, reasoning queued only as the last
+    resort; the default thresholds 8 < 16 < 24 keep it, system check chat.E004):
 
     - free tier and ``waiting > CHAT_SHED_FREE_WAITING``: raise Overloaded
       (``retry_after_s = CHAT_SHED_RETRY_AFTER_S``, at least 1);
-    - paid/enterprise, ``waiting > CHAT_DEGRADE_PAID_WAITING`` and not already on ``mini``: the
-      ``mini`` pool answers (reason ``"degraded"``, keeping the better of the two priorities);
+    - paid/enterprise, ``waiting > CHAT_DEGRADE_PAID_WAITING``, not already on ``mini`` and not a
+      reasoning turn (a reasoning turn is never degraded: the smaller model cannot do its job):
+      the ``mini`` pool answers (reason ``"degraded"``, keeping the better of the two priorities);
     - the ``reasoning`` pool and ``waiting > CHAT_REASONING_LAST_WAITING``: priority becomes the
       largest pool priority + 1, behind every other user turn (background jobs stay behind it at
       ``CHAT_BACKGROUND_PRIORITY``).
@@ -316,7 +319,7 @@ def shed(route: Route, *, tier: str, waiting: int, pools: PoolSet) -> Route:
     if (
         tier in ("paid", "enterprise")
         and waiting > settings.CHAT_DEGRADE_PAID_WAITING
-        and route.pool.name != DEGRADE_POOL
+        and route.pool.name not in (DEGRADE_POOL, REASONING_POOL)
     ):
         try:
             mini = pools.default_version(DEGRADE_POOL)

@@ -1,5 +1,5 @@
 """Model pool configuration (inference/pools.py): validation, YAML files, lookup, cost, engines,
-and the start-up system check (accounts/checks.py)."""
+and the start-up system check (inference/checks.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.test import override_settings
 
 import inference.engine as engine_module
 import inference.remote as remote_module
-from accounts.checks import check_model_pools
+from inference.checks import check_model_pools
 from accounts.models import Tier
 from inference.engine import GenerationOptions, VllmEngine
 from inference.pools import (

@@ -325,3 +325,57 @@ def test_routing_config_errors_name_the_entry_and_field(pools):
         "CHAT_EXPERIMENTS[0]: field 'arms': weights must be integers >= 0, at least one > 0",
     ]
     assert routing_config_errors(pools, canaries=[CANARY], experiments=[EXPERIMENT], flag_pools={}) == []
+
+
+# --- the design's shedding order, with the default thresholds (issue 17) ---
+
+
+def test_with_default_thresholds_free_is_shed_before_paid_is_degraded_before_reasoning_queues(pools):
+    """Given the default thresholds; when the queue deepens one request at a time; then the
+    first action taken is shedding free turns, the next degrading paid turns to mini, and only
+    then do reasoning turns queue last (DESIGN.md: free first, then paid, reasoning last)."""
+    free, paid = pick(pools, tier="free"), pick(pools, tier="paid")
+    reasoning = pick(pools, tier="paid", requested="reasoning")
+    first_at: dict[str, int] = {}
+    for waiting in range(0, 64):
+        try:
+            shed(free, tier="free", waiting=waiting, pools=pools)
+        except Overloaded:
+            first_at.setdefault("shed free", waiting)
+        if shed(paid, tier="paid", waiting=waiting, pools=pools).reason == "degraded":
+            first_at.setdefault("degrade paid", waiting)
+        if shed(reasoning, tier="paid", waiting=waiting, pools=pools).priority > reasoning.priority:
+            first_at.setdefault("queue reasoning", waiting)
+    assert first_at == {"shed free": 9, "degrade paid": 17, "queue reasoning": 25}
+
+
+@override_settings(**THRESHOLDS)
+def test_a_reasoning_turn_is_never_degraded_to_mini(pools):
+    """Given a queue far past the paid degrade threshold; when a paid reasoning turn is shed;
+    then it stays on the reasoning pool (queued last) instead of moving to mini."""
+    reasoning = pick(pools, tier="paid", requested="reasoning")
+    routed = shed(reasoning, tier="paid", waiting=1000, pools=pools)
+    assert routed.pool.name == "reasoning"
+    assert routed.priority > reasoning.priority
+
+
+@pytest.mark.parametrize(
+    "free, paid, reasoning",
+    [(16, 32, 8), (8, 8, 24), (30, 16, 24)],
+)
+def test_thresholds_out_of_the_design_order_fail_the_system_check(free, paid, reasoning):
+    """chat.E004: thresholds must rise free < paid < reasoning; the old defaults (16, 32, 8)
+    queued reasoning first and are refused."""
+    from django.core import checks  # noqa: PLC0415
+
+    with override_settings(
+        CHAT_SHED_FREE_WAITING=free, CHAT_DEGRADE_PAID_WAITING=paid, CHAT_REASONING_LAST_WAITING=reasoning
+    ):
+        errors = [e for e in checks.run_checks(tags=["chat"]) if e.id == "chat.E004"]
+    assert len(errors) == 1 and "out of order" in errors[0].msg
+
+
+def test_default_thresholds_pass_the_system_check():
+    from django.core import checks  # noqa: PLC0415
+
+    assert not [e for e in checks.run_checks(tags=["chat"]) if e.id == "chat.E004"]

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "inference",
     "accounts",
     "conversations",
     "api",
@@ -333,12 +334,15 @@ CHAT_SCHEDULING = os.environ.get("CHAT_SCHEDULING", "priority")
 # Free-tier and background requests are admitted only while more than this many engine slots
 # are free, so a paid turn always finds room at once (inference/admission.py).
 CHAT_RESERVED_SLOTS = env_int("CHAT_RESERVED_SLOTS", 4)
-# Load shedding on the admission queue's depth (requests waiting for an engine slot):
-# beyond SHED_FREE free-tier turns get 503 busy; beyond DEGRADE_PAID paid turns are answered by
-# the `mini` pool; beyond REASONING_LAST reasoning turns wait behind every other user turn.
-CHAT_SHED_FREE_WAITING = env_int("CHAT_SHED_FREE_WAITING", 16)
-CHAT_DEGRADE_PAID_WAITING = env_int("CHAT_DEGRADE_PAID_WAITING", 32)
-CHAT_REASONING_LAST_WAITING = env_int("CHAT_REASONING_LAST_WAITING", 8)
+# Load shedding on the engine's queue depth (requests waiting for an engine slot: the local
+# admission queue, or a remote engine's `vllm:num_requests_waiting`), in the design's order
+# (DESIGN.md, "Targets and rules"): free turns are shed first (503 busy beyond SHED_FREE), then
+# paid turns are degraded to the `mini` pool (beyond DEGRADE_PAID), and only as the last resort
+# reasoning turns, never degraded, queue behind every other user turn (beyond REASONING_LAST).
+# The system check chat.E004 refuses thresholds out of that order.
+CHAT_SHED_FREE_WAITING = env_int("CHAT_SHED_FREE_WAITING", 8)
+CHAT_DEGRADE_PAID_WAITING = env_int("CHAT_DEGRADE_PAID_WAITING", 16)
+CHAT_REASONING_LAST_WAITING = env_int("CHAT_REASONING_LAST_WAITING", 24)
 # Retry-After of a shed request, seconds (at least 1, PF-R3).
 CHAT_SHED_RETRY_AFTER_S = env_int("CHAT_SHED_RETRY_AFTER_S", 5)
 

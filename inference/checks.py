@@ -5,11 +5,11 @@
 (inference/pools.py, ``pools_load``). ``chat.E002``: ``CHAT_CANARIES``, ``CHAT_EXPERIMENTS`` or
 ``CHAT_FLAG_POOLS`` names a pool that is not defined, or has a malformed entry
 (inference/router.py, ``routing_config_errors``). ``chat.E003``: a ``CHAT_ENGINE_*`` speed setting
-is invalid (inference/engine.py, ``EngineTuning``).
+is invalid (inference/engine.py, ``EngineTuning``). ``chat.E004``: the load-shedding thresholds
+are out of the design's order (inference/router.py ``shed``).
 
-The check lives here because ``inference`` is not a Django app; ``accounts`` registers it in
-``AccountsConfig.ready``, with the tag ``chat``. It reads no database, so it runs before
-migrations too. (daphne does not run system checks: the ASGI entry point calls
+``InferenceConfig.ready`` (inference/apps.py) registers them with the tag ``chat``. They read no
+database, so they run before migrations too. (daphne does not run system checks: the ASGI entry point calls
 ``inference.pools.pool_set()`` at start for that.)
 """
 
@@ -61,3 +61,25 @@ def check_engine_tuning(app_configs=None, **kwargs) -> list[Error]:
     except ImproperlyConfigured as exc:
         return [Error(str(exc), hint="See README 'Engine tuning'.", id="chat.E003")]
     return []
+
+
+@register("chat")
+def check_shedding_order(app_configs=None, **kwargs) -> list[Error]:
+    """``chat.E004``: DESIGN.md's shedding order is free turns shed first, then paid turns
+    degraded to the smaller pool, and reasoning turns queued last only as the last resort, so
+    ``CHAT_SHED_FREE_WAITING`` < ``CHAT_DEGRADE_PAID_WAITING`` < ``CHAT_REASONING_LAST_WAITING``
+    (requests waiting for an engine slot); thresholds out of that order are refused."""
+    free = settings.CHAT_SHED_FREE_WAITING
+    paid = settings.CHAT_DEGRADE_PAID_WAITING
+    reasoning = settings.CHAT_REASONING_LAST_WAITING
+    if free < paid < reasoning:
+        return []
+    return [
+        Error(
+            f"Load-shedding thresholds out of order: CHAT_SHED_FREE_WAITING={free}, "
+            f"CHAT_DEGRADE_PAID_WAITING={paid}, CHAT_REASONING_LAST_WAITING={reasoning}; each "
+            "must be below the next (free shed first, then paid degraded, reasoning queued last).",
+            hint="See README 'Tiers, model pools, limits and cost'.",
+            id="chat.E004",
+        )
+    ]
