@@ -29,7 +29,7 @@ address ``CHAT_ACCOUNTS_RESET_EMAIL_LIMIT`` (3) requests per ``CHAT_ACCOUNTS_RES
 but the page looks the same (no inbox can be flooded, and nothing tells whether an account exists).
 
 **Redis down**: the counters fail open (nobody is locked out, nothing is counted), as the chat's
-rate limits do (chatsite/redis_guard.py); each such call is counted in
+rate limits do (core/redis_guard.py); each such call is counted in
 ``chat_redis_unavailable_total{part="login_throttle"}`` and logged once per outage.
 """
 
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from chatsite import redis_guard
+from core import redis_guard
 
 from accounts.request_info import ip_throttle_scope
 

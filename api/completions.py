@@ -1,48 +1,55 @@
-"""``POST /v1/chat/completions`` and ``GET /v1/models``, in OpenAI's wire format.
+"""``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models``, in OpenAI's
+wire format: two protocols over the one turn pipeline (gateway/: route, shed, budget, prompt,
+rate limit, input moderation, slot, generate beside the output gate, settle once).
 
 Stateless (no conversation is stored), so the official ``openai`` client works unchanged. The
 request is not resumable: when its client disconnects the engine request is aborted at once
-(DESIGN.md, the disconnect rule) - ``VllmEngine.generate`` aborts when its consumer is cancelled.
-Shapes follow OpenAI's API reference for chat completions and chat completion chunks.
+(DESIGN.md, the disconnect rule) - closing the pipeline's generator aborts it. Shapes follow
+OpenAI's API reference for chat completions and chat completion chunks; ``finish_reason`` keeps
+OpenAI's values (``stop``, ``length``, ``content_filter``).
+
+**Forwarded turns.** A gateway without an engine sends each user turn here as a token-id
+``/v1/completions`` request under the service credential, with the ``admission`` field
+(``{"tier", "priority"}``, api/schemas.py ``ForwardedAdmission``): the request then queues in
+this process's admission queue at that priority, paid tiers may take the reserved slots, and no
+ledger row is written here (the gateway settles the turn; DESIGN.md, "Production topology").
+Only the service credential may send the field (403 otherwise). Service requests without it are
+background jobs: the lowest priority (settings.CHAT_BACKGROUND_PRIORITY), no reserved slots.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import replace
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from accounts.services import user_is_service
 from api import schemas
-from api.errors import ApiError
-from api.http import api_view, parse_json
-from conversations.sse import release_db_connection, run_in_db_thread, sse_response
-from conversations.streaming import withdrawn_message
-from inference import gate
+from core.db import release_db_connection
+from core.errors import ApiError
+from core.http import api_view, parse_json
+from core.sse import sse_response
+from gateway import gate, run
 from inference.engine import EngineUnavailable, GenerationOptions
 from inference.pools import pool_engine, pool_set
 from inference.prompts import PromptTooLong, prompt_fit
-from inference.router import Route
-from inference.serving import pool_generate
-from moderation.base import acheck
-from moderation.gate import OutputGate
-from moderation.verdicts import Policy, policy_for
+from moderation.gate import withdrawn_message
 
 logger = logging.getLogger(__name__)
 
 
-def _options(body, budget: int, user=None) -> GenerationOptions:
+def _options(body, budget: int, caller: gate.Caller) -> GenerationOptions:
     """Generation options from an OpenAI-style request ``body`` with ``budget`` completion
-    tokens; requests of the service user (background jobs) run at the lowest priority
-    (settings.CHAT_BACKGROUND_PRIORITY; DESIGN.md, "How background jobs reach the model").
+    tokens. Priority: a forwarded turn's (``body.admission``); other requests of the service
+    credential (background jobs) run at the lowest, settings.CHAT_BACKGROUND_PRIORITY (DESIGN.md,
+    "How background jobs reach the model"); user requests at 0 (the route decides).
     Raises ApiError 400 for an invalid response_format or more than 4 stop sequences."""
     schema = None
     if getattr(body, "response_format", None) is not None:
@@ -56,6 +63,10 @@ def _options(body, budget: int, user=None) -> GenerationOptions:
     if len(stop) > 4:
         raise ApiError(400, "invalid_request", "At most 4 stop sequences are allowed.")
     temperature = settings.CHAT_TEMPERATURE if body.temperature is None else body.temperature
+    if body.admission is not None:
+        priority = body.admission.priority
+    else:
+        priority = settings.CHAT_BACKGROUND_PRIORITY if caller.service else 0
     return GenerationOptions(
         max_tokens=budget,
         temperature=temperature,
@@ -63,7 +74,7 @@ def _options(body, budget: int, user=None) -> GenerationOptions:
         stop=stop,
         seed=body.seed,
         json_schema=schema,
-        priority=settings.CHAT_BACKGROUND_PRIORITY if user is not None and user_is_service(user) else 0,
+        priority=priority,
     )
 
 
@@ -90,47 +101,59 @@ async def models(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"object": "list", "data": data})
 
 
-@dataclass
-class _Admitted:
-    """A stateless request admitted by the gateway (inference/gate.py): its caller, route,
-    started engine, completion budget and rate-limit decision."""
-
-    caller: gate.Caller
-    route: Route
-    engine: object
-    budget: int = 0
-    decision: object | None = None
-
-
-async def _admit(request: HttpRequest, model: str) -> _Admitted:
-    """Route ``model`` for the caller and shed under load, then start the pool's engine.
-    Raises gate.Refused (400 unknown model, 403 not for this tier, 503 busy), ApiError 503 if
-    the engine cannot start."""
+async def _admit(request: HttpRequest, body) -> run.Admitted:
+    """The pipeline's first steps for a stateless request: the caller, the route for
+    ``body.model``, shedding under load (never for the service credential), the started engine.
+    A forwarded turn (``body.admission``) keeps the tier and priority its gateway gave it.
+    Raises ApiError 403 when anyone but the service credential sends ``admission``,
+    gate.Refused (404 unknown model, 403 not for this tier, 503 busy), ApiError 503 if the
+    engine cannot start."""
     caller = await gate.acaller_for(request.api_user)
-    route = gate.shed_for(caller, gate.route_for(caller, model))
-    engine = pool_engine(route.pool)
+    if body.admission is not None and not caller.service:
+        raise ApiError(
+            403, "permission_denied",
+            "Only the service credential may set 'admission' (it carries a gateway's turn to "
+            "its engine process); leave it out.",
+        )  # fmt: skip
+    route = await gate.shed_for(caller, gate.route_for(caller, body.model))
+    admitted = run.Admitted(caller=caller, route=route, policy=run.policy_of(caller))
+    if body.admission is not None:
+        admitted = run.Admitted(
+            caller=caller, route=replace(route, priority=body.admission.priority),
+            policy=admitted.policy, tier=body.admission.tier, forwarded=True,
+        )  # fmt: skip
     try:
-        await engine.ensure_started()
+        await pool_engine(route.pool).ensure_started()
     except EngineUnavailable as exc:
         raise ApiError(503, "unavailable", f"The model is unavailable: {exc}", {"Retry-After": "30"}) from None
-    return _Admitted(caller=caller, route=route, engine=engine)
+    return admitted
 
 
 async def _respond(
-    admitted: _Admitted, ids: list[int], options: GenerationOptions, body, kind: str, checked_text: str
+    admitted: run.Admitted, ids: list[int], options: GenerationOptions, body, kind: str, checked_text: str
 ) -> HttpResponse:
-    """Take the rate limits for ``ids`` + the budget, pass ``checked_text`` (the newest user
-    message, or the prompt) through the input moderation gate, generate with the output gate
-    beside the stream, and answer in OpenAI's shape for ``kind`` ("chat" or "text"): ``data:``
-    chunks then ``data: [DONE]`` when ``body.stream``, else one JSON object. Either way the
-    unused TPM reservation is refunded and the usage ledger written once the request ends (also
-    when its client went away, PF-R5). Raises gate.Refused before any engine work: 429 when a
-    limit is used up, 400 ``content_blocked`` (with the categories) when moderation flags the
-    input, 503 when the check itself failed (fail closed, PF-M2)."""
-    admitted.decision = await gate.rate_limit(
-        admitted.caller, prompt_tokens=len(ids), max_tokens=options.max_tokens
-    )
-    await _input_gate(admitted, checked_text)
+    """The pipeline from the rate limit on, for the prompt ``ids``: the input gate starts on
+    ``checked_text`` (the newest user message, or the prompt) beside the rate limit (prompt +
+    budget) and is acted on after it; then generate with the output gate beside the stream and
+    answer in OpenAI's shape for ``kind`` ("chat" or "text"): ``data:`` chunks then ``data:
+    [DONE]`` when ``body.stream``, else one JSON object. Either way the answer is settled once
+    when the request ends (also when its client went away, PF-R5). Raises gate.Refused before
+    any engine work: 429 when a limit is used up, 400 ``content_blocked`` (with the categories)
+    when moderation flags the input, 503 when the check itself failed (fail closed, PF-M2)."""
+    check = run.input_check_start(admitted.caller, checked_text, admitted.policy)
+    try:
+        admitted.decision = await gate.rate_limit(
+            admitted.caller, prompt_tokens=len(ids), max_tokens=options.max_tokens
+        )
+    except BaseException:
+        await run.input_check_discard(check)
+        raise
+    verdict = await run.input_verdict(check, admitted)
+    if verdict is not None and verdict.flagged:
+        await gate.settle(admitted.decision, prompt_tokens=0, completion_tokens=0)
+        raise gate.Refused(
+            400, "content_blocked", verdict.message(), details={"categories": list(verdict.categories)}
+        )
     completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     await release_db_connection()  # nothing below queries the database
@@ -148,34 +171,38 @@ async def _respond(
     return response
 
 
+def _openai_finish(answer: run.Answer) -> str:
+    """OpenAI's finish_reason for the pipeline's (``content_filter`` for a withdrawn answer)."""
+    return "content_filter" if answer.finish_reason == run.MODERATION else (answer.finish_reason or "stop")
+
+
+def _moderation_note(answer: run.Answer) -> dict:
+    categories = list(answer.flagged.categories) if answer.flagged is not None else []
+    return {"categories": categories, "message": withdrawn_message(categories)}
+
+
+async def _settle(admitted: run.Admitted, answer: run.Answer) -> None:
+    await run.settle(admitted, answer.tally, status=answer.status)
+
+
 async def _complete(admitted, ids, options, completion_id, created, kind, model) -> HttpResponse:
     """A non-streamed completion (see :func:`_respond`). When the output gate flags the text
     the generation stops, and the answer is empty with ``finish_reason`` ``content_filter`` (as
     OpenAI reports filtered output) and a ``moderation`` object saying why."""
-    text, finish_reason, tally = [], None, _Tally(prompt=len(ids))
-    output_gate = _output_gate(admitted)
+    answer = run.Answer(run.Tally(prompt_tokens=len(ids)))
     try:
-        async with aclosing(
-            pool_generate(admitted.route, ids, options, completion_id, tier=admitted.caller.usage_tier)
-        ) as deltas:
-            async for delta in deltas:
-                text.append(delta.text)
-                tally.add(delta)
-                finish_reason = delta.finish_reason or finish_reason
-                if output_gate is not None:
-                    output_gate.feed(delta.text)
-                    if output_gate.flagged is not None:
-                        break  # closing the generator aborts the engine request
-        verdict = await output_gate.finish() if output_gate is not None else None
+        async with contextlib.aclosing(
+            run.generate(admitted, ids, options, completion_id, answer, output_gate=run.output_gate_for(admitted))
+        ) as texts:
+            async for _ in texts:
+                pass
     finally:
-        if output_gate is not None:
-            output_gate.cancel()
-        await asyncio.shield(_account(admitted, tally, finished=finish_reason is not None))
-    choice = {"index": 0, "finish_reason": finish_reason or "stop", "logprobs": None}
-    content = "".join(text)
-    if verdict is not None and verdict.flagged:
-        choice["finish_reason"], content = "content_filter", ""
-        choice["moderation"] = {"categories": list(verdict.categories), "message": withdrawn_message(verdict.categories)}
+        await asyncio.shield(_settle(admitted, answer))
+    choice = {"index": 0, "finish_reason": _openai_finish(answer), "logprobs": None}
+    content = answer.text
+    if answer.finish_reason == run.MODERATION:
+        content = ""
+        choice["moderation"] = _moderation_note(answer)
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": content}
     else:
@@ -187,77 +214,17 @@ async def _complete(admitted, ids, options, completion_id, created, kind, model)
             "created": created,
             "model": model,
             "choices": [choice],
-            "usage": tally.usage(),
+            "usage": _usage_of(answer.tally),
         }
     )
 
 
-async def _input_gate(admitted: _Admitted, text: str) -> None:
-    """The input moderation gate for a stateless request (nothing is stored). Raises
-    gate.Refused 400 ``content_blocked`` with the categories, or 503 when the check failed
-    (fail closed unless the organisation chose fail-open), after refunding the reservation."""
-    if not settings.CHAT_MODERATION_INPUT or admitted.caller.service:
-        return
-    verdict = await acheck("input", text, _policy(admitted))
-    if not verdict.flagged:
-        return
-    await gate.settle(admitted.decision, prompt_tokens=0, completion_tokens=0)
-    details = {"categories": list(verdict.categories)}
-    if "moderation_unavailable" in verdict.categories:
-        raise gate.Refused(503, "moderation_unavailable", verdict.message(), {"Retry-After": "30"}, details)
-    raise gate.Refused(400, "content_blocked", verdict.message(), details=details)
-
-
-def _policy(admitted: _Admitted) -> Policy:
-    """The caller's moderation policy; the system prompt is the request's own (there is no
-    hidden one to leak)."""
-    return admitted.caller.moderation or policy_for(None)
-
-
-def _output_gate(admitted: _Admitted) -> OutputGate | None:
-    """The output gate for a stateless request; None while off or for background jobs (the
-    service credential summarises users' own text)."""
-    if not settings.CHAT_MODERATION_OUTPUT or admitted.caller.service:
-        return None
-    return OutputGate(_policy(admitted))
-
-
-@dataclass
-class _Tally:
-    """Token counts of one request so far (running totals from the engine's deltas)."""
-
-    prompt: int
-    cached: int = 0
-    completion: int = 0
-
-    def add(self, delta) -> None:
-        self.prompt, self.completion = delta.prompt_tokens, delta.completion_tokens
-        self.cached = max(self.cached, getattr(delta, "cached_tokens", 0))
-
-    def usage(self) -> dict:
-        """OpenAI's ``usage`` object (cached prompt tokens under ``prompt_tokens_details``)."""
-        return {
-            **_usage(self.prompt, self.completion),
-            "prompt_tokens_details": {"cached_tokens": self.cached},
-        }
-
-
-async def _account(admitted: _Admitted, tally: _Tally, *, finished: bool) -> None:
-    """Refund the unused TPM reservation and write the usage ledger row (no turn: a stateless
-    request). Never raises."""
-    await gate.settle(admitted.decision, prompt_tokens=tally.prompt, completion_tokens=tally.completion)
-    from usage import services as usage_services  # noqa: PLC0415
-
-    try:
-        await run_in_db_thread(
-            usage_services.usage_record,
-            user=admitted.caller.user_id, org=admitted.caller.org_id, turn_id=None,
-            conversation_id=None, route_pool=admitted.route.pool, tier=admitted.caller.usage_tier,
-            prompt_tokens=tally.prompt, cached_tokens=tally.cached,
-            completion_tokens=tally.completion, status="complete" if finished else "cancelled",
-        )  # fmt: skip
-    except Exception:  # noqa: BLE001 - billing must not fail the answer; logged for the operator
-        logger.exception("could not record usage of a completion")
+def _usage_of(tally: run.Tally) -> dict:
+    """OpenAI's ``usage`` object (cached prompt tokens under ``prompt_tokens_details``)."""
+    return {
+        **_usage(tally.prompt_tokens, tally.completion_tokens),
+        "prompt_tokens_details": {"cached_tokens": tally.cached_tokens},
+    }
 
 
 def engine_decode(engine, ids: list[int]) -> str:
@@ -287,7 +254,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     that overflows the context by a little is trimmed from the oldest messages (leading system
     messages are kept) and the count is in the ``X-Context-Trimmed`` header."""
     body = parse_json(request, schemas.ChatCompletionCreate)
-    admitted = await _admit(request, body.model)
+    admitted = await _admit(request, body)
     pool = admitted.route.pool
     requested = body.max_completion_tokens or body.max_tokens
     budget = gate.answer_budget(admitted.caller, pool, requested, explicit=requested is not None)
@@ -298,13 +265,13 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         fitted = prompt_fit(
             system_prompt=gate.with_preamble(admitted.route, system),
             messages=messages,
-            encode_chat=admitted.engine.encode_chat,
+            encode_chat=pool_engine(pool).encode_chat,
             max_model_len=pool.max_context,
             max_tokens=budget,
         )
     except PromptTooLong as exc:
         raise ApiError(400, "context_length_exceeded", f"{exc} (model {pool.name}: {pool.max_context:,} tokens of context)") from None
-    options = _options(body, fitted.max_tokens, request.api_user)
+    options = _options(body, fitted.max_tokens, admitted.caller)
     newest = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
     response = await _respond(admitted, fitted.token_ids, options, body, "chat", newest)
     if fitted.dropped_messages:
@@ -318,8 +285,9 @@ async def completions(request: HttpRequest) -> HttpResponse:
     (no chat template). Streams ``data:`` chunks when ``stream`` is true. Errors as for chat
     completions; 400 also for a token id outside the vocabulary."""
     body = parse_json(request, schemas.CompletionCreate)
-    admitted = await _admit(request, body.model)
-    engine, pool = admitted.engine, admitted.route.pool
+    admitted = await _admit(request, body)
+    pool = admitted.route.pool
+    engine = pool_engine(pool)
     ids = list(body.prompt) if isinstance(body.prompt, list) else engine.encode_text(body.prompt)
     vocab_size = engine.vocab_size() if hasattr(engine, "vocab_size") else None
     if vocab_size is not None and any(not 0 <= token_id < vocab_size for token_id in ids):
@@ -334,7 +302,7 @@ async def completions(request: HttpRequest) -> HttpResponse:
             400, "context_length_exceeded",
             f"The prompt is {len(ids):,} tokens; the {pool.name} model's context holds {pool.max_context:,}.",
         )  # fmt: skip
-    options = _options(body, min(budget, room), request.api_user)
+    options = _options(body, min(budget, room), admitted.caller)
     text = body.prompt if isinstance(body.prompt, str) else engine_decode(engine, ids)
     return await _respond(admitted, ids, options, body, "text", text)
 
@@ -372,53 +340,35 @@ def _chunk(
 
 
 async def _chunks(
-    admitted: _Admitted, prompt_ids, options, completion_id: str, created: int, include_usage: bool,
+    admitted: run.Admitted, prompt_ids, options, completion_id: str, created: int, include_usage: bool,
     kind: str, model: str,
 ) -> AsyncIterator[bytes]:
-    def chunk(delta, finish_reason=None, usage=None) -> bytes:
-        return _chunk(completion_id, created, delta, finish_reason, usage, kind=kind, model=model)
+    def chunk(delta, finish_reason=None, usage=None, extra=None) -> bytes:
+        return _chunk(completion_id, created, delta, finish_reason, usage, kind=kind, model=model, extra=extra)
 
     if kind == "chat":
         yield chunk({"role": "assistant", "content": ""})
-    tally = _Tally(prompt=len(prompt_ids))
-    finish_reason = None
-    output_gate = _output_gate(admitted)
-    verdict = None
+    answer = run.Answer(run.Tally(prompt_tokens=len(prompt_ids)))
     try:
-        async with aclosing(
-            pool_generate(admitted.route, prompt_ids, options, completion_id, tier=admitted.caller.usage_tier)
-        ) as deltas:
-            async for delta in deltas:
-                tally.add(delta)
-                finish_reason = delta.finish_reason or finish_reason
-                if output_gate is not None and output_gate.flagged is not None:
-                    break  # stop at once; closing the generator aborts the engine request
-                if delta.text:
-                    yield chunk({"content": delta.text})
-                    if output_gate is not None:
-                        output_gate.feed(delta.text)  # checked beside the stream, after sending
-        if output_gate is not None:
-            verdict = await output_gate.finish()
+        async with contextlib.aclosing(
+            run.generate(admitted, prompt_ids, options, completion_id, answer, output_gate=run.output_gate_for(admitted))
+        ) as texts:
+            async for text in texts:
+                yield chunk({"content": text})
     except EngineUnavailable as exc:
         error = {"error": {"type": "unavailable", "message": f"The model failed: {exc}"}}
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
         return
     finally:
-        if output_gate is not None:
-            output_gate.cancel()
-        # Charged once, for what was generated, also when the client went away (PF-R5).
-        await asyncio.shield(_account(admitted, tally, finished=finish_reason is not None))
-    if verdict is not None and verdict.flagged:
+        # Settled once, for what was generated, also when the client went away (PF-R5).
+        await asyncio.shield(_settle(admitted, answer))
+    if answer.finish_reason == run.MODERATION:
         # OpenAI's streaming protocol cannot take back text already sent: the final chunk says
         # the rest was filtered and why; clients should discard the partial answer.
-        yield _chunk(
-            completion_id, created, {}, "content_filter", kind=kind, model=model,
-            extra={"moderation": {"categories": list(verdict.categories), "retract": True,
-                                  "message": withdrawn_message(verdict.categories)}},
-        )  # fmt: skip
+        yield chunk({}, "content_filter", extra={"moderation": {**_moderation_note(answer), "retract": True}})
         yield b"data: [DONE]\n\n"
         return
-    yield chunk({}, finish_reason or "stop")
+    yield chunk({}, _openai_finish(answer))
     if include_usage:
-        yield chunk(None, usage=tally.usage())
+        yield chunk(None, usage=_usage_of(answer.tally))
     yield b"data: [DONE]\n\n"

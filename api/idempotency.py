@@ -6,7 +6,7 @@ under ``chat:idem:{user_id}:{sha256(key)}`` for ``settings.CHAT_IDEMPOTENCY_TTL_
 24 h, as Stripe keeps keys), holding a hash of the request so a key reused for a *different*
 request is refused (422) instead of silently answering the wrong thing.
 
-Redis down (degraded mode, chatsite/redis_guard.py part ``idempotency``): records are kept in
+Redis down (degraded mode, core/redis_guard.py part ``idempotency``): records are kept in
 this process instead (at most ``LOCAL_MAX`` keys, same TTL; counted in
 ``chat_idempotency_local_total``, the outage logged). A retry that reaches the same process is
 still de-duplicated (and keys recorded during the outage keep working after it); a retry that
@@ -27,9 +27,10 @@ from uuid import UUID
 
 from django.conf import settings
 
-from api.errors import ApiError
-from chatsite import metrics, redis_guard
-from chatsite.redis_guard import RedisUnavailable
+from core.errors import ApiError
+from chatsite import metrics
+from core import redis_guard
+from core.redis_guard import RedisUnavailable
 
 logger = logging.getLogger(__name__)
 

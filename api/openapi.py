@@ -41,12 +41,12 @@ BODY_ERRORS = {
     "413": _error("The body is too large."),
     "415": _error("The body is not application/json."),
 }
-# A model that does not exist (404) or that the caller's tier may not use (403): inference/gate.py.
+# A model that does not exist (404) or that the caller's tier may not use (403): gateway/gate.py.
 MODEL_ERRORS = {
     "403": _error("The model is not available on your tier (the message lists yours)."),
     "404": _error("Unknown model (the message lists the models)."),
 }
-# Refusals before any engine work (inference/gate.py): every 429 and 503 carries Retry-After.
+# Refusals before any engine work (gateway/gate.py): every 429 and 503 carries Retry-After.
 ADMISSION_ERRORS = {
     "403": MODEL_ERRORS["403"],
     "429": _error("Over your (or your organisation's) requests- or tokens-per-minute limit; "

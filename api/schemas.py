@@ -66,6 +66,16 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class ForwardedAdmission(Strict):
+    """Where a gateway's turn belongs in its engine process's admission queue (DESIGN.md,
+    "Production topology"): the user's ``tier`` (paid and enterprise may take the reserved
+    slots) and the engine ``priority`` the gateway routed it at (vLLM's convention: lower runs
+    first). Only the service credential may send it (api/completions.py)."""
+
+    tier: Literal["free", "paid", "enterprise", "background"]
+    priority: int = Field(ge=0, le=1_000_000)
+
+
 class ChatCompletionCreate(BaseModel):
     """OpenAI's chat completion request (the subset served). Unknown OpenAI fields that change
     nothing here (``user``, ``n`` = 1, ...) are accepted and ignored, as OpenAI clients send them."""
@@ -84,6 +94,8 @@ class ChatCompletionCreate(BaseModel):
     seed: int | None = None
     n: Literal[1] = 1
     response_format: ResponseFormat | None = None
+    # Service credential only: a gateway's turn (ForwardedAdmission).
+    admission: ForwardedAdmission | None = None
 
 
 class CompletionCreate(BaseModel):
@@ -102,3 +114,5 @@ class CompletionCreate(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     n: Literal[1] = 1
+    # Service credential only: a gateway's turn (ForwardedAdmission).
+    admission: ForwardedAdmission | None = None

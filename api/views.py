@@ -11,16 +11,17 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils.dateparse import parse_datetime
 
 from api import idempotency, schemas
-from api.errors import ApiError
-from api.http import api_view, parse_json, query_int
+from core.errors import ApiError
+from core.http import api_view, parse_json, query_int
 from attachments.api import attachment_json
 from attachments.selectors import attachments_by_turn
 from attachments.services import turn_attachments
-from chatsite import redis_guard
+from core import redis_guard
 from conversations import selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
-from conversations.sse import last_event_id, release_db_connection, sse_response
-from inference import gate
+from core.db import release_db_connection
+from core.sse import last_event_id, sse_response
+from gateway import gate
 from moderation.gate import verdict_from_json
 
 PAGE_MAX = 100
@@ -337,7 +338,7 @@ async def _answer_or_none(conversation: Conversation, turn_id: UUID) -> Turn | N
 
 def _resume_unavailable() -> ApiError:
     """503 for a resume that needs Redis while it is unavailable (degraded mode,
-    chatsite/redis_guard.py): the turn's events are only in another process."""
+    core/redis_guard.py): the turn's events are only in another process."""
     retry_s = max(1, round(redis_guard.breaker.open_s))
     return ApiError(
         503, "unavailable",

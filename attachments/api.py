@@ -17,8 +17,8 @@ from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 
-from api.errors import ApiError
-from api.http import api_view
+from core.errors import ApiError
+from core.http import api_view
 from attachments import services
 from attachments.models import Attachment
 from conversations import selectors as conversation_selectors

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import filetype
 from django.conf import settings
 
-from inference.gate import Refused
+from gateway.gate import Refused
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@
 - ``/healthz``: the process is up and answering. Always 200 (a failing dependency is a matter
   for ``/readyz``, not a reason to restart the process). The body also says how the engine and
   Redis look, for operators: ``{"status": "ok", "ready", "unfinished_requests", "redis"}``,
-  ``redis`` = ``"ok"`` | ``"degraded"`` (chatsite/redis_guard.py's degraded mode).
+  ``redis`` = ``"ok"`` | ``"degraded"`` (core/redis_guard.py's degraded mode).
 - ``/readyz``: may this process take traffic? 200 ``{"status": "ready", "checks": {...}}`` when
   the engine is ready, PostgreSQL answers ``SELECT 1`` on the default database and Redis answers
   PING; else 503 ``{"status": "unavailable", "checks": {...}, "failing": [...]}`` naming each
@@ -33,7 +33,7 @@ from django.views.decorators.cache import never_cache
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from chatsite import redis_guard
+from core import redis_guard
 from inference.engine import get_engine
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ Each server process counts for itself (Prometheus sums processes when it scrapes
 counters:
 
 - ``chat_redis_unavailable_total{part}``: Redis calls that failed (connection refused, timeout,
-  error reply) or were skipped because the circuit breaker was open (chatsite/redis_guard.py).
+  error reply) or were skipped because the circuit breaker was open (core/redis_guard.py).
   ``part`` names the feature that fell back: ``cache``, ``turnlog``, ``lock``, ``cancel``,
   ``idempotency``, ``ratelimit``, ...
 - ``chat_redis_breaker_opened_total``: how often this process switched to degraded mode.
@@ -13,7 +13,7 @@ counters:
   ``hit``, ``miss`` (key absent or evicted), ``stale`` (older than PostgreSQL), ``down`` (Redis
   unavailable: read from PostgreSQL).
 - ``chat_rate_limit_fail_open_total{limit}``: requests let through unmetered because the rate
-  limiter could not reach Redis (chatsite/redis_guard.py ``rate_limit_fail_open``).
+  limiter could not reach Redis (core/redis_guard.py ``rate_limit_fail_open``).
 - ``chat_idempotency_local_total``: Idempotency-Key records kept in this process only, because
   Redis was unavailable (api/idempotency.py).
 
@@ -30,6 +30,10 @@ Serving (issue 5; recorded by inference/serving.py ``pool_generate`` unless said
   ``prefix_cache_queries`` / ``hits``); hits / queries is the hit rate.
 - ``chat_admission_waiting{engine}`` / ``chat_admission_running{engine}`` (gauges): requests
   queued for an engine slot / holding one (inference/admission.py).
+- ``vllm:num_requests_waiting{model_name}`` / ``vllm:num_requests_running{model_name}``
+  (gauges): the same two numbers for this process's engines under vLLM's own metric names, so
+  a gateway reads an engine process of this project and a ``vllm serve`` node alike when it
+  sheds (inference/remote.py ``EngineLoad``).
 - ``chat_shed_total{tier,action}``: load-shedding decisions, ``action`` = ``shed`` (503 busy),
   ``degrade`` (paid turn served by the mini pool), ``queue_last`` (inference/router.py ``shed``).
 - ``chat_rate_limited_total{scope,limit}``: requests refused by a rate limit (429), ``scope`` =
@@ -125,6 +129,17 @@ ADMISSION_RUNNING = Gauge(
     "chat_admission_running",
     "Requests holding an engine slot (admitted to the engine), by engine.",
     ["engine"],
+)
+# vLLM's names (vllm/v1/metrics/loggers.py), so gateways shed on either kind of engine node.
+ENGINE_WAITING = Gauge(
+    "vllm:num_requests_waiting",
+    "Requests waiting for an engine slot (this process's admission queue).",
+    ["model_name"],
+)
+ENGINE_RUNNING = Gauge(
+    "vllm:num_requests_running",
+    "Requests holding an engine slot.",
+    ["model_name"],
 )
 SHED = Counter(
     "chat_shed",

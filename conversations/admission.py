@@ -1,5 +1,5 @@
 """Admission of one answer, before anything is stored or any engine work: the gateway's steps
-(inference/gate.py: route, shed, budget, rate limit) with the conversation's prompt assembled
+(gateway/gate.py: route, shed, budget, rate limit) with the conversation's prompt assembled
 in between, and the input moderation gate (moderation/).
 
 :func:`turn_plan` returns a :class:`TurnPlan`, which conversations/streaming.py generates from;
@@ -23,7 +23,7 @@ from django.conf import settings
 from attachments.prompt import question_with_files
 from conversations import selectors, summaries
 from conversations.models import Turn
-from inference import gate
+from gateway import gate
 from inference.pools import pool_engine
 from inference.prompts import PromptTooLong, prompt_assemble
 from inference.router import Route
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TurnPlan:
-    """How one answer was admitted (inference/gate.py), before anything was stored.
+    """How one answer was admitted (gateway/gate.py), before anything was stored.
 
     ``route``: the pool that answers (and why); ``caller``: whose limits and tier;
     ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
@@ -154,7 +154,7 @@ async def turn_plan(
     planned: bool = False,
     memory_query: Future | None = None,
 ) -> TurnPlan:
-    """Admit an answer to ``question`` (inference/gate.py): route to a pool (``model``: asked
+    """Admit an answer to ``question`` (gateway/gate.py): route to a pool (``model``: asked
     for by this request, checked strictly; else the conversation's ``model``), shed under
     load, size the completion budget, assemble the prompt, and take the rate limits for
     prompt + max_tokens. No engine work and nothing stored. ``planned``: ``question`` is not
@@ -162,7 +162,7 @@ async def turn_plan(
     the request arrived (:func:`memory_query_start`); None: embedded during assembly. Raises gate.Refused (400/403/429/503) - for a prompt longer than the pool's
     context too (400 context_length_exceeded)."""
     route = gate.route_for(caller, model, fallback=conversation.model)
-    route = gate.shed_for(caller, route)
+    route = await gate.shed_for(caller, route)
     budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
     try:
         # On the request's own thread and connection (thread-sensitive), not the shared

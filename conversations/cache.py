@@ -32,7 +32,7 @@ selectors.py), from the cache or from PostgreSQL alike.
 conversation row in PostgreSQL (``selectors.conversation_get_for_user``); the prompt path is
 internal.
 
-**Redis down (degraded mode).** Every call goes through chatsite/redis_guard.py (short timeouts,
+**Redis down (degraded mode).** Every call goes through core/redis_guard.py (short timeouts,
 circuit breaker, ``chat_redis_unavailable_total{part="cache"}``, a log line per outage): reads
 come from PostgreSQL (``chat_hot_cache_reads_total{result="down"}``), write-throughs are skipped.
 When Redis is back, reads refill the cache again by themselves.
@@ -54,7 +54,8 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from chatsite import metrics, redis_guard
+from chatsite import metrics
+from core import redis_guard
 from conversations import regions
 from conversations.models import Conversation, Turn
 

@@ -71,7 +71,7 @@ def conversation_create(
 
     ``model``: the pool its turns ask for (a pool name, ``name@version``, or the served model's
     name, which means the tier's default pool; inference/pools.py). Whether the owner's tier may
-    use it is checked per turn (inference/gate.py), so a tier change never strands a
+    use it is checked per turn (gateway/gate.py), so a tier change never strands a
     conversation.
     Raises ValidationError if ``model`` is given and names no pool or model here, if the owner
     is not a member of ``org``, or (RegionUnavailable) if the home region has no database here.

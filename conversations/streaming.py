@@ -33,7 +33,8 @@ from django.conf import settings
 from conversations import cache, retention, selectors, services, summaries, turnlog, writeback
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
-from conversations.sse import run_in_db_thread, sse_comment, sse_event
+from core.db import run_in_db_thread
+from core.sse import sse_comment, sse_event
 from conversations.admission import (  # noqa: F401 - views reach these through this module
     ContentBlocked,
     TurnPlan,
@@ -44,11 +45,11 @@ from conversations.admission import (  # noqa: F401 - views reach these through 
     memory_query_start,
     turn_plan,
 )
-from inference import gate
+from gateway import gate
 from inference.engine import EngineUnavailable, GenerationOptions
 from inference.pools import pool_engine
 from inference.serving import pool_generate
-from moderation.gate import OutputGate
+from moderation.gate import OutputGate, withdrawn_message
 from moderation.verdicts import Verdict
 from usage import services as usage_services
 
@@ -254,15 +255,6 @@ def moderation_payload(answer: Turn) -> dict:
         "usage": answer_done_payload(answer)["usage"],
         "pool": answer.pool,
     }
-
-
-def withdrawn_message(categories) -> str:
-    """The notice that replaces an answer the output gate stopped."""
-    if "moderation_unavailable" in categories:
-        return "The answer was withdrawn because the safety check is unavailable right now. Try again in a minute."
-    if "system_prompt_leak" in categories:
-        return "The answer was withdrawn: it repeated the assistant's hidden instructions."
-    return "The answer was withdrawn by the content filter. Try asking in another way."
 
 
 async def stored_answer_sse(answer: Turn) -> AsyncIterator[bytes]:

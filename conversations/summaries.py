@@ -32,7 +32,7 @@ from django.db import DatabaseError, InterfaceError, transaction
 from accounts.services import service_user
 from conversations import regions, retention, selectors, services
 from conversations.models import Conversation
-from inference import gate
+from gateway import gate
 from inference.engine import get_engine
 from inference.prompts import AssembledPrompt, chat_messages, largest_fitting
 from inference.service_client import ServiceCallError, chat_complete
@@ -124,7 +124,7 @@ def summary_update(*, conversation_id: UUID) -> bool:
     answered = [(p, p.usable_answer()) for p in positions]
     pairs = [(p, (p.question.content, a.content)) for p, a in answered if a is not None]
     encode_chat = get_engine().encode_chat
-    # The turns' prompt budget is their pool's context less an answer (inference/gate.py); the
+    # The turns' prompt budget is their pool's context less an answer (gateway/gate.py); the
     # summary itself is written by the service credential's pool.
     turn_pool = gate.route_for(gate.caller_for(conversation.owner, conversation.org), fallback=conversation.model).pool
     summariser_pool = gate.route_for(gate.caller_for(service_user())).pool

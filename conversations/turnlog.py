@@ -7,7 +7,7 @@ mirrors each one, in order, to the stream ``chat:turn:{answer_id}`` with the exp
 ``chat:q:{question_id}`` names the answer being written for a user turn (the UI resumes by
 question). Both expire ``settings.CHAT_STREAM_TTL_S`` after the answer ends.
 
-Redis down is a degraded mode, not an outage. Every call goes through chatsite/redis_guard.py
+Redis down is a degraded mode, not an outage. Every call goes through core/redis_guard.py
 (short timeouts, a circuit breaker, a log line per outage, ``chat_redis_unavailable_total{part}``):
 
 - **mirroring** (part ``turnlog``): answers still stream from the generating process's in-memory
@@ -39,15 +39,16 @@ from uuid import UUID
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from chatsite import redis_guard
-from chatsite.redis_guard import REDIS_ERRORS
+from conversations.events import TERMINAL_EVENTS
+from core import redis_guard
+from core.redis_guard import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
 
 
 def redis_client() -> aioredis.Redis:
     """This event loop's Redis client (asyncio clients cannot cross loops): short timeouts, a
-    blocking pool of ``settings.CHAT_REDIS_POOL_MAX`` (chatsite/redis_guard.py). Callers go
+    blocking pool of ``settings.CHAT_REDIS_POOL_MAX`` (core/redis_guard.py). Callers go
     through ``redis_guard.acall`` so a dead Redis fails fast and is counted."""
     return redis_guard.async_client()
 
@@ -147,7 +148,7 @@ async def cancel_elsewhere(answer_id: UUID, wait_s: float = 5) -> None:
         )
         if last is None:
             return
-        if last and last[0][1].get("e") in ("done", "error"):
+        if last and last[0][1].get("e") in TERMINAL_EVENTS:
             return
         await asyncio.sleep(0.05)
 
@@ -393,8 +394,9 @@ def _hub() -> _FollowHub:
 async def follow(
     answer_id: UUID, after: int = 0, idle_s: float = 15
 ) -> AsyncIterator[tuple[int, str, dict] | None]:
-    """Yield ``(event_id, event, data)`` after ``after`` from Redis, live, until ``done`` or
-    ``error``; None after ``idle_s`` seconds without one (send a keep-alive). Ends if the log
+    """Yield ``(event_id, event, data)`` after ``after`` from Redis, live, until a terminal
+    event (conversations/events.py ``TERMINAL_EVENTS``: ``done``, ``moderation``, ``error``);
+    None after ``idle_s`` seconds without one (send a keep-alive). Ends if the log
     vanishes (expired, or never written within 10 s) or Redis fails mid-way.
 
     The backlog comes from one XRANGE; live events from the process's hub (one XREAD for all
@@ -418,7 +420,7 @@ async def follow(
         for entry_id, fields in backlog:
             last = int(entry_id.split("-", 1)[1])
             yield last, fields["e"], json.loads(fields["d"])
-            if fields["e"] in ("done", "error"):
+            if fields["e"] in TERMINAL_EVENTS:
                 return
         while True:
             try:
@@ -432,7 +434,7 @@ async def follow(
                 continue
             last = event_id
             yield event_id, event, data
-            if event in ("done", "error"):
+            if event in TERMINAL_EVENTS:
                 return
     finally:
         hub.unsubscribe(key, queue)

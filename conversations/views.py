@@ -23,12 +23,13 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from attachments import services as attachment_services
-from chatsite import redis_guard
+from core import redis_guard
 from conversations import retention, selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
-from conversations.sse import last_event_id, release_db_connection, sse_event, sse_response
-from inference import gate
+from core.db import release_db_connection
+from core.sse import last_event_id, sse_event, sse_response
+from gateway import gate
 from inference.pools import pool_set
 from moderation.gate import verdict_message
 
@@ -146,7 +147,7 @@ def _error_response(
     request: HttpRequest, message: str, status: int, headers: dict[str, str] | None = None
 ) -> HttpResponse:
     """A message the person can act on, shown above the message box (htmx) or as a page.
-    ``headers``: e.g. a refusal's Retry-After and X-RateLimit-* (inference/gate.py)."""
+    ``headers``: e.g. a refusal's Retry-After and X-RateLimit-* (gateway/gate.py)."""
     html = render_to_string("chat/_error.html", {"message": message}, request=request)
     response = HttpResponse(html, status=status)
     for name, value in (headers or {}).items():
@@ -363,7 +364,7 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
             # Being written by another server process: follow its Redis event log.
             body = streaming.follow_remote_sse(remote_answer_id, after=last_event_id(request))
         elif not redis_guard.available():
-            # Degraded mode (chatsite/redis_guard.py): it may be generating in another process,
+            # Degraded mode (core/redis_guard.py): it may be generating in another process,
             # whose events only Redis carries; starting it again here could answer it twice.
             body = _single_error(RESUME_UNAVAILABLE)
         else:

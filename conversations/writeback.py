@@ -43,9 +43,9 @@ from django.utils import timezone
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from chatsite import redis_guard
+from core import redis_guard
 from conversations import services
-from conversations.sse import run_in_db_thread
+from core.db import run_in_db_thread
 from conversations.models import Conversation, Turn
 
 logger = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def _queue_hold(pipe, record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
         pipe.zadd(DUE_KEY, {turn_id: time.time()})
 
 
-# --- Redis (through chatsite/redis_guard.py: short timeouts, circuit breaker, counted) ----------
+# --- Redis (through core/redis_guard.py: short timeouts, circuit breaker, counted) ----------
 
 PART = "writeback"
 _FALLBACK = "finished answers are inserted synchronously"

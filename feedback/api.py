@@ -9,8 +9,8 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, JsonResponse
 
-from api.errors import ApiError
-from api.http import api_view, parse_json
+from core.errors import ApiError
+from core.http import api_view, parse_json
 from api.schemas import Strict, Text
 from conversations.selectors import conversation_get_for_user
 from feedback import selectors, services

@@ -22,6 +22,18 @@ matters when requests wait"). The gateway therefore admits requests to the engin
   convention); ``"fcfs"`` mode: by arrival only, and no reserved slots (the baseline the
   priority benchmark compares against, bench/priority_bench.py).
 
+- **The cap.** ``limit`` (default: all ``slots``) is how many of the slots may be held now; the
+  one admission-cap object per engine that an adaptive limiter lowers and raises (issue 19).
+- **Across the gateway -> engine hop.** Gateways without an engine keep no queue of their own
+  in front of a remote engine (inference/serving.py): the engine process's queue is this one,
+  and a forwarded turn arrives with its tier and priority (api/completions.py, the service-only
+  ``admission`` field), so paid turns keep the reserved slots there too. The depths are
+  published under vLLM's names (``vllm:num_requests_waiting`` / ``_running``) for the gateways'
+  shedding (DESIGN.md, "Production topology").
+- **Grants.** The last ``GRANT_LOG`` grants (tag, priority, reserved_ok, seconds waited) are kept
+  in ``grants`` and logged at INFO, so an operator (and the production-topology test) can see
+  who was admitted in what order.
+
 A waiter cancelled while it waits (a Stop, a client gone) leaves the queue at once; one
 cancelled just after it was granted a slot gives the slot back; so no slot leaks and nobody
 behind it is stuck. Settings are read on every decision, so tests (and operators' reloads)
@@ -33,9 +45,12 @@ Single event loop: one Admission serves the coroutines of one loop (the server p
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
+import logging
 import os
+import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -45,7 +60,10 @@ from django.conf import settings
 
 from chatsite import metrics
 
+logger = logging.getLogger(__name__)
+
 SCHEDULING_MODES = ("priority", "fcfs")
+GRANT_LOG = 256  # grants kept in Admission.grants
 
 
 @dataclass(order=True)
@@ -53,6 +71,19 @@ class _Waiter:
     key: tuple[int, ...]
     reserved_ok: bool = field(compare=False)
     future: asyncio.Future = field(compare=False)
+    tag: str = field(default="", compare=False)
+    queued_at: float = field(default=0.0, compare=False)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One admission: ``tag`` (the caller's label, e.g. the request id), its ``priority`` and
+    ``reserved_ok``, and ``waited_s`` seconds in the queue."""
+
+    tag: str
+    priority: int
+    reserved_ok: bool
+    waited_s: float
 
 
 class Admission:
@@ -62,9 +93,12 @@ class Admission:
     ``label`` names the engine in ``chat_admission_waiting{engine}``.
     """
 
-    def __init__(self, *, slots: int | None = None, label: str = "default") -> None:
+    def __init__(self, *, slots: int | None = None, label: str = "default", model_name: str = "") -> None:
         self._slots = slots
+        self._limit: int | None = None
         self.label = label
+        self.model_name = model_name or label
+        self.grants: collections.deque[Grant] = collections.deque(maxlen=GRANT_LOG)
         self._heap: list[_Waiter] = []
         self._arrivals = itertools.count()
         self._running = 0
@@ -78,6 +112,17 @@ class Admission:
     def slots(self) -> int:
         """How many requests may hold a slot at once (>= 1)."""
         return max(1, int(self._slots if self._slots is not None else settings.CHAT_MAX_NUM_SEQS))
+
+    def limit(self) -> int:
+        """How many slots may be held now: :meth:`set_limit`'s value within 1..``slots``
+        (default: all of them)."""
+        return self.slots if self._limit is None else max(1, min(self._limit, self.slots))
+
+    def set_limit(self, limit: int | None) -> None:
+        """Set the running cap (None: back to ``slots``); raising it admits waiters at once,
+        lowering it lets running requests finish (nobody is preempted)."""
+        self._limit = None if limit is None else int(limit)
+        self._dispatch()
 
     @staticmethod
     def mode() -> str:
@@ -93,7 +138,7 @@ class Admission:
         mode (at most ``slots - 1``), 0 in fcfs mode."""
         if self.mode() == "fcfs":
             return 0
-        return min(max(0, int(getattr(settings, "CHAT_RESERVED_SLOTS", 0))), self.slots - 1)
+        return min(max(0, int(getattr(settings, "CHAT_RESERVED_SLOTS", 0))), self.limit() - 1)
 
     # --- state ------------------------------------------------------------------------------
 
@@ -106,26 +151,28 @@ class Admission:
         return self._running
 
     @asynccontextmanager
-    async def slot(self, *, priority: int, reserved_ok: bool) -> AsyncIterator[None]:
+    async def slot(self, *, priority: int, reserved_ok: bool, tag: str = "") -> AsyncIterator[None]:
         """Hold one engine slot for the body of the ``async with``.
 
         ``priority``: lower is served first (priority mode; ignored in fcfs mode).
         ``reserved_ok``: whether the request may take the reserved slots (paid / enterprise
         user turns); False for free-tier turns and background jobs.
+        ``tag``: a label for the grant log (the request id).
         Waits (without limit) while no slot is available; cancelling the waiting task removes
         it from the queue (CancelledError propagates). The slot is released however the body
         ends (return, exception, cancellation, generator close).
         """
-        await self._acquire(priority=priority, reserved_ok=reserved_ok)
+        await self._acquire(priority=priority, reserved_ok=reserved_ok, tag=tag)
         try:
             yield
         finally:
             self._release(reserved_ok)
 
-    async def _acquire(self, *, priority: int, reserved_ok: bool) -> None:
+    async def _acquire(self, *, priority: int, reserved_ok: bool, tag: str) -> None:
         # fcfs: everyone at one priority, so arrival alone decides.
         key = (0 if self.mode() == "fcfs" else priority, next(self._arrivals))
-        waiter = _Waiter(key, reserved_ok, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(key, reserved_ok, loop.create_future(), tag, time.monotonic())
         heapq.heappush(self._heap, waiter)
         self._waiting += 1
         self._dispatch()  # room now: granted here, and the await below returns at once
@@ -147,9 +194,9 @@ class Admission:
             raise
 
     def _fits(self, reserved_ok: bool) -> bool:
-        if self._running >= self.slots:
+        if self._running >= self.limit():
             return False
-        if reserved_ok or self._running < self.slots - self.reserved():
+        if reserved_ok or self._running < self.limit() - self.reserved():
             return True
         return self._running_unreserved == 0  # never starve free traffic outright
 
@@ -171,7 +218,7 @@ class Admission:
         the reserved-slot rule is skipped (it cannot run yet), so it never blocks a paid
         request behind it; skipped waiters keep their place."""
         skipped: list[_Waiter] = []
-        while self._heap and self._running < self.slots:
+        while self._heap and self._running < self.limit():
             waiter = heapq.heappop(self._heap)
             if waiter.future.done():  # cancelled while waiting
                 continue
@@ -181,13 +228,25 @@ class Admission:
             self._take(waiter.reserved_ok)
             self._waiting -= 1
             waiter.future.set_result(None)
+            self._log_grant(waiter)
         for waiter in skipped:
             heapq.heappush(self._heap, waiter)
         self._publish()
 
+    def _log_grant(self, waiter: _Waiter) -> None:
+        grant = Grant(waiter.tag, waiter.key[0], waiter.reserved_ok, time.monotonic() - waiter.queued_at)
+        self.grants.append(grant)
+        logger.info(
+            "admission %s: granted %s (priority %d, reserved_ok %s) after %.3f s; %d running, %d waiting",
+            self.label, grant.tag or "-", grant.priority, grant.reserved_ok, grant.waited_s,
+            self._running, self._waiting,
+        )  # fmt: skip
+
     def _publish(self) -> None:
         metrics.ADMISSION_WAITING.labels(engine=self.label).set(self._waiting)
         metrics.ADMISSION_RUNNING.labels(engine=self.label).set(self._running)
+        metrics.ENGINE_WAITING.labels(model_name=self.model_name).set(self._waiting)
+        metrics.ENGINE_RUNNING.labels(model_name=self.model_name).set(self._running)
 
 
 _admissions: dict[int, tuple[weakref.ref, Admission]] = {}
@@ -205,6 +264,19 @@ def engine_label(engine: object) -> str:
     return type(engine).__name__
 
 
+def served_model_name(engine: object) -> str:
+    """The model name requests name when they reach ``engine`` (vLLM's ``model_name`` label):
+    a remote engine's ``model``; the process's own model folder serves
+    ``settings.CHAT_MODEL_NAME``; another folder its name."""
+    model = getattr(engine, "model", "")
+    if isinstance(model, str) and model:
+        return model
+    path = str(getattr(engine, "model_path", "") or "")
+    if path and os.path.realpath(path) == os.path.realpath(str(settings.CHAT_MODEL_PATH)):
+        return settings.CHAT_MODEL_NAME
+    return engine_label(engine)
+
+
 def admission_for(engine: object) -> Admission:
     """The admission queue of ``engine`` (created on first use, one per engine object, dropped
     with the engine). Its slot count is ``engine.max_num_seqs`` when the engine has one (the
@@ -216,6 +288,7 @@ def admission_for(engine: object) -> Admission:
     admission = Admission(
         slots=width if isinstance(width, int) and width > 0 else None,
         label=engine_label(engine),
+        model_name=served_model_name(engine),
     )
     key = id(engine)
 

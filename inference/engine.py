@@ -54,6 +54,11 @@ class GenerationOptions:
     # vLLM priority scheduling: lower runs first (ties first come, first served). User turns
     # run at 0; background jobs at settings.CHAT_BACKGROUND_PRIORITY (DESIGN.md).
     priority: int = 0
+    # The tier the request is served for (``free`` | ``paid`` | ``enterprise`` | ``background``;
+    # "" unknown). An in-process engine ignores it; a remote engine of this project receives it
+    # with the priority (inference/remote.py), so its admission queue keeps the reserved slots
+    # for paid turns (DESIGN.md, "Production topology").
+    tier: str = ""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import dataclasses
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 TIERS: tuple[str, ...] = ("free", "paid", "enterprise")
 
 _PER_MILLION = Decimal(1_000_000)
+# Costs are stored with 8 decimal places (usage.UsageRecord.cost_usd, Turn.cost_usd).
+COST_QUANTUM = Decimal("0.00000001")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,16 @@ class Pool:
             + completion_tokens * self.price_output_per_m
         )
         return total / _PER_MILLION
+
+    def charge(self, *, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Decimal:
+        """The cost in USD as it is charged and stored: :meth:`cost` rounded half up to 8
+        decimal places (COST_QUANTUM), so the turn, the ``done`` event and the usage ledger agree
+        to the last digit. The one cost function every path uses. The counts come from a
+        token tally whose cached tokens are already within the prompt (inference/serving.py
+        clamps what an engine reports); raises ValueError otherwise."""
+        return self.cost(
+            prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, completion_tokens=completion_tokens
+        ).quantize(COST_QUANTUM, rounding=ROUND_HALF_UP)
 
 
 class PoolConfigError(ImproperlyConfigured):

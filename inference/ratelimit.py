@@ -20,7 +20,7 @@ different hosts share one clock.
 that level in seconds, capacity). A key expires two minutes after its bucket would be full
 again; an absent key is a full bucket.
 
-**Redis down.** Limits fail open (chatsite/redis_guard.py ``rate_limit_fail_open``): the
+**Redis down.** Limits fail open (core/redis_guard.py ``rate_limit_fail_open``): the
 request is allowed unmetered and counted in ``chat_rate_limit_fail_open_total{limit}``.
 """
 
@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from chatsite import redis_guard
+from core import redis_guard
 
 # A key outlives the moment its bucket is full again by this long (seconds).
 KEY_TTL_AFTER_FULL_S = 120
@@ -291,7 +291,7 @@ async def rate_limit_take(
     Returns a :class:`Decision`; with no limit at all, or while Redis is unavailable (fail
     open, counted in ``chat_rate_limit_fail_open_total``), an allowed one with no remaining
     counts and no reservation. Refusals are counted by the caller
-    (``chat_rate_limited_total{scope,limit}``, inference/gate.py), not here.
+    (``chat_rate_limited_total{scope,limit}``, gateway/gate.py), not here.
 
     Raises RequestTooLarge when ``tokens`` exceeds a TPM capacity (checked before Redis).
     """

@@ -11,9 +11,21 @@ Settings: ``CHAT_ENGINE_URL`` (base URL, e.g. ``http://127.0.0.1:8000``), ``CHAT
 A ``remote`` model pool (inference/pools.py) gets its own client, :meth:`OpenAIRemoteEngine.for_pool`.
 Aborting a request closes its HTTP stream; the serving side aborts at once on disconnect.
 
-Requests carry ``priority`` (GenerationOptions.priority) in the body when it is not 0: vLLM's
-OpenAI server accepts it when started with ``--scheduling-policy priority`` (and refuses a
-non-zero priority otherwise). Usage comes from the stream's final chunk
+**Tier and priority across the hop** (DESIGN.md, "Production topology"). The remote queues
+requests itself (``queues_remotely``: no admission queue in front of it here,
+inference/serving.py), so each request tells it where it belongs:
+
+- an engine process of this project (its ``GET /v1/models`` entries are ``owned_by``
+  ``chatsite``) gets the service-only ``admission`` field, ``{"tier", "priority"}``; its
+  admission queue orders by the priority and keeps the reserved slots for paid tiers
+  (api/completions.py);
+- any other server (``vllm serve``) gets vLLM's own ``priority`` field when it is not 0 (vLLM
+  accepts it when started with ``--scheduling-policy priority`` and refuses a non-zero priority
+  otherwise); it has no reserved slots.
+
+Shedding reads the remote's queue (:meth:`OpenAIRemoteEngine.load`: ``vllm:num_requests_waiting``
+and ``_running`` from its ``/metrics``, which both kinds expose), so every gateway in front of
+one engine node sheds on the same number. Usage comes from the stream's final chunk
 (``stream_options.include_usage``); prefix-cache hits from ``usage.prompt_tokens_details.
 cached_tokens`` when the server reports them (vLLM: ``--enable-prompt-tokens-details``), else 0.
 """
@@ -23,12 +35,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import httpx
 from django.conf import settings
+from prometheus_client.parser import text_string_to_metric_families
 
 from inference.engine import Delta, EngineUnavailable, GenerationOptions
 
@@ -47,6 +61,43 @@ def _delta(text: str, prompt: int, completion: int, finish: str | None, cached: 
     return Delta(text, prompt, completion, finish)
 
 
+WAITING_METRIC = "vllm:num_requests_waiting"
+RUNNING_METRIC = "vllm:num_requests_running"
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """An engine node's queue as its ``/metrics`` reported it: requests ``waiting`` for a slot
+    and ``running``; ``read_at`` (time.monotonic()) when it was read."""
+
+    waiting: int = 0
+    running: int = 0
+    read_at: float = 0.0
+
+
+def load_parse(text: str, model: str) -> EngineLoad:
+    """The queue depth of ``model`` from Prometheus text (``vllm:num_requests_waiting`` /
+    ``vllm:num_requests_running``, summed over samples whose ``model_name`` is ``model``, or
+    over all samples when none names it). Parsed with prometheus_client's own parser; only the
+    two metrics' lines are handed to it. Raises ValueError for text it cannot parse."""
+    wanted = "\n".join(
+        line for line in text.splitlines() if WAITING_METRIC in line or RUNNING_METRIC in line
+    )
+    totals: dict[str, dict[bool, float]] = {WAITING_METRIC: {}, RUNNING_METRIC: {}}
+    for family in text_string_to_metric_families(wanted + "\n"):
+        for sample in family.samples:
+            if sample.name not in totals:
+                continue
+            mine = sample.labels.get("model_name") == model
+            totals[sample.name][mine] = totals[sample.name].get(mine, 0.0) + sample.value
+
+    def pick(name: str) -> int:
+        by_model = totals[name]
+        return int(by_model.get(True, by_model.get(False, 0.0)))
+
+    return EngineLoad(pick(WAITING_METRIC), pick(RUNNING_METRIC), time.monotonic())
+
+
 @dataclass
 class OpenAIRemoteEngine:
     """Talks to ``{base_url}/v1/completions`` with streamed token-id prompts."""
@@ -56,8 +107,15 @@ class OpenAIRemoteEngine:
     model: str
     model_path: str
     ready: bool = False
+    # The remote queues requests itself: no admission queue in front of it (module docstring).
+    queues_remotely: bool = True
+    # Whether the remote is an engine process of this project (takes the ``admission`` field);
+    # learnt from GET /v1/models at start.
+    chatsite: bool = False
     _tokenizer: object | None = None
     _requests: dict[str, asyncio.Task | None] = field(default_factory=dict)
+    _load: EngineLoad = field(default_factory=EngineLoad)
+    _load_reading: asyncio.Future | None = None
 
     @classmethod
     def from_settings(cls) -> OpenAIRemoteEngine:
@@ -95,9 +153,11 @@ class OpenAIRemoteEngine:
             raise EngineUnavailable(f"the model server at {self.base_url} is unreachable: {exc}") from exc
         if response.status_code != 200:
             raise EngineUnavailable(f"the model server answered {response.status_code}")
-        served = [m.get("id") for m in response.json().get("data", [])]
+        listed = response.json().get("data", [])
+        served = [m.get("id") for m in listed]
         if self.model not in served:
             raise EngineUnavailable(f"the model server does not serve {self.model!r} ({served})")
+        self.chatsite = any(m.get("owned_by") == "chatsite" for m in listed)
         # The prompt is templated here: load the tokenizer now, so ready means ready (a
         # gateway's first turn would otherwise wait for it).
         await asyncio.to_thread(self._require_tokenizer)
@@ -152,7 +212,10 @@ class OpenAIRemoteEngine:
             body["stop"] = list(options.stop)
         if options.seed is not None:
             body["seed"] = options.seed
-        if options.priority:
+        if self.chatsite:
+            # Only the service credential may set it (api/completions.py); ours is one.
+            body["admission"] = {"tier": options.tier or "background", "priority": options.priority}
+        elif options.priority:
             body["priority"] = options.priority
         if options.json_schema:
             body["response_format"] = {
@@ -207,6 +270,29 @@ class OpenAIRemoteEngine:
         task = self._requests.get(request_id)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
+
+    async def load(self) -> EngineLoad:
+        """The remote's queue now (:func:`load_parse` of its ``/metrics``), read at most once
+        every ``settings.CHAT_ENGINE_LOAD_TTL_S`` seconds; concurrent callers share one read.
+        When the read fails the last value is kept (a warning is logged): shedding then goes
+        by what was last seen, and the remote's own queue still orders every request."""
+        ttl = float(settings.CHAT_ENGINE_LOAD_TTL_S)
+        if time.monotonic() - self._load.read_at < ttl:
+            return self._load
+        if self._load_reading is None or self._load_reading.done():
+            self._load_reading = asyncio.ensure_future(self._read_load())
+        return await asyncio.shield(self._load_reading)
+
+    async def _read_load(self) -> EngineLoad:
+        try:
+            async with httpx.AsyncClient(timeout=2) as client:
+                response = await client.get(f"{self.base_url}/metrics", headers=self._headers())
+            response.raise_for_status()
+            self._load = load_parse(response.text, self.model)
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.warning("could not read the queue of %s (%s); shedding on the last value", self.base_url, exc)
+            self._load = EngineLoad(self._load.waiting, self._load.running, time.monotonic())
+        return self._load
 
     def num_unfinished_requests(self) -> int:
         """Requests this process is streaming from the remote."""

@@ -4,12 +4,12 @@ DESIGN.md, "How background jobs reach the model": a Celery worker never starts a
 own beside the server's. Jobs that need the model (summaries now, memory extraction later)
 call the server's own authenticated OpenAI-compatible endpoint on loopback
 (``settings.CHAT_INTERNAL_API_URL``; for a remote pool, its URL), with the service credential
-(``accounts.services.service_api_key``), so they draw on no person's limits.
+(the key ``settings.CHAT_SERVICE_API_KEY_PROVIDER`` names: accounts.services.service_api_key,
+resolved at use so this layer imports no feature app), so they draw on no person's limits.
 
-Priority: the design wants jobs at the lowest engine priority. ``/v1/chat/completions`` cannot
-express a priority yet and the engine runs vLLM's default first-come-first-served scheduler
-(``scheduling_policy="priority"`` is not enabled in inference/engine.py), so a job's request
-queues like any other. When both exist, send the lowest priority here.
+Priority: the serving side runs every service-credential request that carries no gateway
+``admission`` field at ``settings.CHAT_BACKGROUND_PRIORITY``, the lowest (api/completions.py),
+and never lets it take the slots reserved for paid turns (inference/admission.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import httpx
 from django.conf import settings
 
-from accounts.services import service_api_key
+from django.utils.module_loading import import_string
 
 
 class ServiceCallError(RuntimeError):
@@ -31,7 +31,7 @@ def http_client() -> httpx.Client:
     return httpx.Client(
         base_url=settings.CHAT_INTERNAL_API_URL.rstrip("/"),
         timeout=settings.CHAT_INTERNAL_API_TIMEOUT_S,
-        headers={"Authorization": f"Bearer {service_api_key()}"},
+        headers={"Authorization": f"Bearer {import_string(settings.CHAT_SERVICE_API_KEY_PROVIDER)()}"},
     )
 
 

@@ -21,10 +21,19 @@ any, ``CHAT_SCHEDULING = "fcfs"``      0 (background     (no reserved  arrival
 
 A request is a background job when its ``options.priority`` already equals
 ``settings.CHAT_BACKGROUND_PRIORITY`` (api/completions.py sets it for the service credential).
+
+A remote engine (``engine.queues_remotely``: an engine process of this project, or ``vllm
+serve``) is not admitted here: a gateway keeps no capped queue of its own in front of it, the
+request goes out at once with its priority and tier (``GenerationOptions.tier``), and the
+engine node's own queue orders it; :func:`pool_waiting` then reads that node's queue depth
+(``vllm:num_requests_waiting``), so every gateway in front of it sheds on one number
+(DESIGN.md, "Production topology").
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -39,6 +48,8 @@ from inference.pools import Pool, pool_engine
 
 if TYPE_CHECKING:
     from inference.router import Route
+
+logger = logging.getLogger(__name__)
 
 # Tiers whose user turns may take the reserved slots (inference/admission.py).
 RESERVED_TIERS = frozenset({"paid", "enterprise"})
@@ -106,15 +117,22 @@ async def pool_generate(
     if not engine.ready:
         await engine.ensure_started()
     priority = engine_priority(route, options)
-    run_options = replace(options, priority=priority)
+    run_options = replace(options, priority=priority, tier=options.tier or tier)
     first_at: float | None = None
     last_at: float | None = None
     last: Delta | None = None
-    async with admission_for(engine).slot(
-        priority=priority, reserved_ok=may_use_reserved(tier, options)
-    ):
+    slot = (
+        contextlib.nullcontext()  # the engine node queues it (module docstring)
+        if getattr(engine, "queues_remotely", False)
+        else admission_for(engine).slot(
+            priority=priority, reserved_ok=may_use_reserved(tier, options), tag=request_id
+        )
+    )
+    async with slot:
         try:
             async for delta in engine.generate(prompt_token_ids, run_options, request_id):
+                if delta.cached_tokens > delta.prompt_tokens:
+                    delta = _clamped(delta, request_id)
                 if delta.text:
                     last_at = time.perf_counter()
                     if first_at is None:
@@ -130,11 +148,22 @@ async def pool_generate(
                 metrics.TPOT.labels(pool=pool.name, tier=tier).observe(tpot)
 
 
+def _clamped(delta: Delta, request_id: str) -> Delta:
+    """``delta`` with its cached tokens cut to its prompt tokens: the one place an engine's
+    report of more cached than prompt tokens is corrected (every tally, cost and metric above
+    this module sees valid counts)."""
+    logger.warning(
+        "request %s: the engine reports %d cached of %d prompt tokens; counting %d",
+        request_id, delta.cached_tokens, delta.prompt_tokens, delta.prompt_tokens,
+    )  # fmt: skip
+    return replace(delta, cached_tokens=delta.prompt_tokens)
+
+
 def _record_usage(pool: str, tier: str, last: Delta) -> None:
     """Token and prefix-cache counters for one request, once, from its last delta (the deltas
-    carry running totals)."""
+    carry running totals, already clamped)."""
     prompt = last.prompt_tokens
-    cached = min(last.cached_tokens, prompt)
+    cached = last.cached_tokens
     completion = last.completion_tokens
     metrics.TOKENS.labels(pool=pool, tier=tier, kind="prompt").inc(prompt)
     metrics.TOKENS.labels(pool=pool, tier=tier, kind="cached").inc(cached)
@@ -143,7 +172,12 @@ def _record_usage(pool: str, tier: str, last: Delta) -> None:
     metrics.PREFIX_CACHE_HITS.labels(pool=pool).inc(cached)
 
 
-def pool_waiting(pool: Pool) -> int:
-    """Requests waiting now in the admission queue of ``pool``'s engine (all pools and tiers
-    sharing that engine): the queue depth router.shed compares with its thresholds."""
-    return admission_for(pool_engine(pool)).waiting()
+async def pool_waiting(pool: Pool) -> int:
+    """Requests waiting now for a slot of ``pool``'s engine (all pools and tiers sharing it):
+    the queue depth router.shed compares with its thresholds. A local engine: its admission
+    queue here; a remote one: the node's ``vllm:num_requests_waiting`` (``engine.load()``,
+    read at most every ``settings.CHAT_ENGINE_LOAD_TTL_S``), so N gateways shed as one."""
+    engine = pool_engine(pool)
+    if getattr(engine, "queues_remotely", False):
+        return (await engine.load()).waiting
+    return admission_for(engine).waiting()

@@ -17,8 +17,8 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, JsonResponse
 from pydantic import Field
 
-from api.errors import ApiError
-from api.http import api_view, parse_json
+from core.errors import ApiError
+from core.http import api_view, parse_json
 from api.schemas import Strict, Text
 from memory import selectors, services
 from memory.models import UserMemory

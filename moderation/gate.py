@@ -93,6 +93,15 @@ class OutputGate:
             self._task.cancel()
 
 
+def withdrawn_message(categories) -> str:
+    """The notice that replaces an answer the output gate stopped."""
+    if "moderation_unavailable" in categories:
+        return "The answer was withdrawn because the safety check is unavailable right now. Try again in a minute."
+    if "system_prompt_leak" in categories:
+        return "The answer was withdrawn: it repeated the assistant's hidden instructions."
+    return "The answer was withdrawn by the content filter. Try asking in another way."
+
+
 def verdict_message(data: dict) -> str:
     """The sentence for a person (``Verdict.message``) of a verdict stored as JSON on a turn
     (``Verdict.as_json``)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from asgiref.sync import sync_to_async
 from django.http import Http404, HttpRequest, HttpResponse
 
-from api.http import api_view
+from core.http import api_view
 from audit.models import Action
 from audit.services import audit_record
 from privacy import export

@@ -219,12 +219,12 @@ def world(django_db_setup, django_db_blocker, tmp_path_factory):
 
 @pytest.fixture
 def keep_test_connection(monkeypatch):
-    """Streaming views close their database connection before they stream (conversations/sse.py
+    """Streaming views close their database connection before they stream (core/db.py
     ``release_db_connection``: pool hygiene). Here that connection holds the world's uncommitted
     transaction, so closing it is skipped (nothing under test depends on it)."""
-    from conversations import sse  # noqa: PLC0415
+    from core import db  # noqa: PLC0415
 
-    monkeypatch.setattr(sse, "_close_connection", lambda: None)
+    monkeypatch.setattr(db, "_close_connection", lambda: None)
 
 
 @pytest.fixture
@@ -234,7 +234,7 @@ def generation_refused(monkeypatch):
     reaching that point shows the access checks let it through, and no generation task (whose
     database calls run on other connections, outside the world's transaction) is started."""
     from api import completions  # noqa: PLC0415
-    from api.errors import ApiError  # noqa: PLC0415
+    from core.errors import ApiError  # noqa: PLC0415
     from conversations import streaming  # noqa: PLC0415
 
     async def busy(**kwargs):

@@ -12,7 +12,7 @@ from django.test import Client, RequestFactory
 from accounts import services as account_services
 from accounts import throttle
 from accounts.request_info import client_ip, ip_throttle_scope
-from chatsite import redis_guard
+from core import redis_guard
 from tests.conftest import PASSWORD
 
 pytestmark = pytest.mark.django_db

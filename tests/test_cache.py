@@ -1,5 +1,5 @@
 """The hot conversation cache (conversations/cache.py) and Redis degraded mode
-(chatsite/redis_guard.py), against the real test Redis and, for outages, a real redis-server
+(core/redis_guard.py), against the real test Redis and, for outages, a real redis-server
 that the test stops and starts again."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from api import idempotency
-from chatsite import metrics, redis_guard
+from chatsite import metrics
+from core import redis_guard
 from conversations import cache, services, turnlog
 from conversations.models import Turn
 from tests.redis_server import RedisServer

@@ -10,7 +10,8 @@ from django.db import OperationalError
 from django.test import AsyncClient
 from django.urls import path, resolve
 
-from chatsite import health, redis_guard
+from chatsite import health
+from core import redis_guard
 from inference.engine import GenerationOptions
 from inference.pools import pool_set
 from inference.router import Route
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.urls(__name__)
 
 @pytest.fixture
 def redis_down(tmp_path, monkeypatch):
-    """Every Redis client of the product (chatsite/redis_guard.py) points at a socket nobody
+    """Every Redis client of the product (core/redis_guard.py) points at a socket nobody
     listens on (as tests/test_writeback.py does); the breaker is closed again afterwards."""
     dead = f"unix://{tmp_path}/no-redis.sock"
     clients: dict = {}

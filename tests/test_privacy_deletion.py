@@ -23,7 +23,7 @@ from django.test import Client
 from accounts.models import ApiKey, Membership, Organisation, User, UserSession
 from attachments.models import Attachment
 from audit.models import AuditEntry
-from chatsite import redis_guard
+from core import redis_guard
 from conversations.models import Conversation, Turn
 from feedback.models import Feedback
 from memory.models import UserMemory

@@ -189,10 +189,10 @@ async def test_free_turns_and_background_jobs_never_take_the_reserved_slot(
 
     started = [request_id for _, _, request_id in engine_double.requests]
     assert started == ["free-1", "paid"]
-    assert pool_waiting(route_to("mini").pool) == 2
-    assert pool_waiting(route_to("frontier").pool) == 2  # one engine, one queue
+    assert await pool_waiting(route_to("mini").pool) == 2
+    assert await pool_waiting(route_to("frontier").pool) == 2  # one engine, one queue
     await asyncio.gather(running, free, job, paid)
-    assert pool_waiting(route_to("mini").pool) == 0
+    assert await pool_waiting(route_to("mini").pool) == 0
 
 
 async def test_a_turn_cancelled_while_queued_never_reaches_the_engine(engine_double, scheduling):
@@ -204,12 +204,12 @@ async def test_a_turn_cancelled_while_queued_never_reaches_the_engine(engine_dou
     await settle()
     queued = loop.create_task(drain(route_to("frontier"), "queued", tier="paid"))
     await settle()
-    assert pool_waiting(route_to("frontier").pool) == 1
+    assert await pool_waiting(route_to("frontier").pool) == 1
 
     queued.cancel()
     await settle()
 
-    assert pool_waiting(route_to("frontier").pool) == 0
+    assert await pool_waiting(route_to("frontier").pool) == 0
     await first
     assert [request_id for _, _, request_id in engine_double.requests] == ["first"]
     assert admission_for(engine_double).running() == 0

@@ -240,7 +240,11 @@ async def test_org_limits_are_shared_by_its_members(make_user, engine_double, se
 def queue_depth(monkeypatch):
     """Pretend the admission queue holds ``depth[0]`` waiting requests."""
     depth = [0]
-    monkeypatch.setattr(serving, "pool_waiting", lambda pool: depth[0])
+
+    async def waiting(pool):
+        return depth[0]
+
+    monkeypatch.setattr(serving, "pool_waiting", waiting)
     return depth
 
 

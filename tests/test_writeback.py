@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from prometheus_client import REGISTRY
 
-from chatsite import redis_guard
+from core import redis_guard
 from chatsite.celery import app
 from conversations import selectors, services, writeback
 from conversations.models import Conversation, Turn
@@ -274,7 +274,7 @@ def test_a_held_answer_of_a_deleted_conversation_is_dropped(make_user):
 
 @pytest.fixture
 def redis_down(tmp_path, monkeypatch):
-    """Every Redis client of the product (chatsite/redis_guard.py) points at a socket nobody
+    """Every Redis client of the product (core/redis_guard.py) points at a socket nobody
     listens on; the circuit breaker is closed again afterwards."""
     dead = f"unix://{tmp_path}/no-redis.sock"
     sync_dead = redis.Redis.from_url(dead, socket_connect_timeout=1)

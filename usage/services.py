@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -17,7 +16,6 @@ if TYPE_CHECKING:  # inference.pools imports settings-heavy code; only its types
 
 logger = logging.getLogger(__name__)
 
-COST_QUANTUM = Decimal("0.00000001")  # UsageRecord.cost_usd has 8 decimal places
 
 
 def _pk(value) -> int | None:
@@ -56,14 +54,14 @@ def usage_record(
       cancelled or failed part way.
     - ``status``: ``UsageRecord.Status`` value ("complete", "cancelled", "failed", "blocked").
 
-    Cost (USD) is ``route_pool.cost(...)`` (inference/pools.py: uncached prompt tokens at the
-    input price, cached at the cached-input price, completion at the output price, prices per
-    1M tokens), rounded half-up to 8 decimal places.
+    Cost (USD) is ``route_pool.charge(...)`` (inference/pools.py, the one cost function:
+    uncached prompt tokens at the input price, cached at the cached-input price, completion at
+    the output price, prices per 1M tokens, rounded half-up to 8 decimal places).
 
     Idempotent on ``turn_id``: a second call for a turn already recorded (a retried write-back)
     returns the first record unchanged and charges nothing more. Returns the record.
-    Raises ValueError for a negative token count or an unknown status. Cached tokens above the
-    prompt (an engine quirk) are capped at the prompt, with a warning.
+    Raises ValueError for a negative token count, an unknown status, or more cached than prompt
+    tokens (the serving layer clamps what an engine reports before anything is tallied).
     """
     for name, value in (
         ("prompt_tokens", prompt_tokens),
@@ -76,19 +74,9 @@ def usage_record(
         raise ValueError(
             f"usage_record: status must be one of {UsageRecord.Status.values}, got {status!r}"
         )
-    if cached_tokens > prompt_tokens:
-        logger.warning(
-            "usage_record: turn %s reports %d cached of %d prompt tokens; counting %d",
-            turn_id, cached_tokens, prompt_tokens, prompt_tokens,
-        )
-        cached_tokens = prompt_tokens
-    cost = Decimal(
-        route_pool.cost(
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached_tokens,
-            completion_tokens=completion_tokens,
-        )
-    ).quantize(COST_QUANTUM, rounding=ROUND_HALF_UP)
+    cost = route_pool.charge(
+        prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, completion_tokens=completion_tokens
+    )
     fields = {
         "user_id": _pk(user),
         "org_id": _pk(org),

@@ -132,7 +132,7 @@ def organisation_policy_update(*, seat: Seat, changes: dict) -> Organisation:
     ``zero_retention``, ``not_for_training``, ``rate_limit_rpm``, ``rate_limit_tpm``. Only
     those columns are written, so an edit of other fields in the meantime (the moderation
     page) is not overwritten. Each takes effect from the next turn: every turn reads its
-    organisation afresh (inference/gate.py ``caller_for``, conversations/retention.py,
+    organisation afresh (gateway/gate.py ``caller_for``, conversations/retention.py,
     workspaces/selectors.py ``org_training_eligible``); nothing caches them. Raises
     PermissionDenied unless the seat is an owner's, ValueError for another field."""
     allowed = {

@@ -343,6 +343,13 @@ CHAT_RESERVED_SLOTS = env_int("CHAT_RESERVED_SLOTS", 4)
 CHAT_SHED_FREE_WAITING = env_int("CHAT_SHED_FREE_WAITING", 8)
 CHAT_DEGRADE_PAID_WAITING = env_int("CHAT_DEGRADE_PAID_WAITING", 16)
 CHAT_REASONING_LAST_WAITING = env_int("CHAT_REASONING_LAST_WAITING", 24)
+# How /v1 bearer keys are checked (core/http.py): a function key -> User | None.
+CHAT_API_KEY_AUTHENTICATOR = "accounts.services.api_key_authenticate"
+# The service credential's raw key for background jobs (inference/service_client.py).
+CHAT_SERVICE_API_KEY_PROVIDER = "accounts.services.service_api_key"
+# Behind gateways: how often a gateway re-reads a remote engine node's queue depth from its
+# /metrics (seconds; inference/remote.py). Shedding decisions in between use the last reading.
+CHAT_ENGINE_LOAD_TTL_S = float(os.environ.get("CHAT_ENGINE_LOAD_TTL_S", "0.2"))
 # Retry-After of a shed request, seconds (at least 1, PF-R3).
 CHAT_SHED_RETRY_AFTER_S = env_int("CHAT_SHED_RETRY_AFTER_S", 5)
 
@@ -568,7 +575,7 @@ CHAT_SERVICE_API_KEY = os.environ.get("CHAT_SERVICE_API_KEY", "")
 # The service user's name; the colon keeps it out of reach of the sign-up form.
 CHAT_SERVICE_USERNAME = os.environ.get("CHAT_SERVICE_USERNAME", "chatsite:service")
 
-# --- Redis hot cache and degraded mode (conversations/cache.py, chatsite/redis_guard.py) ---
+# --- Redis hot cache and degraded mode (conversations/cache.py, core/redis_guard.py) ---
 # `conv:{conversation_id}` holds a conversation's newest turns and its running summary
 # (DESIGN.md: "last N turns + running summary, 24 h TTL, promoted on read").
 CHAT_HOT_CACHE_TURNS = env_int("CHAT_HOT_CACHE_TURNS", 50)  # 0: the hot cache is off

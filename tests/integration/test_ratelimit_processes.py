@@ -46,7 +46,7 @@ WORKER = r"""
 import asyncio, json, sys, time
 import django
 django.setup()
-from chatsite import redis_guard
+from core import redis_guard
 from inference.ratelimit import Limits, rate_limit_take
 
 async def main():

@@ -21,7 +21,7 @@ import redis
 import redis.asyncio
 
 from accounts.services import api_key_create
-from chatsite import redis_guard
+from core import redis_guard
 from conversations import turnlog
 from conversations.models import Turn
 from tests.processes import daphne_process

@@ -31,6 +31,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from chatsite import metrics
+from core.errors import ApiError
 from inference import ratelimit, router
 from inference.pools import Pool, pool_set
 from inference.router import Route
@@ -38,9 +39,11 @@ from inference.router import Route
 logger = logging.getLogger(__name__)
 
 
-class Refused(Exception):
+class Refused(ApiError):
     """A request refused before any engine work: ``status`` (HTTP), ``code`` (the /v1 error
-    type), ``message`` (for a person), ``headers`` (to send with the refusal)."""
+    type, also ``type``), ``message`` (for a person), ``headers`` (to send with the refusal),
+    ``details`` (extra fields of the /v1 error object). Rendered like any ApiError
+    (core/http.py ``api_view``); the pages show its message."""
 
     def __init__(
         self,
@@ -50,13 +53,11 @@ class Refused(Exception):
         headers: dict[str, str] | None = None,
         details: dict | None = None,
     ):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
-        # Extra fields for the /v1 error object (e.g. a moderation verdict's categories).
-        self.details = details or {}
+        super().__init__(status, code, message, headers, details)
+
+    @property
+    def code(self) -> str:
+        return self.type
 
 
 @dataclass(frozen=True)
@@ -151,17 +152,19 @@ def route_for(caller: Caller, requested: str | None = None, *, fallback: str | N
         raise Refused(status, exc.code, exc.message) from None
 
 
-def shed_for(caller: Caller, route: Route) -> Route:
-    """Apply load shedding to ``route`` from its engine's admission queue depth
-    (router.shed; thresholds in settings.CHAT_SHED_*). Background jobs are never shed. Returns
-    the route to use (maybe degraded to ``mini`` or queued last). Raises Refused 503 ``busy``
-    with Retry-After when the caller's turn is shed."""
+async def shed_for(caller: Caller, route: Route) -> Route:
+    """Apply load shedding to ``route`` from its engine's queue depth (router.shed on
+    serving.pool_waiting: the local admission queue, or a remote engine node's own; thresholds
+    in settings.CHAT_SHED_*). Background jobs are never shed. Returns the route to use (maybe
+    degraded to ``mini`` or queued last). Raises Refused 503 ``busy`` with Retry-After when the
+    caller's turn is shed."""
     if caller.service:
         return route
     from inference.serving import pool_waiting  # noqa: PLC0415 - imports the engine layer
 
+    waiting = await pool_waiting(route.pool)
     try:
-        return router.shed(route, tier=caller.tier, waiting=pool_waiting(route.pool), pools=pool_set())
+        return router.shed(route, tier=caller.tier, waiting=waiting, pools=pool_set())
     except router.Overloaded as exc:
         retry = max(1, int(exc.retry_after_s))
         raise Refused(503, "busy", exc.message, {"Retry-After": str(retry)}) from None

@@ -1,4 +1,8 @@
-"""Plumbing shared by the ``/v1`` views: bearer auth, JSON bodies, the error shape."""
+"""Plumbing shared by the ``/v1`` views of every app: bearer auth, JSON bodies, the error shape.
+
+Bearer keys are checked by ``settings.CHAT_API_KEY_AUTHENTICATOR`` (a dotted path to a function
+``key -> User | None``; accounts.services.api_key_authenticate), so this package imports no
+feature app."""
 
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ValidationError
 
-from accounts.services import api_key_authenticate
-from api.errors import ApiError, error_response
-from inference.gate import Refused
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from core.errors import ApiError, error_response
 
 
 def _bearer_user(request: HttpRequest):
@@ -27,7 +32,7 @@ def _bearer_user(request: HttpRequest):
             "Send an API key as 'Authorization: Bearer <key>'. Create one at /settings/api-keys/.",
             {"WWW-Authenticate": "Bearer"},
         )
-    user = api_key_authenticate(token.strip())
+    user = import_string(settings.CHAT_API_KEY_AUTHENTICATOR)(token.strip())
     if user is None:
         raise ApiError(
             401, "authentication", "This API key is not valid or was revoked.",
@@ -38,7 +43,7 @@ def _bearer_user(request: HttpRequest):
 
 def api_view(*methods: str) -> Callable:
     """Decorate an async ``/v1`` view: allowed ``methods`` (else 405), bearer auth (else 401,
-    the user is passed as ``request.api_user``), and every ApiError / gate.Refused / Http404 rendered in the
+    the user is passed as ``request.api_user``), and every ApiError (gate.Refused included) / Http404 rendered in the
     ``{"error": {"type", "message"}}`` shape. CSRF does not apply (no cookies are used)."""
 
     def decorate(view: Callable) -> Callable:
@@ -54,12 +59,10 @@ def api_view(*methods: str) -> Callable:
                     )  # fmt: skip
                 request.api_user = await sync_to_async(_bearer_user)(request)
                 return await view(request, *args, **kwargs)
-            except (ApiError, Refused) as exc:
-                # Refused: the gateway's admission said no (inference/gate.py: 400/403 model,
-                # 429 rate limit, 503 shed), with its Retry-After / X-RateLimit-* headers.
-                kind = exc.type if isinstance(exc, ApiError) else exc.code
-                details = getattr(exc, "details", None)
-                return error_response(exc.status, kind, exc.message, exc.headers, details)
+            except ApiError as exc:
+                # Also the gateway's refusals (gateway/gate.py Refused: 400/403 model, 429 rate
+                # limit, 503 shed), with their Retry-After / X-RateLimit-* headers.
+                return error_response(exc.status, exc.type, exc.message, exc.headers, exc.details)
             except Http404 as exc:
                 message = str(exc) or "Not found."
                 return error_response(404, "not_found", message)
