@@ -29,662 +29,37 @@ stack (per process) and by everything else, and batches where other processes us
 of the machine are listed as disturbed. ``--probe`` serves ``bench/probe_asgi.py`` (the same app
 plus server-side timestamps); ``--patch-db`` adds an experimental fix for the database-connection
 leak (diagnostic only, not the product's numbers).
+
+Phase 1 is bench/chat_bare.py, phase 2 bench/chat_full.py, the results bench/chat_batches.py;
+percentiles, the CPU meter and the server process come from bench/harness.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import re
-import socket
-import statistics
-import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chatsite.devstack import stop_process_group
-
-ROOT = Path(__file__).resolve().parent.parent
-VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
-
-# Fixed user prompts; chat i of a batch asks PROMPTS[i % len(PROMPTS)].
-PROMPTS = [
-    "Write three sentences about the ocean.",
-    "Explain what a hash table is.",
-    "Give me a short recipe for pancakes.",
-    "What are the main causes of climate change?",
-    "Describe the water cycle in simple terms.",
-    "List five tips for writing clean code.",
-    "Why is the sky blue?",
-    "Summarize the plot of Romeo and Juliet.",
-    "How does a bicycle stay upright?",
-    "What is the difference between a virus and a bacterium?",
-    "Write a short poem about autumn leaves.",
-    "Explain recursion to a ten year old.",
-    "What should I pack for a weekend hiking trip?",
-    "How do vaccines work?",
-    "Give three reasons to learn a second language.",
-    "What is photosynthesis?",
-]
-
-MAX_TOKENS = 128
-PASSWORD = "bench-Correct-Horse-Battery-42"
-SSE_URL = re.compile(r'sse-connect="([^"]+)"')
+from bench.chat_bare import run_bare
+from bench.chat_batches import (
+    MAX_TOKENS,
+    BatchResult,
+    batch_disturbed,
+    batches_json,
+    model_path,
+    summarize,
+    system_prompt,
+)
+from bench.chat_full import DIAG, run_full
+from bench.harness import PROMPTS, VAR, log, ms, percentile
 
 # Targets (the issue's acceptance criteria).
 TOKS_RATIO_TARGET = 0.9  # full/bare tokens/s at the largest N
 TTFT_DELTA_TARGET_MS = 50.0  # full - bare TTFT p50, at every N
-
-
-# --------------------------------------------------------------------------------------------
-# Results
-
-
-@dataclass
-class ChatResult:
-    prompt_index: int
-    ttft_s: float | None
-    tpot_s: float | None
-    completion_tokens: int
-    text: str
-    end_s: float  # from batch start
-    error: str | None = None
-    extra: dict = field(default_factory=dict)
-
-
-@dataclass
-class BatchResult:
-    n: int
-    rep: int
-    wall_s: float
-    completion_tokens: int
-    tokens_per_s: float
-    chats: list[ChatResult]
-    cpu: dict = field(default_factory=dict)
-    probe: list[dict] = field(default_factory=list)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def tpot(first: float | None, last: float | None, completion_tokens: int) -> float | None:
-    if first is None or last is None or completion_tokens < 2:
-        return None
-    return (last - first) / (completion_tokens - 1)
-
-
-def summarize(batches: list[BatchResult]) -> dict:
-    chats = [c for b in batches for c in b.chats]
-    ttfts = [c.ttft_s for c in chats if c.ttft_s is not None]
-    tpots = [c.tpot_s for c in chats if c.tpot_s is not None]
-    return {
-        "requests": len(chats),
-        "errors": sum(1 for c in chats if c.error),
-        "ttft_p50_s": percentile(ttfts, 50),
-        "ttft_p99_s": percentile(ttfts, 99),
-        "tpot_p50_s": percentile(tpots, 50),
-        "tpot_p99_s": percentile(tpots, 99),
-        "tokens_per_s": statistics.median(b.tokens_per_s for b in batches) if batches else None,
-        "tokens_per_s_reps": [round(b.tokens_per_s, 2) for b in batches],
-        "completion_tokens_mean": (
-            statistics.mean(c.completion_tokens for c in chats) if chats else None
-        ),
-    }
-
-
-def system_prompt() -> str:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
-    from django.conf import settings  # noqa: PLC0415
-
-    return settings.CHAT_SYSTEM_PROMPT
-
-
-def model_path() -> str:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
-    from django.conf import settings  # noqa: PLC0415
-
-    return str(settings.CHAT_MODEL_PATH)
-
-
-# --------------------------------------------------------------------------------------------
-# CPU accounting: how much CPU this bench (the client) and everything else on the machine used
-# during a batch, so numbers disturbed by background load can be spotted.
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, utime+stime ticks) for every process we can read."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
-    return table
-
-
-def _role(pid: int) -> str:
-    """A short name for a process of the stack (for the CPU breakdown)."""
-    if pid == os.getpid():
-        return "bench"
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-    except OSError:
-        return "gone"
-    for needle, name in (
-        (b"VLLM::Worker", "vllm-worker"),
-        (b"VLLM::EngineCore", "vllm-enginecore"),
-        (b"chatsite.serve", "daphne"),
-        (b"postgres", "postgres"),
-        (b"redis", "redis"),
-    ):
-        if needle in cmd:
-            return name
-    return "other-stack"
-
-
-def _system_busy_ticks() -> int:
-    with open("/proc/stat") as f:
-        parts = [int(x) for x in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal
-    return sum(parts[:3]) + sum(parts[5:8])
-
-
-def _stack_pids(table: dict[int, tuple[int, int]]) -> set[int]:
-    """This bench's process tree plus the dev stack's (devstack exec, Redis, PostgreSQL)."""
-    roots = {os.getpid(), os.getppid()}
-    for pid in table:
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if str(VAR / "pgdata").encode() in f.read():
-                    roots.add(pid)
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = set(), list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid in found:
-            continue
-        found.add(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
-class CpuMeter:
-    """CPU seconds used between start() and stop(): by this process (the benchmark client and,
-    in phase 1, the engine's front end), by the whole stack, and by anything else."""
-
-    def start(self) -> None:
-        self._t = time.perf_counter()
-        self._self = time.process_time()
-        self._busy = _system_busy_ticks()
-        table = _proc_table()
-        self._stack = {pid: table[pid][1] for pid in _stack_pids(table)}
-        self._all = {pid: ticks for pid, (_, ticks) in table.items()}
-
-    def stop(self) -> dict:
-        wall = time.perf_counter() - self._t
-        own = time.process_time() - self._self
-        busy = (_system_busy_ticks() - self._busy) / _CLK_TCK
-        table = _proc_table()
-        stack = 0
-        by_role: dict[str, float] = {}
-        for pid in _stack_pids(table):
-            used = table[pid][1] - self._stack.get(pid, 0)
-            stack += used
-            role = _role(pid)
-            by_role[role] = by_role.get(role, 0.0) + used / _CLK_TCK
-        stack_s = stack / _CLK_TCK
-        stack_pids = _stack_pids(table)
-        others = sorted(
-            (
-                (ticks - self._all.get(pid, ticks), pid)
-                for pid, (_, ticks) in table.items()
-                if pid not in stack_pids and pid in self._all
-            ),
-            reverse=True,
-        )
-        top_others = []
-        for ticks, pid in others[:3]:
-            if ticks / _CLK_TCK < 0.5:
-                break
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                top_others.append({"pid": pid, "cpu_s": ticks / _CLK_TCK, "cmd": cmd[:120]})
-        return {
-            "stack_cpu_by_role_s": {k: round(v, 2) for k, v in sorted(by_role.items())},
-            "other_top": top_others,
-            "wall_s": wall,
-            "bench_process_cpu_s": own,
-            "stack_cpu_s": stack_s,
-            "other_cpu_s": max(busy - stack_s, 0.0),
-            "machine_busy_frac": busy / (wall * (os.cpu_count() or 1)) if wall > 0 else None,
-        }
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Phase 1: the bare engine, in this process
-
-
-async def bare_chat(engine, sys_prompt: str, prompt_index: int, request_id: str, t_batch: float):
-    from inference.engine import GenerationOptions  # noqa: PLC0415
-
-    prompt = PROMPTS[prompt_index % len(PROMPTS)]
-    options = GenerationOptions(max_tokens=MAX_TOKENS, temperature=0.0)
-    t0 = time.perf_counter()
-    first = last = None
-    parts: list[str] = []
-    completion_tokens = 0
-    error = None
-    try:
-        ids = engine.encode_chat(
-            [{"role": "system", "content": sys_prompt}, {"role": "user", "content": prompt}]
-        )
-        async for delta in engine.generate(ids, options, request_id):
-            if delta.text:
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                last = now
-                parts.append(delta.text)
-            completion_tokens = delta.completion_tokens
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal
-        error = repr(exc)
-    end = time.perf_counter()
-    return ChatResult(
-        prompt_index=prompt_index,
-        ttft_s=None if first is None else first - t0,
-        tpot_s=tpot(first, last, completion_tokens),
-        completion_tokens=completion_tokens,
-        text="".join(parts),
-        end_s=end - t_batch,
-        error=error,
-    )
-
-
-async def bare_batch(engine, sys_prompt: str, n: int, tag: str) -> tuple[float, list[ChatResult]]:
-    t_batch = time.perf_counter()
-    chats = await asyncio.gather(
-        *(bare_chat(engine, sys_prompt, i, f"bench-{tag}-{i}", t_batch) for i in range(n))
-    )
-    return time.perf_counter() - t_batch, list(chats)
-
-
-async def run_bare(args) -> dict[int, list[BatchResult]]:
-    from inference.engine import VllmEngine  # noqa: PLC0415
-
-    sys_prompt = system_prompt()
-    engine = VllmEngine(
-        model_path=model_path(), max_model_len=4096, kv_cache_bytes=1 << 30, max_num_seqs=64
-    )
-    log("bare: starting the vLLM engine in-process")
-    t = time.perf_counter()
-    await engine.ensure_started()
-    log(f"bare: engine ready in {time.perf_counter() - t:.1f} s; warming up")
-    results: dict[int, list[BatchResult]] = {n: [] for n in args.concurrency}
-    try:
-        for w in range(args.warmup):
-            warn_errors("bare warm-up", (await bare_batch(engine, sys_prompt, 1, f"warm{w}"))[1])
-        if args.warmup_batch:
-            _, chats = await bare_batch(engine, sys_prompt, args.warmup_batch, "warmb")
-            warn_errors("bare warm-up", chats)
-        for rep in range(args.reps):
-            for n in args.concurrency:
-                meter = CpuMeter()
-                meter.start()
-                wall, chats = await bare_batch(engine, sys_prompt, n, f"r{rep}n{n}")
-                batch = make_batch(n, rep, wall, chats)
-                batch.cpu = meter.stop()
-                results[n].append(batch)
-                log(f"bare  N={n:<3} rep {rep}: {fmt_batch(batch)}")
-    finally:
-        engine.shutdown()
-    return results
-
-
-def warn_errors(what: str, chats: list[ChatResult]) -> None:
-    errors = [c.error for c in chats if c.error]
-    if errors:
-        log(f"{what}: {len(errors)}/{len(chats)} requests FAILED (first: {errors[0][:300]})")
-
-
-def make_batch(n: int, rep: int, wall: float, chats: list[ChatResult]) -> BatchResult:
-    tokens = sum(c.completion_tokens for c in chats)
-    return BatchResult(n, rep, wall, tokens, tokens / wall if wall > 0 else 0.0, chats)
-
-
-def fmt_batch(b: BatchResult) -> str:
-    ttfts = [c.ttft_s for c in b.chats if c.ttft_s is not None]
-    errors = [c.error for c in b.chats if c.error]
-    s = (
-        f"{b.completion_tokens} tok in {b.wall_s:.2f} s = {b.tokens_per_s:.1f} tok/s, "
-        f"TTFT p50 {ms(percentile(ttfts, 50))} ms"
-    )
-    if b.cpu:
-        s += (
-            f"; CPU s: bench process {b.cpu['bench_process_cpu_s']:.1f}, "
-            f"stack {b.cpu['stack_cpu_s']:.1f}, other {b.cpu['other_cpu_s']:.1f}"
-        )
-        if b.cpu["other_cpu_s"] > 0.05 * b.wall_s * (os.cpu_count() or 1):
-            s += "  <-- BACKGROUND LOAD, numbers disturbed"
-            if b.cpu.get("other_top"):
-                s += " (" + "; ".join(
-                    f"{o['cpu_s']:.1f} s {o['cmd'][:60]}" for o in b.cpu["other_top"]
-                ) + ")"
-    if errors:
-        s += f", {len(errors)} ERRORS (first: {errors[0][:300]})"
-    return s
-
-
-def ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.0f}"
-
-
-# --------------------------------------------------------------------------------------------
-# Phase 2: the full stack, over HTTP
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class BenchUser:
-    client: object  # httpx.AsyncClient
-    csrf: str
-
-
-async def signup(base_url: str, username: str):
-    import httpx  # noqa: PLC0415
-
-    client = httpx.AsyncClient(
-        base_url=base_url,
-        timeout=httpx.Timeout(600, connect=30),
-        follow_redirects=False,
-        limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
-    )
-    r = await client.get("/accounts/signup/")
-    r.raise_for_status()
-    r = await client.post(
-        "/accounts/signup/",
-        data={
-            "username": username,
-            "password1": PASSWORD,
-            "password2": PASSWORD,
-            "csrfmiddlewaretoken": client.cookies["csrftoken"],
-        },
-    )
-    if r.status_code != 302:
-        await client.aclose()
-        raise RuntimeError(f"sign-up of {username} failed: {r.status_code} {r.text[:500]}")
-    # Login rotated the CSRF token; the new cookie came with the redirect.
-    return BenchUser(client=client, csrf=client.cookies["csrftoken"])
-
-
-async def full_chat(user: BenchUser, prompt_index: int, t_batch: float) -> ChatResult:
-    prompt = PROMPTS[prompt_index % len(PROMPTS)]
-    client = user.client
-    first = last = None
-    parts: list[str] = []
-    completion_tokens = 0
-    error = None
-    extra: dict = {}
-    t0 = time.perf_counter()
-    try:
-        r = await client.post(
-            "/chat/turns",
-            data={"content": prompt},
-            headers={"HX-Request": "true", "X-CSRFToken": user.csrf},
-        )
-        t_post = time.perf_counter()
-        extra["post_s"] = t_post - t0
-        if r.status_code != 200:
-            raise RuntimeError(f"POST /chat/turns -> {r.status_code}: {r.text[:300]}")
-        match = SSE_URL.search(r.text)
-        if match is None:
-            raise RuntimeError("no sse-connect URL in the turn fragment")
-        url = match.group(1)
-        done = False
-        async with client.stream("GET", url, headers={"Accept": "text/event-stream"}) as resp:
-            extra["headers_s"] = time.perf_counter() - t0
-            if resp.status_code != 200:
-                raise RuntimeError(f"GET {url} -> {resp.status_code}")
-            buf = b""
-            async for chunk in resp.aiter_raw():
-                now = time.perf_counter()
-                buf += chunk
-                while (cut := buf.find(b"\n\n")) >= 0:
-                    block, buf = buf[:cut], buf[cut + 2 :]
-                    name = data = None
-                    for line in block.split(b"\n"):
-                        if line.startswith(b"event: "):
-                            name = line[7:]
-                        elif line.startswith(b"data: "):
-                            data = line[6:]
-                    if name == b"token":
-                        text = json.loads(data)["text"]
-                        if text:
-                            if first is None:
-                                first = now
-                            last = now
-                            parts.append(text)
-                    elif name == b"done":
-                        payload = json.loads(data)
-                        completion_tokens = payload["usage"]["completion_tokens"]
-                        extra["status"] = payload.get("status")
-                        done = True
-                    elif name == b"error":
-                        raise RuntimeError(f"error event: {data.decode(errors='replace')}")
-                if done:
-                    break
-        if not done:
-            raise RuntimeError("event stream ended without 'done'")
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal
-        error = repr(exc)
-    end = time.perf_counter()
-    if first is not None:
-        extra["done_after_last_token_s"] = end - last
-    return ChatResult(
-        prompt_index=prompt_index,
-        ttft_s=None if first is None else first - t0,
-        tpot_s=tpot(first, last, completion_tokens),
-        completion_tokens=completion_tokens,
-        text="".join(parts),
-        end_s=end - t_batch,
-        error=error,
-        extra=extra,
-    )
-
-
-async def full_batch(users: list[BenchUser], n: int) -> tuple[float, list[ChatResult]]:
-    t_batch = time.perf_counter()
-    chats = await asyncio.gather(*(full_chat(users[i], i, t_batch) for i in range(n)))
-    return time.perf_counter() - t_batch, list(chats)
-
-
-async def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    import httpx  # noqa: PLC0415
-
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                r = await client.get("/readyz")
-                if r.status_code == 200:
-                    return
-            await asyncio.sleep(0.5)
-    raise RuntimeError("the server did not become healthy in time")
-
-
-def server_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        CHAT_TEMPERATURE="0",
-        CHAT_MAX_TOKENS=str(MAX_TOKENS),
-        CHAT_STREAM_ATTACH_TIMEOUT_S="60",
-        DJANGO_SETTINGS_MODULE="chatsite.settings.base",
-        # The same engine shape as the bare engine measured beside it (64 sequences), and none
-        # of the tier machinery that would make the comparison unfair: no reserved slots, no
-        # shedding, no rate limits (bench/priority_bench.py measures those).
-        CHAT_MAX_NUM_SEQS="64",
-        CHAT_RESERVED_SLOTS="0",
-        CHAT_SHED_FREE_WAITING="100000",
-        CHAT_DEGRADE_PAID_WAITING="100000",
-        CHAT_REASONING_LAST_WAITING="100000",
-        CHAT_RATE_LIMITS_BY_TIER=UNLIMITED,
-        CHAT_ORG_RATE_LIMITS_BY_TIER=UNLIMITED,
-    )
-    return env
-
-
-# Every tier without RPM / TPM limits (inference/ratelimit.py: a null limit is unlimited).
-UNLIMITED = '{"free": {"rpm": null, "tpm": null}, "paid": {"rpm": null, "tpm": null}, "enterprise": {"rpm": null, "tpm": null}}'
-
-
-def probe_lines(path: Path, pos: int) -> tuple[list[dict], int]:
-    """``PROBE {json}`` lines the server wrote after byte ``pos`` (see bench/probe_asgi.py)."""
-    with open(path, "rb") as f:
-        f.seek(pos)
-        data = f.read()
-    found = []
-    for line in data.splitlines():
-        at = line.find(b"PROBE ")
-        if at >= 0:
-            with contextlib.suppress(ValueError):
-                found.append(json.loads(line[at + 6 :]))
-    return found, pos + len(data)
-
-
-def pg_connections() -> int | None:
-    """Open connections to this database (diagnostic: does the server reuse connections?)."""
-    url = os.environ.get("DATABASE_URL")
-    if not url:
-        return None
-    try:
-        import psycopg  # noqa: PLC0415
-
-        with psycopg.connect(url, connect_timeout=5) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            ).fetchone()
-            return int(row[0]) - 1  # minus this one
-    except Exception as exc:  # noqa: BLE001 - a diagnostic only
-        log(f"could not count PostgreSQL connections: {exc!r}")
-        return None
-
-
-DIAG: dict = {}
-
-
-async def run_full(args) -> dict[int, list[BatchResult]]:
-    env = server_env()
-    python = sys.executable
-    log("full: migrating")
-    subprocess.run(
-        [python, "manage.py", "migrate", "--noinput"],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    probing = args.probe or args.patch_db
-    app = "bench.probe_asgi:application" if probing else "chatsite.asgi:application"
-    if args.patch_db:
-        env["BENCH_PATCH_DB"] = "1"
-        log("full: --patch-db: serving with the experimental DB-connection workaround")
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    log_path = VAR / "bench" / "server.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    results: dict[int, list[BatchResult]] = {n: [] for n in args.concurrency}
-    users: list[BenchUser] = []
-    with open(log_path, "wb") as server_log:
-        server = subprocess.Popen(
-            [python, "-m", "chatsite.serve", "-b", "127.0.0.1", "-p", str(port),
-             app],
-            env=env,
-            cwd=ROOT,
-            stdout=server_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            log(f"full: daphne on {base_url} (log: {log_path}); waiting for /readyz")
-            t = time.perf_counter()
-            await wait_healthy(base_url, server, timeout_s=600)
-            log(f"full: healthy in {time.perf_counter() - t:.1f} s; signing up users")
-            run_id = f"{int(time.time()):x}"
-            needed = max([*args.concurrency, args.warmup_batch, 1])
-            for i in range(needed):
-                users.append(await signup(base_url, f"bench{run_id}u{i}"))
-            DIAG["pg_connections_before_chats"] = pg_connections()
-            log(f"full: {len(users)} users signed up; warming up")
-            for _ in range(args.warmup):
-                warn_errors("full warm-up", (await full_batch(users, 1))[1])
-            if args.warmup_batch:
-                warn_errors("full warm-up", (await full_batch(users, args.warmup_batch))[1])
-            DIAG["pg_connections_after_warmup"] = pg_connections()
-            log(f"full: warmed up; PostgreSQL connections open: {DIAG['pg_connections_after_warmup']}")
-            log_pos = log_path.stat().st_size
-            for rep in range(args.reps):
-                for n in args.concurrency:
-                    meter = CpuMeter()
-                    meter.start()
-                    wall, chats = await full_batch(users, n)
-                    batch = make_batch(n, rep, wall, chats)
-                    batch.cpu = meter.stop()
-                    batch.cpu["pg_connections_after"] = pg_connections()
-                    if probing:
-                        await asyncio.sleep(0.3)  # let the server flush its last lines
-                        batch.probe, log_pos = probe_lines(log_path, log_pos)
-                    results[n].append(batch)
-                    log(
-                        f"full  N={n:<3} rep {rep}: {fmt_batch(batch)}; "
-                        f"PostgreSQL connections open after: {batch.cpu['pg_connections_after']}"
-                    )
-            DIAG["pg_connections_after_chats"] = pg_connections()
-            log(
-                "full: PostgreSQL connections open: "
-                f"{DIAG['pg_connections_before_chats']} before the chats, "
-                f"{DIAG['pg_connections_after_chats']} after"
-            )
-        finally:
-            for user in users:
-                with contextlib.suppress(Exception):
-                    await user.client.aclose()
-            log("full: stopping the server")
-            stop_process_group(server)
-    return results
 
 
 # --------------------------------------------------------------------------------------------
@@ -720,7 +95,7 @@ def report(args, bare: dict[int, list[BatchResult]], full: dict[int, list[BatchR
         b, f = r["bare"], r["full"]
 
         def pair(s, key):
-            return f"{ms(s[key + '_p50_s'])} / {ms(s[key + '_p99_s'])}"
+            return f"{ms(s[key + '_p50_s'], 0)} / {ms(s[key + '_p99_s'], 0)}"
 
         def num(x, fmt):
             return "-" if x is None else format(x, fmt)
@@ -786,7 +161,7 @@ def report(args, bare: dict[int, list[BatchResult]], full: dict[int, list[BatchR
         for phase, results in (("bare", bare), ("full", full))
         for batches in results.values()
         for b in batches
-        if b.cpu and b.cpu["other_cpu_s"] > 0.05 * b.wall_s * (os.cpu_count() or 1)
+        if batch_disturbed(b)
     ]
     print(
         "  batches with background load from other processes (>5% of the machine): "
@@ -820,17 +195,17 @@ def report(args, bare: dict[int, list[BatchResult]], full: dict[int, list[BatchR
         heads = [c.extra.get("headers_s") for c in chats if "headers_s" in c.extra]
         tails = [c.extra.get("done_after_last_token_s") for c in chats if "done_after_last_token_s" in c.extra]
         full_extra[n] = {
-            "post_p50_s": percentile(posts, 50),
-            "post_p99_s": percentile(posts, 99),
-            "stream_headers_p50_s": percentile(heads, 50),
-            "done_after_last_token_p50_s": percentile(tails, 50),
+            "post_p50_s": percentile(posts, 50, default=None),
+            "post_p99_s": percentile(posts, 99, default=None),
+            "stream_headers_p50_s": percentile(heads, 50, default=None),
+            "done_after_last_token_p50_s": percentile(tails, 50, default=None),
         }
     print(
         "  full-stack breakdown (p50 ms): "
         + "; ".join(
-            f"N={n}: POST {ms(x['post_p50_s'])} (p99 {ms(x['post_p99_s'])}), "
-            f"stream headers {ms(x['stream_headers_p50_s'])}, "
-            f"done after last token {ms(x['done_after_last_token_p50_s'])}"
+            f"N={n}: POST {ms(x['post_p50_s'], 0)} (p99 {ms(x['post_p99_s'], 0)}), "
+            f"stream headers {ms(x['stream_headers_p50_s'], 0)}, "
+            f"done after last token {ms(x['done_after_last_token_p50_s'], 0)}"
             for n, x in full_extra.items()
         )
     )
@@ -842,7 +217,7 @@ def report(args, bare: dict[int, list[BatchResult]], full: dict[int, list[BatchR
             posts = [p for p in lines if p["kind"] == "post"]
 
             def p50(items, key):
-                value = percentile([p[key] for p in items], 50)
+                value = percentile([p[key] for p in items], 50, default=None)
                 return "-" if value is None else f"{value:.0f}"
 
             last = lines[-1] if lines else {}
@@ -863,10 +238,6 @@ def report(args, bare: dict[int, list[BatchResult]], full: dict[int, list[BatchR
         "disturbed_batches": disturbed,
         "full_breakdown": {str(k): v for k, v in full_extra.items()},
     }
-
-
-def batches_json(results: dict[int, list[BatchResult]]) -> dict:
-    return {str(n): [asdict(b) for b in batches] for n, batches in results.items()}
 
 
 # --------------------------------------------------------------------------------------------

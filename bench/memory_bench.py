@@ -13,7 +13,7 @@ Run through the dev stack (``make bench`` runs it)::
    calls of ``memory.selectors.memory_search`` for the target user (query embedding + top-k by
    cosine in PostgreSQL), timed end to end: p50 / p99.
 2. **Turn TTFT.** Through the full stack (daphne in this process, ``POST
-   /v1/conversations/{id}/turns``, the real engine; bench/moderation_bench.py's harness): a
+   /v1/conversations/{id}/turns``, the real engine; bench/harness.py's server): a
    user with 20 facts asks the same questions with memory on and off (``CHAT_MEMORY_ENABLED``,
    read per turn), in alternating phases, 16 answer tokens: TTFT p50 and the ratio on/off; and
    a third phase, "lookup", with memory on but a similarity floor no fact reaches: the query is
@@ -38,6 +38,8 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.harness import percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
 
@@ -54,11 +56,6 @@ QUESTIONS = [
     "Any tips for my next holiday?", "How do I keep my garden healthy?",
     "Recommend me a book for the weekend.", "How do I write a loop in my new language?",
 ]
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
 def seed(facts: int) -> tuple[object, list]:
@@ -129,8 +126,8 @@ def retrieval(target, queries: int) -> dict:
         first_hits += bool(found)
     return {
         "queries": queries,
-        "p50_ms": statistics.median(times) * 1000,
-        "p99_ms": pct(times, 99) * 1000,
+        "p50_ms": percentile(times, 50) * 1000,
+        "p99_ms": percentile(times, 99) * 1000,
         "max_ms": max(times) * 1000,
         "answered": first_hits,
     }
@@ -139,14 +136,15 @@ def retrieval(target, queries: int) -> dict:
 def ttft(rounds: int, turns: int) -> dict:
     """Turn TTFT through the full stack (daphne, the /v1 turn endpoint, the real engine),
     memory on vs off (settings.CHAT_MEMORY_ENABLED, read per turn) in alternating phases on the
-    same prompts; the bench user has the 20 real facts. Reuses bench/moderation_bench.py's
-    in-process server and API client."""
+    same prompts; the bench user has the 20 real facts. The harness's in-process server and
+    API client (bench/harness.py, bench/clients.py)."""
     from django.conf import settings  # noqa: PLC0415
 
-    from bench.moderation_bench import Api, Server  # noqa: PLC0415
+    from bench.clients import Api  # noqa: PLC0415
+    from bench.harness import InProcessServer  # noqa: PLC0415
     from memory import services as memory_services  # noqa: PLC0415
 
-    server = Server()
+    server = InProcessServer()
     server.start()
     api = Api(server.url)
     saved = settings.CHAT_MEMORY_ENABLED, settings.CHAT_MEMORY_MIN_SIMILARITY
@@ -193,8 +191,8 @@ def ttft(rounds: int, turns: int) -> dict:
         settings.CHAT_MEMORY_ENABLED, settings.CHAT_MEMORY_MIN_SIMILARITY = saved
         api.close()
         server.stop()
-    on, off = statistics.median(samples["on"]), statistics.median(samples["off"])
-    lookup, pad = statistics.median(samples["lookup"]), statistics.median(samples["pad"])
+    on, off = percentile(samples["on"], 50), percentile(samples["off"], 50)
+    lookup, pad = percentile(samples["lookup"], 50), percentile(samples["pad"], 50)
     return {"rounds": rounds, "turns": sum(len(v) for v in samples.values()),
             "on_p50_ms": on * 1000, "off_p50_ms": off * 1000, "ratio": on / off,
             "lookup_p50_ms": lookup * 1000, "lookup_ratio": lookup / off,

@@ -42,6 +42,9 @@ bench measures moderation, not them). Results: tables on stdout and
 ``var/bench/moderation_bench.json``. Each measured phase records the CPU used by other
 processes (the machine is small and shared); a disturbed phase is flagged. Exit status 0 when
 the run completed (``--strict``: 1 on a missed target), 2 when requests failed.
+
+Part b is bench/moderation_input.py; the server and the API client come from bench/harness.py
+and bench/clients.py.
 """
 
 # daphne installs Twisted's asyncio reactor at import; it must come before anything imports
@@ -49,179 +52,33 @@ the run completed (``--strict``: 1 on a missed target), 2 when requests failed.
 import daphne.server  # noqa: F401, I001  isort:skip
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
-import random
-import secrets
 import sys
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from bench.chat_bench import PROMPTS, CpuMeter, log, percentile, tpot
+from bench.clients import Api, TurnSample, connections_close_all
+from bench.harness import (
+    PROMPTS,
+    VAR,
+    CpuMeter,
+    InProcessServer,
+    disturbed,
+    log,
+    ms,
+    percentile,
+    ratio,
+    tier_machinery_off,
+)
+from bench.moderation_input import BLOCKED_TERMS, INPUT_CHARS, input_part
 
-ROOT = Path(__file__).resolve().parent.parent
-VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
-
-INPUT_CHARS = 4000
-BLOCKED_TERMS = 100
 INPUT_P99_TARGET_S = 0.050
 OUTPUT_RATIO_TARGET = 1.05
 PR_TARGET = 0.9
-LOAD_MAX_TOKENS = 512
 PROMPT_SET = 4  # part c's prompts (PROMPTS[:4]), cycled through by the rounds
-
-# Harmless prose for the 4,000-character input: a long message someone pastes with a question.
-SENTENCES = [
-    "Could you help me tidy up the notes below before I send them to the team?",
-    "The quarterly planning meeting moved to Thursday at ten in the large room.",
-    "We agreed to migrate the billing reports to the new warehouse by the end of March.",
-    "Anna will draft the onboarding guide and Tom will review the security checklist.",
-    "The customer survey showed that most people want faster search and clearer invoices.",
-    "Please bring your laptop charger, because the room has only a few sockets.",
-    "Last week the deployment took forty minutes; the goal is to bring it under ten.",
-    "The garden club meets on the first Sunday of each month near the old library.",
-    "Tomatoes need at least six hours of sun a day and regular, deep watering.",
-    "Our hiking route follows the river for eight kilometres and then climbs to the ridge.",
-    "The recipe calls for two cups of flour, one egg, a pinch of salt and some milk.",
-    "If the printer jams again, open the back panel and remove the paper gently.",
-    "The museum is free on Wednesdays, but the special exhibition needs a ticket.",
-    "I am not sure whether the train on Saturday stops at the airport station.",
-    "The library extended its opening hours during the exam period until midnight.",
-    "Remember to water the plants on the balcony while we are away in August.",
-    "The new bicycle lanes on the main road made my commute a lot calmer.",
-    "She explained the difference between weather and climate with a simple example.",
-    "Can you suggest a clearer title for the third section of the report?",
-    "The invoice from the caterer arrived late, so the payment will go out next week.",
-    "Our team retrospective found that code reviews wait too long before someone starts.",
-    "The children built a small bird house and painted it bright yellow.",
-    "Please check whether the budget table adds up; the totals look slightly off.",
-    "During the workshop we compared three ways to summarise long documents.",
-]
-
-
-@dataclass
-class CheckPhase:
-    name: str
-    latencies_s: list[float] = field(default_factory=list)
-    streams_seen: list[int] = field(default_factory=list)
-    flagged: int = 0
-    failed: int = 0
-    engine_tokens: int = 0
-    wall_s: float = 0.0
-    cpu: dict = field(default_factory=dict)
-
-    def summary(self) -> dict:
-        lat = self.latencies_s
-        return {
-            "phase": self.name,
-            "checks": len(lat),
-            "p50_s": percentile(lat, 50),
-            "p99_s": percentile(lat, 99),
-            "max_s": max(lat) if lat else None,
-            "streams_min": min(self.streams_seen) if self.streams_seen else None,
-            "streams_mean": (sum(self.streams_seen) / len(self.streams_seen))
-            if self.streams_seen else None,
-            "flagged": self.flagged,
-            "failed": self.failed,
-            "engine_tokens_per_s": self.engine_tokens / self.wall_s if self.wall_s else 0.0,
-            "wall_s": self.wall_s,
-            "other_cpu_s": self.cpu.get("other_cpu_s"),
-            "disturbed": disturbed(self.cpu),
-        }
-
-
-@dataclass
-class TurnSample:
-    gate: str  # "on" | "off"
-    round: int
-    prompt_index: int
-    ttft_s: float | None
-    tpot_s: float | None
-    done_after_last_token_s: float | None
-    completion_tokens: int
-    status: str
-    error: str | None = None
-
-
-def disturbed(cpu: dict) -> bool:
-    """More than 5% of the machine used by processes outside this bench's stack."""
-    if not cpu:
-        return False
-    return cpu["other_cpu_s"] > 0.05 * cpu["wall_s"] * (os.cpu_count() or 1)
-
-
-def ms(x: float | None, digits: int = 1) -> str:
-    return "-" if x is None else f"{x * 1000:.{digits}f}"
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
-
-
-def long_message(i: int) -> str:
-    """A harmless message of exactly INPUT_CHARS characters, different for each ``i``."""
-    rng = random.Random(i)
-    parts: list[str] = []
-    size = 0
-    while size < INPUT_CHARS:
-        sentence = rng.choice(SENTENCES)
-        parts.append(sentence)
-        size += len(sentence) + 1
-    return " ".join(parts)[:INPUT_CHARS]
-
-
-# --------------------------------------------------------------------------------------------
-# The server: daphne in a thread, the real engine in its event loop
-
-
-class Server:
-    """daphne on 127.0.0.1 (a free port) in a background thread, with the real engine as the
-    process's engine; :meth:`call` runs a coroutine on the server's event loop."""
-
-    def __init__(self) -> None:
-        from chatsite.asgi import application  # noqa: PLC0415
-        from chatsite.serve import FlowControlServer  # noqa: PLC0415
-        import inference.engine as engine_module  # noqa: PLC0415
-
-        self.engine_module = engine_module
-        self.engine = engine_module.VllmEngine.from_settings()
-        engine_module._engine = self.engine
-        self.server = FlowControlServer(
-            application,
-            endpoints=["tcp:port=0:interface=127.0.0.1"],
-            signal_handlers=False,
-            verbosity=0,
-        )
-        self.thread = threading.Thread(target=self.server.run, name="daphne", daemon=True)
-        self.url = ""
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.listening_addresses:
-            if time.monotonic() > deadline:
-                raise RuntimeError("daphne did not start listening")
-            time.sleep(0.05)
-        _, port = self.server.listening_addresses[0]
-        self.url = f"http://127.0.0.1:{port}"
-        log(f"daphne listening on {self.url}; starting the vLLM engine")
-        started = time.perf_counter()
-        self.call(self.engine.ensure_started(), timeout=600)
-        log(f"engine ready in {time.perf_counter() - started:.1f} s")
-
-    def call(self, coro, timeout: float = 600):
-        return asyncio.run_coroutine_threadsafe(coro, daphne.server.twisted_loop).result(timeout)
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self.engine.shutdown()
-        self.engine_module._engine = None
-        with contextlib.suppress(Exception):
-            self.server.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,211 +99,7 @@ def injection_part() -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# b. Input gate latency, engine idle vs busy
-
-
-def bench_policy():
-    """The deployment's thresholds and 100 blocked terms (a large organisation list)."""
-    from moderation.verdicts import Policy, policy_for  # noqa: PLC0415
-
-    base = policy_for(None)
-    terms = tuple(f"codename orchid {i}" for i in range(BLOCKED_TERMS))
-    return Policy(thresholds=dict(base.thresholds), blocked_terms=terms)
-
-
-async def time_checks(engine, phase: CheckPhase, checks: int, policy, offset: int) -> None:
-    from moderation.base import acheck  # noqa: PLC0415
-
-    rng = random.Random(offset)
-    meter = CpuMeter()
-    meter.start()
-    started = time.perf_counter()
-    for i in range(checks):
-        text = long_message(offset + i)
-        phase.streams_seen.append(engine.num_unfinished_requests())
-        t0 = time.perf_counter()
-        verdict = await acheck("input", text, policy)
-        phase.latencies_s.append(time.perf_counter() - t0)
-        if verdict.error:
-            phase.failed += 1
-        elif verdict.flagged:
-            phase.flagged += 1
-        await asyncio.sleep(rng.uniform(0, 0.01))
-    phase.wall_s = time.perf_counter() - started
-    phase.cpu = meter.stop()
-
-
-async def load_stream(engine, i: int, counter: dict, ids: list[int]) -> None:
-    """One generation after another until cancelled (the engine aborts a cancelled one)."""
-    from inference.engine import GenerationOptions  # noqa: PLC0415
-
-    n = 0
-    while True:
-        n += 1
-        options = GenerationOptions(max_tokens=LOAD_MAX_TOKENS, temperature=0.8)
-        async for delta in engine.generate(ids, options, f"modbench-load-{i}-{n}"):
-            if delta.text:
-                counter["tokens"] += 1
-                counter["first"] = True
-
-
-async def input_part(engine, checks: int, streams: int) -> dict[str, CheckPhase]:
-    from django.conf import settings  # noqa: PLC0415
-
-    from moderation.base import acheck, moderator_warm  # noqa: PLC0415
-
-    policy = bench_policy()
-    await asyncio.get_running_loop().run_in_executor(None, moderator_warm)
-    for i in range(20):  # warm the worker threads and the classifiers' caches
-        await acheck("input", long_message(10_000 + i), policy)
-
-    idle = CheckPhase("idle")
-    log(f"input gate: {checks} checks, engine idle")
-    await time_checks(engine, idle, checks, policy, offset=0)
-
-    loaded = CheckPhase(f"{streams} streams")
-    counter = {"tokens": 0, "first": False}
-    prompts = [
-        engine.encode_chat([
-            {"role": "system", "content": settings.CHAT_SYSTEM_PROMPT},
-            {"role": "user", "content": PROMPTS[i % len(PROMPTS)]},
-        ])
-        for i in range(streams)
-    ]  # fmt: skip
-    loop = asyncio.get_running_loop()
-    tasks = [loop.create_task(load_stream(engine, i, counter, prompts[i])) for i in range(streams)]
-    try:
-        deadline = time.monotonic() + 120
-        while not (counter["first"] and engine.num_unfinished_requests() >= streams):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the load streams did not start within 120 s")
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(1.0)  # past the first prefills: steady decoding
-        log(f"input gate: {checks} checks, {streams} streams decoding")
-        before = counter["tokens"]
-        await time_checks(engine, loaded, checks, policy, offset=checks)
-        loaded.engine_tokens = counter["tokens"] - before
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        deadline = time.monotonic() + 30
-        while engine.num_unfinished_requests() and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-    for phase in (idle, loaded):
-        s = phase.summary()
-        log(
-            f"input gate, {phase.name}: p50 {ms(s['p50_s'])} ms, p99 {ms(s['p99_s'])} ms, "
-            f"max {ms(s['max_s'])} ms, {s['failed']} failed, {s['flagged']} flagged"
-        )
-    return {"idle": idle, "loaded": loaded}
-
-
-# --------------------------------------------------------------------------------------------
 # c. Output gate on vs off through the full stack
-
-
-class Api:
-    """A bench user with an API key; deleted (with its conversations) at the end."""
-
-    def __init__(self, url: str) -> None:
-        import httpx  # noqa: PLC0415
-
-        from accounts.models import User  # noqa: PLC0415
-        from accounts.services import api_key_create  # noqa: PLC0415
-
-        # Leftovers of an interrupted earlier run (their conversations were deleted with them
-        # or are the user's to cascade).
-        User.objects.filter(username__startswith="modbench-").delete()
-        self.user = User.objects.create_user(
-            username=f"modbench-{secrets.token_hex(4)}", password=secrets.token_urlsafe(16),
-            tier="paid",
-        )  # fmt: skip
-        key = api_key_create(user=self.user, name="moderation bench").raw
-        self.client = httpx.Client(
-            base_url=url, headers={"Authorization": f"Bearer {key}"},
-            timeout=httpx.Timeout(300, connect=30),
-        )  # fmt: skip
-        self.conversations: list[str] = []
-
-    def turn(
-        self, prompt: str, max_tokens: int, gate: str, round_: int, index: int, system_prompt: str = ""
-    ) -> TurnSample:
-        """One fresh conversation (``system_prompt``: its instructions; "" for the default) and
-        one streamed turn of ``prompt``, timed."""
-        created = self.client.post(
-            "/v1/conversations", json={"system_prompt": system_prompt} if system_prompt else {}
-        )
-        created.raise_for_status()
-        conversation_id = created.json()["conversation_id"]
-        self.conversations.append(conversation_id)
-        first = last = None
-        completion = 0
-        status = ""
-        error = None
-        body = {"role": "user", "content": prompt, "max_tokens": max_tokens}
-        t0 = time.perf_counter()
-        end = None
-        try:
-            with self.client.stream(
-                "POST", f"/v1/conversations/{conversation_id}/turns", json=body
-            ) as response:
-                if response.status_code != 200:
-                    response.read()
-                    raise RuntimeError(
-                        f"POST turns -> {response.status_code}: {response.text[:300]}"
-                    )
-                buf = b""
-                for chunk in response.iter_raw():
-                    now = time.perf_counter()
-                    buf += chunk
-                    while (cut := buf.find(b"\n\n")) >= 0:
-                        block, buf = buf[:cut], buf[cut + 2:]
-                        name = data = None
-                        for line in block.split(b"\n"):
-                            if line.startswith(b"event: "):
-                                name = line[7:].decode()
-                            elif line.startswith(b"data: "):
-                                data = json.loads(line[6:])
-                        if name == "token" and data and data.get("text"):
-                            first = first or now
-                            last = now
-                        elif name == "done":
-                            completion = data["usage"]["completion_tokens"]
-                            status = data.get("status", "")
-                            end = now
-                        elif name == "moderation":
-                            status = "blocked"
-                            end = now
-                        elif name == "error":
-                            raise RuntimeError(f"error event: {data}")
-                    if end is not None:
-                        break
-            if end is None:
-                raise RuntimeError("the event stream ended without done")
-        except Exception as exc:  # noqa: BLE001 - counted and shown
-            error = repr(exc)
-        return TurnSample(
-            gate=gate, round=round_, prompt_index=index,
-            ttft_s=None if first is None else first - t0,
-            tpot_s=tpot(first, last, completion),
-            done_after_last_token_s=None if end is None or last is None else end - last,
-            completion_tokens=completion, status=status, error=error,
-        )  # fmt: skip
-
-    def close(self) -> None:
-        for conversation_id in self.conversations:
-            with contextlib.suppress(Exception):
-                self.client.delete(f"/v1/conversations/{conversation_id}")
-        self.client.close()
-        for attempt in (1, 2):
-            connections_close_all()  # this thread's connection may be minutes old
-            try:
-                self.user.delete()
-                return
-            except Exception as exc:  # noqa: BLE001 - a leftover bench user is harmless
-                if attempt == 2:
-                    log(f"could not delete bench user {self.user.username}: {exc!r}")
 
 
 def output_checks() -> float:
@@ -468,15 +121,13 @@ def output_seconds() -> tuple[float, float]:
     )
 
 
-def connections_close_all() -> None:
-    from django.db import connections  # noqa: PLC0415
+def p50(values) -> float | None:
+    """The median of the values that are not None; None when there are none."""
+    return percentile([v for v in values if v is not None], 50, default=None)
 
-    connections.close_all()
 
-
-def output_part(server: Server, args) -> dict:
+def output_part(server: InProcessServer, args) -> dict:
     from django.conf import settings  # noqa: PLC0415
-
     from django.db import OperationalError  # noqa: PLC0415
 
     prompts = PROMPTS[:PROMPT_SET]
@@ -520,8 +171,8 @@ def output_part(server: Server, args) -> dict:
                 check_time[gate][0] += s_after[0] - s_before[0]
                 check_time[gate][1] += s_after[1] - s_before[1]
                 samples.extend(phase)
-                ttft = percentile([t.ttft_s for t in phase if t.ttft_s is not None], 50)
-                tp = percentile([t.tpot_s for t in phase if t.tpot_s is not None], 50)
+                ttft = p50(t.ttft_s for t in phase)
+                tp = p50(t.tpot_s for t in phase)
                 log(f"output gate {gate:>3}, round {r + 1}: TTFT p50 {ms(ttft)} ms, "
                     f"TPOT p50 {ms(tp, 2)} ms")
     finally:
@@ -535,11 +186,9 @@ def output_part(server: Server, args) -> dict:
             "turns": len(rows),
             "errors": len(rows) - len(ok),
             "blocked": sum(1 for t in ok if t.status == "blocked"),
-            "ttft_p50_s": percentile([t.ttft_s for t in ok if t.ttft_s is not None], 50),
-            "tpot_p50_s": percentile([t.tpot_s for t in ok if t.tpot_s is not None], 50),
-            "done_lag_p50_s": percentile(
-                [t.done_after_last_token_s for t in ok if t.done_after_last_token_s is not None], 50
-            ),
+            "ttft_p50_s": p50(t.ttft_s for t in ok),
+            "tpot_p50_s": p50(t.tpot_s for t in ok),
+            "done_lag_p50_s": p50(t.done_after_last_token_s for t in ok),
             "completion_tokens_mean": (
                 sum(t.completion_tokens for t in ok) / len(ok) if ok else None
             ),
@@ -555,13 +204,11 @@ def output_part(server: Server, args) -> dict:
         off = [t for t in samples if t.round == r and t.gate == "off" and t.error is None]
         per_round.append({
             "round": r + 1,
-            "ttft_ratio": ratio(percentile([t.ttft_s for t in on], 50),
-                                percentile([t.ttft_s for t in off], 50)),
-            "tpot_ratio": ratio(percentile([t.tpot_s for t in on], 50),
-                                percentile([t.tpot_s for t in off], 50)),
+            "ttft_ratio": ratio(p50(t.ttft_s for t in on), p50(t.ttft_s for t in off)),
+            "tpot_ratio": ratio(p50(t.tpot_s for t in on), p50(t.tpot_s for t in off)),
         })  # fmt: skip
     def median_ratio(key: str) -> float | None:
-        return percentile([r[key] for r in per_round if r[key] is not None], 50)
+        return p50(r[key] for r in per_round)
 
     return {
         "sides": sides,
@@ -709,19 +356,12 @@ def run(args) -> int:
     call_command("migrate", verbosity=0)  # the dev database: part c signs a user up in it
     connections.close_all()  # part c reconnects minutes later (a fresh connection then)
     # This bench measures moderation: none of the tier machinery that would get in the way.
-    unlimited = {"rpm": None, "tpm": None}
-    settings.CHAT_RATE_LIMITS_BY_TIER = {t: dict(unlimited) for t in ("free", "paid", "enterprise")}
-    settings.CHAT_ORG_RATE_LIMITS_BY_TIER = {
-        t: dict(unlimited) for t in ("free", "paid", "enterprise")
-    }
-    settings.CHAT_RESERVED_SLOTS = 0
-    settings.CHAT_SHED_FREE_WAITING = settings.CHAT_DEGRADE_PAID_WAITING = 100_000
-    settings.CHAT_REASONING_LAST_WAITING = 100_000
+    tier_machinery_off(settings)
     settings.CHAT_TEMPERATURE = 0.0  # greedy: each prompt gets the same answer on both sides
     settings.CHAT_MODERATION_INPUT = True
 
     result: dict = {"injection": injection_part()}
-    server = Server()
+    server = InProcessServer()
     try:
         server.start()
         result["input"] = server.call(input_part(server.engine, args.checks, args.streams))

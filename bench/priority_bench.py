@@ -52,7 +52,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.chat_bench import PROMPTS, CpuMeter, log, percentile
+from bench.harness import PROMPTS, CpuMeter, disturbed, log, ms, percentile, ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
@@ -101,11 +101,11 @@ class Phase:
             "shedding": self.shedding,
             "paid_n": len(ttfts),
             "paid_errors": sum(1 for p in self.paid if p.error),
-            "paid_ttft_p50_s": percentile(ttfts, 50),
-            "paid_ttft_p99_s": percentile(ttfts, 99),
+            "paid_ttft_p50_s": percentile(ttfts, 50, default=None),
+            "paid_ttft_p99_s": percentile(ttfts, 99, default=None),
             "paid_ttft_max_s": max(ttfts) if ttfts else None,
             "paid_degraded": sum(1 for p in self.paid if p.reason == "degraded"),
-            "free_ttft_p50_s": percentile(self.free_ttfts, 50),
+            "free_ttft_p50_s": percentile(self.free_ttfts, 50, default=None),
             "free_done": self.free_done,
             "free_errors": self.free_errors,
             "free_shed": self.free_shed,
@@ -120,8 +120,7 @@ class Phase:
             ),
             "wall_s": self.wall_s,
             "other_cpu_s": self.cpu.get("other_cpu_s"),
-            "disturbed": bool(self.cpu)
-            and self.cpu["other_cpu_s"] > 0.05 * self.wall_s * (os.cpu_count() or 1),
+            "disturbed": disturbed(self.cpu, self.wall_s),
         }
 
 
@@ -318,20 +317,12 @@ class Bench:
             await asyncio.sleep(0.1)
         s = phase.summary()
         log(
-            f"phase {phase.name}: paid TTFT p50 {ms(s['paid_ttft_p50_s'])} ms, "
-            f"p99 {ms(s['paid_ttft_p99_s'])} ms (n={s['paid_n']}); free TTFT p50 "
-            f"{ms(s['free_ttft_p50_s'])} ms, {s['free_tokens_per_s']:.0f} free tok/s, "
+            f"phase {phase.name}: paid TTFT p50 {ms(s['paid_ttft_p50_s'], 0)} ms, "
+            f"p99 {ms(s['paid_ttft_p99_s'], 0)} ms (n={s['paid_n']}); free TTFT p50 "
+            f"{ms(s['free_ttft_p50_s'], 0)} ms, {s['free_tokens_per_s']:.0f} free tok/s, "
             f"mean waiting {s['waiting_mean'] or 0:.1f}"
             + (f", {phase.free_shed} free requests shed" if phase.shedding else "")
         )
-
-
-def ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.0f}"
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
 
 
 def report(phases: dict[str, Phase], args, settings) -> dict:
@@ -363,8 +354,9 @@ def report(phases: dict[str, Phase], args, settings) -> dict:
         vs = "1 / 1" if name == "A" else f"{r50:.2f}x / {r99:.2f}x" if r50 and r99 else "-"
         print(
             f"{labels[name]:<34} | {row['paid_n']:>6} | "
-            f"{ms(row['paid_ttft_p50_s']) + ' / ' + ms(row['paid_ttft_p99_s']):>22} | {vs:>15} | "
-            f"{ms(row['free_ttft_p50_s']) + ' ms':>13} | {row['free_tokens_per_s']:>10.0f} | "
+            f"{ms(row['paid_ttft_p50_s'], 0) + ' / ' + ms(row['paid_ttft_p99_s'], 0):>22} | "
+            f"{vs:>15} | "
+            f"{ms(row['free_ttft_p50_s'], 0) + ' ms':>13} | {row['free_tokens_per_s']:>10.0f} | "
             f"{row['waiting_mean']:>7.1f} | {row['free_shed'] if row['shedding'] else '-':>9}"
         )
     print()
@@ -379,7 +371,7 @@ def report(phases: dict[str, Phase], args, settings) -> dict:
         p99 = row["paid_ttft_p99_s"]
         checks.append({
             "target": f"paid TTFT p99 <= {PAID_P99_TARGET_S} s ({what})",
-            "value": p99, "shown": f"{ms(p99)} ms",
+            "value": p99, "shown": f"{ms(p99, 0)} ms",
             "pass": p99 is not None and p99 <= PAID_P99_TARGET_S,
         })  # fmt: skip
     checks.append({
@@ -400,14 +392,14 @@ def report(phases: dict[str, Phase], args, settings) -> dict:
     print(
         f"  phase C: {c['free_shed']} free requests shed (chat_shed_total{{tier=free,action=shed}} "
         f"+{c['shed_metric']:.0f}), {c['free_done']} free answered, {c['paid_degraded']} paid "
-        f"degraded to mini; paid TTFT p50 {ms(c['paid_ttft_p50_s'])} ms vs "
-        f"{ms(b['paid_ttft_p50_s'])} ms in B with half the free clients"
+        f"degraded to mini; paid TTFT p50 {ms(c['paid_ttft_p50_s'], 0)} ms vs "
+        f"{ms(b['paid_ttft_p50_s'], 0)} ms in B with half the free clients"
     )
     print(
         "  mean slots busy (A / B / C): "
         + " / ".join(f"{row['running_mean']:.1f}" for row in s.values())
         + f" of {MAX_NUM_SEQS}; paid TTFT max (A / B / C): "
-        + " / ".join(f"{ms(row['paid_ttft_max_s'])} ms" for row in s.values())
+        + " / ".join(f"{ms(row['paid_ttft_max_s'], 0)} ms" for row in s.values())
     )
     disturbed = [
         f"{name} ({row['other_cpu_s']:.1f} CPU-s)" for name, row in s.items() if row["disturbed"]

@@ -40,14 +40,11 @@ import threading
 import time
 from pathlib import Path
 
+from bench.harness import percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
 WINDOW_S = 0.5  # read-your-writes window in this run
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def _seed(conversations: int, turns: int) -> list[tuple]:
@@ -127,8 +124,8 @@ def _measure(mode: str, pairs, threads: int, seconds: float, servers) -> dict:
         "pages": len(latencies),
         "seconds": elapsed,
         "pages_per_s": len(latencies) / elapsed,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * _percentile(latencies, 0.99),
+        "p50_ms": 1000 * percentile(latencies, 50),
+        "p99_ms": 1000 * percentile(latencies, 99),
         "commits": commits,
     }
 
