@@ -51,7 +51,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from chatsite import metrics, redis_guard
@@ -112,10 +111,6 @@ def turn_load(raw: str | bytes) -> Turn:
     return Turn(
         *(f.to_python(data[f.attname]) if f.attname in data else f.get_default() for f in _TURN_FIELDS)
     )
-
-
-def _order(turn: Turn) -> tuple[datetime, str]:
-    return turn.created_at, str(turn.turn_id)  # the database's order (UUIDs compare as hex)
 
 
 @dataclass(frozen=True)
@@ -265,13 +260,6 @@ def _entry_fields(history: History) -> list[str]:
 _DOWN = object()
 
 
-def history_get(conversation_id: UUID) -> History | None:
-    """The cached entry of a conversation, promoted (its TTL refreshed); None if there is none,
-    it has another format, or Redis is unavailable. No staleness check: see :func:`history`."""
-    found = _read(conversation_id)
-    return None if found is _DOWN else found
-
-
 def _read(conversation_id: UUID):
     key = cache_key(conversation_id)
 
@@ -398,40 +386,6 @@ def history(
     return loaded
 
 
-ahistory = sync_to_async(history)
-
-
-@regions.routed
-def recent_turns(
-    conversation_id: UUID, *, limit: int | None = None, upto: Turn | None = None
-) -> list[Turn]:
-    """The newest ``limit`` turns (default ``settings.CHAT_HOT_CACHE_TURNS``) of a conversation,
-    oldest first, ending with ``upto`` if given (turns after it are left out); from the cache,
-    else from PostgreSQL. Each has ``turn_id``, ``role``, ``content``, ``status``,
-    ``reply_to_id``, ``replaces_id``, ``created_at`` (all Turn fields). Turns held for
-    write-back are *not* merged here (the selectors do that). ``[]`` for no such conversation.
-    """
-    limit = int(settings.CHAT_HOT_CACHE_TURNS) if limit is None else limit
-    found = history(conversation_id, holding=upto.turn_id if upto is not None else None)
-    if found is None:
-        return []
-    turns = found.turns
-    if upto is not None:
-        turns = [t for t in turns if _order(t) <= _order(upto)]
-    if len(turns) >= limit or found.complete:
-        return turns[-limit:] if limit else []
-    query = Turn.objects.filter(conversation_id=conversation_id)
-    if upto is not None:
-        query = query.filter(created_at__lte=upto.created_at)
-    rows = [t for t in query.order_by("-created_at", "-turn_id")[: limit + 1]]
-    if upto is not None:
-        rows = [t for t in rows if _order(t) <= _order(upto)]
-    return rows[:limit][::-1]
-
-
-arecent_turns = sync_to_async(recent_turns)
-
-
 # --- writes -------------------------------------------------------------------------------------
 
 
@@ -467,20 +421,6 @@ async def aturn_cached(turn: Turn, *, after: datetime | None) -> int | None:
     except Exception:  # noqa: BLE001 - a cache must never fail the turn that writes through
         logger.exception("hot cache write-through of turn %s failed", turn.turn_id)
         await redis_guard.acall(PART, lambda r: r.delete(key), default=None)
-        return None
-
-
-def turn_cached(turn: Turn, *, after: datetime | None) -> int | None:
-    """:func:`aturn_cached` for synchronous code (Celery tasks, services)."""
-    key = cache_key(turn.conversation_id)
-    try:
-        args = _upsert_args(turn, after)
-        return redis_guard.call(
-            PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
-        )
-    except Exception:  # noqa: BLE001 - a cache must never fail the write it follows
-        logger.exception("hot cache write-through of turn %s failed", turn.turn_id)
-        _drop(turn.conversation_id)
         return None
 
 

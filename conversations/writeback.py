@@ -285,10 +285,6 @@ def conversation_held_forget(conversation_id: UUID | str) -> None:
     redis_guard.call(PART, run, default=None, fallback="held turns expire on their own")
 
 
-# pending_answers: the name the brief uses for the same read.
-pending_answers = held_turns
-
-
 # --- write-back ---------------------------------------------------------------------------------
 
 
