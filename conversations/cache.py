@@ -17,7 +17,8 @@ Hash fields: ``v`` (entry format, derived from Turn's fields: a deploy that chan
 invalidates old entries), ``owner_id``, ``summary``, ``summary_through``, ``through`` (the entry
 holds every turn written up to this moment, newest N of them), ``complete`` ("1": it holds every
 turn of the conversation), and one field per turn, ``t:<created_at>|<turn_id>`` -> the turn's
-JSON (every concrete field). Field names sort in the log's (created_at, turn_id) order.
+JSON (every concrete field: conversations/turndata.py). Field names sort in the log's
+(created_at, turn_id) order.
 
 **Staleness.** While Redis is down, turns are written to PostgreSQL only; a Redis that comes back
 with its data (a network partition, a restart from a snapshot) holds entries that missed them.
@@ -44,11 +45,9 @@ outlive ``settings.CHAT_ZDR_TTL_S``.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from uuid import UUID
 
 from django.conf import settings
@@ -56,6 +55,7 @@ from django.conf import settings
 from chatsite import metrics, redis_guard
 from conversations import regions
 from conversations.models import Conversation, Turn
+from conversations.turndata import TURN_FIELDS, turn_dump, turn_load
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +63,10 @@ PART = "cache"
 _FALLBACK = "hot cache skipped, history read from PostgreSQL"
 TURN_PREFIX = "t:"
 
-_TURN_FIELDS = tuple(Turn._meta.concrete_fields)
-# The entry format: the cached turns' fields. A deploy that adds or renames a Turn field (or
-# changes this layout: bump the suffix) makes older entries read as misses.
-FORMAT = hashlib.sha1(",".join(f.attname for f in _TURN_FIELDS).encode()).hexdigest()[:10] + ".1"
+# The entry format: the cached turns' fields (conversations/turndata.py). A deploy that adds or
+# renames a Turn field (or changes this layout: bump the suffix) makes older entries read as
+# misses.
+FORMAT = hashlib.sha1(",".join(f.attname for f in TURN_FIELDS).encode()).hexdigest()[:10] + ".1"
 
 
 def cache_key(conversation_id: UUID | str) -> str:
@@ -86,31 +86,6 @@ def _parse_iso(text: str) -> datetime:
 def turn_field(turn: Turn) -> str:
     """The hash field of a turn: ``t:<created_at>|<turn_id>`` (sorts in the log's order)."""
     return f"{TURN_PREFIX}{iso(turn.created_at)}|{turn.turn_id}"
-
-
-def turn_dump(turn: Turn) -> str:
-    """A turn as compact JSON: every concrete field by attribute name (UUIDs and Decimals as
-    strings, times as :func:`iso`)."""
-    data = {}
-    for f in _TURN_FIELDS:
-        value = getattr(turn, f.attname)
-        if isinstance(value, (UUID, Decimal)):  # a Decimal as its exact string (cost_usd)
-            value = str(value)
-        elif isinstance(value, datetime):
-            value = iso(value)
-        data[f.attname] = value
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-
-
-def turn_load(raw: str | bytes) -> Turn:
-    """The unsaved :class:`Turn` a :func:`turn_dump` string describes (fields it lacks take
-    their defaults)."""
-    data = json.loads(raw)
-    # Positional arguments in field order: Model.__init__'s fast path (~4x faster than keywords,
-    # and this runs N times per cache hit).
-    return Turn(
-        *(f.to_python(data[f.attname]) if f.attname in data else f.get_default() for f in _TURN_FIELDS)
-    )
 
 
 @dataclass(frozen=True)
