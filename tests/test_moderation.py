@@ -719,7 +719,9 @@ async def test_pf_m1_the_live_output_gate_flags_a_blocked_phrase_at_token_5_whil
     assert flags == [gate.flagged]
 
 
-async def test_pf_m1_a_split_phrase_is_flagged_by_the_window_not_by_any_delta(recording, settings, mod):
+async def test_pf_m1_a_split_phrase_is_flagged_by_the_window_not_by_any_delta(
+    recording, settings, mod
+):
     settings.CHAT_MODERATION_WINDOW_CHARS = 16  # overlap 12: a 10-character phrase is whole
     settings.CHAT_MODERATION_STEP_CHARS = 4
     policy = Policy(thresholds={}, blocked_terms=("bananarama",))
@@ -752,7 +754,9 @@ async def test_pf_m1_a_non_streamed_answer_fed_whole_is_flagged(recording, setti
     assert any(len(w) > 400 for w in recording.windows)  # the long answer in one window
 
 
-async def test_the_live_output_gate_passes_a_clean_answer_with_its_clean_verdict(recording, settings):
+async def test_the_live_output_gate_passes_a_clean_answer_with_its_clean_verdict(
+    recording, settings
+):
     settings.CHAT_MODERATION_STEP_CHARS = 8
     flags: list[Verdict] = []
     gate = OutputGate(Policy(thresholds={}, blocked_terms=("bananarama",)), flags.append)
