@@ -132,8 +132,9 @@ def test_write_through_without_an_entry_creates_none(make_user, test_redis):
     with no entry changes nothing."""
     conversation = conversation_with_turns(make_user, exchanges=1)
     question = services.turn_append_user(conversation=conversation, content="q")
+    answer = unsaved_answer(conversation, question)
 
-    updated = async_to_sync(cache.aturn_cached)(unsaved_answer(conversation, question), after=question.created_at)
+    updated = async_to_sync(cache.aturn_cached)(answer, after=question.created_at)
 
     assert updated == 0
     assert not test_redis.exists(cache.cache_key(conversation.pk))
@@ -405,7 +406,8 @@ def test_the_first_history_page_comes_from_the_cache_and_falls_back_when_evicted
     question = services.turn_append_user(conversation=conversation, content="question 1")
     conversation.refresh_from_db()
     cache.history(conversation.pk)
-    async_to_sync(cache.aturn_cached)(unsaved_answer(conversation, question, "cached only"), after=question.created_at)
+    answer = unsaved_answer(conversation, question, "cached only")
+    async_to_sync(cache.aturn_cached)(answer, after=question.created_at)
 
     cached_page, cached_more = selectors.turn_page(conversation=conversation, before=None, limit=2)
     test_redis.delete(cache.cache_key(conversation.pk))
