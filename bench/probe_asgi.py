@@ -90,7 +90,7 @@ if os.environ.get("BENCH_PATCH_DB") == "1":
 
         return wrapper
 
-    _services.turn_append_assistant = _closing(_services.turn_append_assistant)
+    _services.answer_store = _closing(_services.answer_store)
     _selectors.prompt_history = _closing(_selectors.prompt_history)
 
 

@@ -78,11 +78,6 @@ def pinned(primary: str, user_id: int | None = None) -> Iterator[Pin]:
         _pin.reset(token)
 
 
-def current_pin() -> Pin | None:
-    """The innermost :func:`pinned` block's pin, or None."""
-    return _pin.get()
-
-
 # --- clusters ---
 
 

@@ -17,7 +17,8 @@ Hash fields: ``v`` (entry format, derived from Turn's fields: a deploy that chan
 invalidates old entries), ``owner_id``, ``summary``, ``summary_through``, ``through`` (the entry
 holds every turn written up to this moment, newest N of them), ``complete`` ("1": it holds every
 turn of the conversation), and one field per turn, ``t:<created_at>|<turn_id>`` -> the turn's
-JSON (every concrete field). Field names sort in the log's (created_at, turn_id) order.
+JSON (every concrete field: conversations/turndata.py). Field names sort in the log's
+(created_at, turn_id) order.
 
 **Staleness.** While Redis is down, turns are written to PostgreSQL only; a Redis that comes back
 with its data (a network partition, a restart from a snapshot) holds entries that missed them.
@@ -44,20 +45,18 @@ outlive ``settings.CHAT_ZDR_TTL_S``.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from chatsite import metrics
 from core import redis_guard
 from conversations import regions
 from conversations.models import Conversation, Turn
+from conversations.turndata import TURN_FIELDS, turn_dump, turn_load
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +64,10 @@ PART = "cache"
 _FALLBACK = "hot cache skipped, history read from PostgreSQL"
 TURN_PREFIX = "t:"
 
-_TURN_FIELDS = tuple(Turn._meta.concrete_fields)
-# The entry format: the cached turns' fields. A deploy that adds or renames a Turn field (or
-# changes this layout: bump the suffix) makes older entries read as misses.
-FORMAT = hashlib.sha1(",".join(f.attname for f in _TURN_FIELDS).encode()).hexdigest()[:10] + ".1"
+# The entry format: the cached turns' fields (conversations/turndata.py). A deploy that adds or
+# renames a Turn field (or changes this layout: bump the suffix) makes older entries read as
+# misses.
+FORMAT = hashlib.sha1(",".join(f.attname for f in TURN_FIELDS).encode()).hexdigest()[:10] + ".1"
 
 
 def cache_key(conversation_id: UUID | str) -> str:
@@ -88,35 +87,6 @@ def _parse_iso(text: str) -> datetime:
 def turn_field(turn: Turn) -> str:
     """The hash field of a turn: ``t:<created_at>|<turn_id>`` (sorts in the log's order)."""
     return f"{TURN_PREFIX}{iso(turn.created_at)}|{turn.turn_id}"
-
-
-def turn_dump(turn: Turn) -> str:
-    """A turn as compact JSON: every concrete field by attribute name (UUIDs and Decimals as
-    strings, times as :func:`iso`)."""
-    data = {}
-    for f in _TURN_FIELDS:
-        value = getattr(turn, f.attname)
-        if isinstance(value, (UUID, Decimal)):  # a Decimal as its exact string (cost_usd)
-            value = str(value)
-        elif isinstance(value, datetime):
-            value = iso(value)
-        data[f.attname] = value
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-
-
-def turn_load(raw: str | bytes) -> Turn:
-    """The unsaved :class:`Turn` a :func:`turn_dump` string describes (fields it lacks take
-    their defaults)."""
-    data = json.loads(raw)
-    # Positional arguments in field order: Model.__init__'s fast path (~4x faster than keywords,
-    # and this runs N times per cache hit).
-    return Turn(
-        *(f.to_python(data[f.attname]) if f.attname in data else f.get_default() for f in _TURN_FIELDS)
-    )
-
-
-def _order(turn: Turn) -> tuple[datetime, str]:
-    return turn.created_at, str(turn.turn_id)  # the database's order (UUIDs compare as hex)
 
 
 @dataclass(frozen=True)
@@ -266,13 +236,6 @@ def _entry_fields(history: History) -> list[str]:
 _DOWN = object()
 
 
-def history_get(conversation_id: UUID) -> History | None:
-    """The cached entry of a conversation, promoted (its TTL refreshed); None if there is none,
-    it has another format, or Redis is unavailable. No staleness check: see :func:`history`."""
-    found = _read(conversation_id)
-    return None if found is _DOWN else found
-
-
 def _read(conversation_id: UUID):
     key = cache_key(conversation_id)
 
@@ -399,40 +362,6 @@ def history(
     return loaded
 
 
-ahistory = sync_to_async(history)
-
-
-@regions.routed
-def recent_turns(
-    conversation_id: UUID, *, limit: int | None = None, upto: Turn | None = None
-) -> list[Turn]:
-    """The newest ``limit`` turns (default ``settings.CHAT_HOT_CACHE_TURNS``) of a conversation,
-    oldest first, ending with ``upto`` if given (turns after it are left out); from the cache,
-    else from PostgreSQL. Each has ``turn_id``, ``role``, ``content``, ``status``,
-    ``reply_to_id``, ``replaces_id``, ``created_at`` (all Turn fields). Turns held for
-    write-back are *not* merged here (the selectors do that). ``[]`` for no such conversation.
-    """
-    limit = int(settings.CHAT_HOT_CACHE_TURNS) if limit is None else limit
-    found = history(conversation_id, holding=upto.turn_id if upto is not None else None)
-    if found is None:
-        return []
-    turns = found.turns
-    if upto is not None:
-        turns = [t for t in turns if _order(t) <= _order(upto)]
-    if len(turns) >= limit or found.complete:
-        return turns[-limit:] if limit else []
-    query = Turn.objects.filter(conversation_id=conversation_id)
-    if upto is not None:
-        query = query.filter(created_at__lte=upto.created_at)
-    rows = [t for t in query.order_by("-created_at", "-turn_id")[: limit + 1]]
-    if upto is not None:
-        rows = [t for t in rows if _order(t) <= _order(upto)]
-    return rows[:limit][::-1]
-
-
-arecent_turns = sync_to_async(recent_turns)
-
-
 # --- writes -------------------------------------------------------------------------------------
 
 
@@ -468,20 +397,6 @@ async def aturn_cached(turn: Turn, *, after: datetime | None) -> int | None:
     except Exception:  # noqa: BLE001 - a cache must never fail the turn that writes through
         logger.exception("hot cache write-through of turn %s failed", turn.turn_id)
         await redis_guard.acall(PART, lambda r: r.delete(key), default=None)
-        return None
-
-
-def turn_cached(turn: Turn, *, after: datetime | None) -> int | None:
-    """:func:`aturn_cached` for synchronous code (Celery tasks, services)."""
-    key = cache_key(turn.conversation_id)
-    try:
-        args = _upsert_args(turn, after)
-        return redis_guard.call(
-            PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
-        )
-    except Exception:  # noqa: BLE001 - a cache must never fail the write it follows
-        logger.exception("hot cache write-through of turn %s failed", turn.turn_id)
-        _drop(turn.conversation_id)
         return None
 
 

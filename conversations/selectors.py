@@ -93,9 +93,6 @@ def conversation_view_for_user(*, conversation_id: UUID, user: User) -> Conversa
     raise Http404("No such conversation.")
 
 
-aconversation_view_for_user = sync_to_async(conversation_view_for_user)
-
-
 def conversation_shared_with(*, conversation: Conversation, user: User) -> bool:
     """Whether ``conversation`` is shared with a workspace that ``user`` (not its owner) reads
     now: it is ``shared_with_org``, and both ``user`` and its owner are current members of its

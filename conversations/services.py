@@ -201,8 +201,6 @@ def _zero_retention_user_turn(
     return turn
 
 
-@transaction.atomic
-@regions.atomic
 def turn_append_assistant(
     *,
     conversation_id: UUID,
@@ -221,7 +219,8 @@ def turn_append_assistant(
     cost_usd: Decimal | None = None,
     moderation_verdict: dict | None = None,
 ) -> Turn:
-    """Store the assistant's answer to ``reply_to_id``; idempotent on ``turn_id``.
+    """Store the assistant's answer to ``reply_to_id``; idempotent on ``turn_id``
+    (:func:`answer_store` of the turn these arguments describe).
 
     ``moderation_verdict``: the output gate's last verdict (a ``blocked`` answer keeps the
     verdict and none of the flagged text).
@@ -233,57 +232,50 @@ def turn_append_assistant(
     ``replaces_id``: the answer this one regenerates (same ``reply_to``; conversations/
     versions.py). ``context_trimmed``: how many earlier exchanges its prompt left out or took
     from the running summary (Turn.context_trimmed; inference/prompts.py).
+    """
+    return answer_store(answer=Turn(
+        turn_id=turn_id, conversation_id=conversation_id, role=Turn.Role.ASSISTANT,
+        content=content, status=status, token_count=completion_tokens,
+        prompt_tokens=prompt_tokens, reply_to_id=reply_to_id, created_at=created_at,
+        replaces_id=replaces_id, context_trimmed=context_trimmed, pool=pool,
+        model_version=model_version, cached_tokens=cached_tokens, cost_usd=cost_usd,
+        moderation_verdict=moderation_verdict or {},
+    ))  # fmt: skip
+
+
+@transaction.atomic
+@regions.atomic
+def answer_store(*, answer: Turn) -> Turn:
+    """Store ``answer``, an unsaved assistant turn (a held record's, conversations/writeback.py,
+    or :func:`turn_append_assistant`'s); idempotent on its ``turn_id``.
 
     Called once per generation when its stream ends (complete, cancelled with the partial text,
-    or failed), usually by the write-back task (conversations/writeback.py). A second call with
-    the same ``turn_id`` returns the stored turn unchanged, so a retried write never stores an
-    answer twice. ``created_at`` (default: now) is when the answer finished, so a write that
-    lands late keeps the turn's place in the conversation. A zero-retention conversation's
-    answer is never stored: the unsaved turn is returned. Raises Conversation.DoesNotExist if
-    the conversation is gone.
+    or failed), usually by the write-back task. A second call with the same ``turn_id`` returns
+    the stored turn unchanged, so a retried write never stores an answer twice. Its
+    ``created_at`` (None: now) is when the answer finished, so a write that lands late keeps the
+    turn's place in the conversation; ``training_eligible`` is decided here from the
+    conversation's organisation. A zero-retention conversation's answer is never stored: the
+    unsaved turn is returned. Raises Conversation.DoesNotExist if the conversation is gone.
     """
-    existing = Turn.objects.filter(pk=turn_id).first()
+    existing = Turn.objects.filter(pk=answer.turn_id).first()
     if existing is not None:
         return existing
-    locked = Conversation.objects.select_for_update().get(pk=conversation_id)
+    locked = Conversation.objects.select_for_update().get(pk=answer.conversation_id)
     # Again under the conversation's lock: two deliveries of one write-back (PF-J1) that both
     # passed the check above are serialised here, and the second finds the first's row.
-    existing = Turn.objects.filter(pk=turn_id).first()
+    existing = Turn.objects.filter(pk=answer.turn_id).first()
     if existing is not None:
         return existing
-    now = created_at or timezone.now()
+    now = answer.created_at or timezone.now()
+    answer.conversation, answer.created_at = locked, now
     if retention.conversation_zero_retention(locked):
-        return Turn(
-            turn_id=turn_id, conversation=locked, role=Turn.Role.ASSISTANT, content=content,
-            status=status, token_count=completion_tokens, prompt_tokens=prompt_tokens,
-            reply_to_id=reply_to_id, created_at=now, replaces_id=replaces_id,
-            context_trimmed=context_trimmed, pool=pool, model_version=model_version,
-            cached_tokens=cached_tokens, cost_usd=cost_usd,
-            moderation_verdict=moderation_verdict or {},
-        )  # fmt: skip
-    turn = Turn.objects.create(
-        turn_id=turn_id,
-        conversation=locked,
-        role=Turn.Role.ASSISTANT,
-        content=content,
-        status=status,
-        token_count=completion_tokens,
-        prompt_tokens=prompt_tokens,
-        reply_to_id=reply_to_id,
-        created_at=now,
-        replaces_id=replaces_id,
-        context_trimmed=context_trimmed,
-        pool=pool,
-        model_version=model_version,
-        cached_tokens=cached_tokens,
-        cost_usd=cost_usd,
-        moderation_verdict=moderation_verdict or {},
-        training_eligible=org_training_eligible(org_id=locked.org_id),
-    )
+        return answer
+    answer.training_eligible = org_training_eligible(org_id=locked.org_id)
+    answer.save(force_insert=True)
     if locked.last_turn_at is None or now > locked.last_turn_at:
         locked.last_turn_at = now
         locked.save(update_fields=["last_turn_at"])
-    return turn
+    return answer
 
 
 def model_check(model: str | None) -> None:

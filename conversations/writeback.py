@@ -4,14 +4,14 @@ Issue 4 ("Durable write-back"; PF-J1, PF-J2). When an answer ends (conversations
 ``_finish``), before its ``done`` event is published:
 
 1. :func:`answer_finish` holds the answer's record in Redis: ``chat:pending:{turn_id}`` (JSON,
-   everything ``services.turn_append_assistant`` needs), listed in the conversation's index
+   the whole turn: conversations/turndata.py), listed in the conversation's index
    ``chat:pending:conv:{conversation_id}`` (so reads can merge it, :func:`held_turns`) and in the
    sweeper's sorted set ``chat:pending:due`` (score: when it was held or last queued, epoch s).
 2. :func:`write_back_queue` queues the task ``turn_write_back(turn_id)`` with
    ``transaction.on_commit`` (PF-J2: a task queued inside a transaction that rolls back never
    runs). Only the turn id travels through the broker; the text stays in the record.
 3. The task (late acks, reject on worker loss, retried with backoff on database and Redis
-   errors) reads the record, calls ``services.turn_append_assistant`` (idempotent on the turn
+   errors) reads the record, calls ``services.answer_store`` (idempotent on the turn
    id) and deletes the record only after that commit (PF-J1: a worker killed anywhere before the
    acknowledgement runs the task again; the answer is written exactly once).
 4. The sweeper (beat, every ``settings.CHAT_WRITEBACK_SWEEP_S``) queues the write again for a
@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -47,6 +46,7 @@ from core import redis_guard
 from conversations import services
 from core.db import run_in_db_thread
 from conversations.models import Conversation, Turn
+from conversations.turndata import turn_data, turn_from_data
 
 logger = logging.getLogger(__name__)
 
@@ -76,58 +76,15 @@ def conversation_key(conversation_id: UUID | str) -> str:
 
 
 def turn_record(turn: Turn, *, zero_retention: bool = False) -> dict[str, Any]:
-    """A turn as a JSON-safe record: ids as strings, ``created_at`` ISO 8601 (UTC)."""
-    return {
-        "turn_id": str(turn.turn_id),
-        "conversation_id": str(turn.conversation_id),
-        "role": turn.role,
-        "content": turn.content,
-        "status": turn.status,
-        "token_count": turn.token_count,
-        "prompt_tokens": turn.prompt_tokens,
-        "reply_to_id": str(turn.reply_to_id) if turn.reply_to_id else None,
-        # Versions and context trimming (issue 4; conversations/versions.py, inference/prompts.py).
-        "replaces_id": str(turn.replaces_id) if turn.replaces_id else None,
-        "context_trimmed": turn.context_trimmed,
-        # Who answered and what it cost (issue 5): pool, model version, cached prompt tokens,
-        # cost in USD as a decimal string (exact; floats would round).
-        **{name: getattr(turn, name) for name in ("pool", "model_version", "cached_tokens")},
-        "cost_usd": str(turn.cost_usd) if turn.cost_usd is not None else None,
-        "moderation_verdict": turn.moderation_verdict or {},
-        "created_at": turn.created_at.isoformat(),
-        "zero_retention": zero_retention,
-    }
+    """A turn as a JSON-safe record: every field (conversations/turndata.py ``turn_data``: ids
+    as strings, ``created_at`` ISO 8601, ``cost_usd`` as its exact decimal string) and
+    ``zero_retention``."""
+    return {**turn_data(turn), "zero_retention": zero_retention}
 
 
 def record_turn(record: dict[str, Any]) -> Turn:
     """The unsaved :class:`Turn` a record describes (for reads that merge held turns)."""
-    return Turn(
-        turn_id=UUID(record["turn_id"]),
-        conversation_id=UUID(record["conversation_id"]),
-        role=record["role"],
-        content=record["content"],
-        status=record["status"],
-        token_count=record["token_count"],
-        prompt_tokens=record["prompt_tokens"],
-        reply_to_id=UUID(record["reply_to_id"]) if record["reply_to_id"] else None,
-        replaces_id=UUID(record["replaces_id"]) if record.get("replaces_id") else None,
-        context_trimmed=record.get("context_trimmed") or 0,
-        **_usage_fields(record),
-        created_at=datetime.fromisoformat(record["created_at"]),
-    )
-
-
-def _usage_fields(record: dict[str, Any]) -> dict[str, Any]:
-    """A turn's pool, model version, cached tokens, cost and moderation verdict from its record
-    (absent in records held before issues 5 and 6: blank / None / {})."""
-    cost = record.get("cost_usd")
-    return {
-        "pool": record.get("pool") or "",
-        "model_version": record.get("model_version") or "",
-        "cached_tokens": record.get("cached_tokens"),
-        "cost_usd": Decimal(cost) if cost is not None else None,
-        "moderation_verdict": record.get("moderation_verdict") or {},
-    }
+    return turn_from_data(record)
 
 
 def answer_record(
@@ -161,23 +118,6 @@ def answer_record(
         moderation_verdict=moderation_verdict or {},
     )  # fmt: skip
     return turn_record(turn, zero_retention=zero_retention)
-
-
-def _append_kwargs(record: dict[str, Any]) -> dict[str, Any]:
-    """``services.turn_append_assistant``'s arguments for an assistant turn's record."""
-    return {
-        "conversation_id": UUID(record["conversation_id"]),
-        "turn_id": UUID(record["turn_id"]),
-        "reply_to_id": UUID(record["reply_to_id"]),
-        "content": record["content"],
-        "status": record["status"],
-        "prompt_tokens": record["prompt_tokens"] or 0,
-        "completion_tokens": record["token_count"],
-        "created_at": datetime.fromisoformat(record["created_at"]),
-        "replaces_id": UUID(record["replaces_id"]) if record.get("replaces_id") else None,
-        "context_trimmed": record.get("context_trimmed") or 0,
-        **_usage_fields(record),
-    }
 
 
 def _queue_hold(pipe, record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
@@ -285,10 +225,6 @@ def conversation_held_forget(conversation_id: UUID | str) -> None:
     redis_guard.call(PART, run, default=None, fallback="held turns expire on their own")
 
 
-# pending_answers: the name the issue's brief uses for the same read.
-pending_answers = held_turns
-
-
 # --- write-back ---------------------------------------------------------------------------------
 
 
@@ -303,7 +239,7 @@ def answer_write_back(*, turn_id: UUID) -> Turn | None:
 
     Returns the stored turn, or None if there was nothing to write (no record: written and
     released before, or expired; a zero-retention record; the conversation is gone).
-    Idempotent: ``services.turn_append_assistant`` stores a turn id at most once, so a task run
+    Idempotent: ``services.answer_store`` stores a turn id at most once, so a task run
     twice (a redelivery after a worker died, PF-J1) writes one row. Raises DatabaseError /
     RedisError for the task to retry.
     """
@@ -314,7 +250,7 @@ def answer_write_back(*, turn_id: UUID) -> Turn | None:
     if record.get("zero_retention") or record["role"] != Turn.Role.ASSISTANT:
         return None  # never written to PostgreSQL; the record expires on its own
     try:
-        turn = services.turn_append_assistant(**_append_kwargs(record))
+        turn = services.answer_store(answer=record_turn(record))
     except Conversation.DoesNotExist:
         logger.info("conversation %s is gone; dropping held answer %s", conversation_id, turn_id)
         release(turn_id=turn_id, conversation_id=conversation_id)
@@ -407,7 +343,7 @@ async def answer_finish(*, record: dict[str, Any]) -> str:
     except (RedisError, OSError) as exc:
         SYNC_FALLBACKS.inc()  # the outage itself is logged once by redis_guard
         logger.info("Redis cannot hold answer %s (%s): inserting it now", record["turn_id"], exc)
-        await _in_thread(services.turn_append_assistant, **_append_kwargs(record))
+        await _in_thread(services.answer_store, answer=record_turn(record))
         return "stored"
     try:
         await _in_thread(write_back_queue, turn_id=UUID(record["turn_id"]))

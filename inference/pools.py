@@ -420,9 +420,3 @@ def pool_engine(pool: Pool):
                 engine = OpenAIRemoteEngine.for_pool(pool)
             _engines[key] = engine
         return engine
-
-
-def pool_engines() -> list:
-    """Every engine built so far for pools other than the process's own (readiness, metrics)."""
-    with _lock:
-        return list(_engines.values())

@@ -37,7 +37,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
@@ -50,16 +50,6 @@ if TYPE_CHECKING:
     from inference.pools import Pool
 
 logger = logging.getLogger(__name__)
-
-# Delta.cached_tokens is newer than this client; older Delta classes lack it.
-_DELTA_HAS_CACHED = any(f.name == "cached_tokens" for f in fields(Delta))
-
-
-def _delta(text: str, prompt: int, completion: int, finish: str | None, cached: int) -> Delta:
-    if _DELTA_HAS_CACHED:
-        return Delta(text, prompt, completion, finish, cached_tokens=cached)
-    return Delta(text, prompt, completion, finish)
-
 
 WAITING_METRIC = "vllm:num_requests_waiting"
 RUNNING_METRIC = "vllm:num_requests_running"
@@ -245,7 +235,7 @@ class OpenAIRemoteEngine:
                         if usage:
                             details = usage.get("prompt_tokens_details") or {}
                             finished = True
-                            yield _delta(
+                            yield Delta(
                                 "", usage["prompt_tokens"], usage["completion_tokens"],
                                 finish_reason or "stop", int(details.get("cached_tokens") or 0),
                             )  # fmt: skip
@@ -254,11 +244,11 @@ class OpenAIRemoteEngine:
                             finish_reason = choice.get("finish_reason") or finish_reason
                             if choice.get("text"):
                                 completion += 1
-                                yield _delta(choice["text"], prompt, completion, None, 0)
+                                yield Delta(choice["text"], prompt, completion)
                     if not finished:
                         # A server that sends no usage chunk: end with our own count.
                         finished = True
-                        yield _delta("", prompt, completion, finish_reason or "stop", 0)
+                        yield Delta("", prompt, completion, finish_reason or "stop")
         except httpx.HTTPError as exc:
             self.ready = False
             raise EngineUnavailable(f"the model server failed: {exc}") from exc

@@ -139,12 +139,6 @@ def _org_pin_pool(pin: str, pools: PoolSet) -> Pool:
         ) from None  # fmt: skip
 
 
-def org_pin_check(pin: str, pools: PoolSet) -> Pool:
-    """The pool an organisation's pin names (forms and admin validate with this).
-    Raises RouteError (400) if ``pin`` is not an existing exact ``name@version``."""
-    return _org_pin_pool(pin, pools)
-
-
 def _requested_pool(req: RouteRequest, pools: PoolSet) -> tuple[Pool | None, bool]:
     """(pool asked for or None for no preference, whether an exact version was asked for)."""
     requested = (req.requested or "").strip()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from concurrent.futures import Future
-from uuid import UUID
 
 from django.conf import settings
 
@@ -58,11 +57,6 @@ def memory_enabled_for(user) -> bool:
 def memory_list(*, user) -> list[UserMemory]:
     """The user's facts, newest first (the embeddings are not loaded)."""
     return list(UserMemory.objects.filter(user=user).defer("embedding").order_by("-created_at", "fact_id"))
-
-
-def memory_get_for_user(*, fact_id: UUID, user) -> UserMemory | None:
-    """The user's fact ``fact_id``, or None when it does not exist *or* is someone else's."""
-    return UserMemory.objects.filter(user=user, fact_id=fact_id).defer("embedding").first()
 
 
 def memory_nearest(*, user, vector: list[float], k: int) -> list[tuple[UserMemory, float]]:

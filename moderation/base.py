@@ -94,7 +94,7 @@ def _pool() -> ThreadPoolExecutor:
     if _executor is None:
         with _lock:
             if _executor is None:
-                workers = int(getattr(settings, "CHAT_MODERATION_THREADS", 4))
+                workers = int(settings.CHAT_MODERATION_THREADS)
                 _executor = ThreadPoolExecutor(max_workers=workers,
                                                thread_name_prefix="moderation")
     return _executor

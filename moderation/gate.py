@@ -1,13 +1,14 @@
 """The output gate: checks an answer beside its stream, never in front of it.
 
 DESIGN.md places output moderation "beside the stream on a rolling window (never delays a
-token)". :class:`OutputGate` is fed each delta *after* it was sent; once
-``settings.CHAT_MODERATION_STEP_CHARS`` new characters have arrived it checks, in a worker
-thread (moderation/base.py ``acheck``), the text since the previous check plus the
-``WINDOW_CHARS - STEP_CHARS`` characters before it. So every check sees a window of about
-``CHAT_MODERATION_WINDOW_CHARS``, consecutive checks overlap by that margin (a phrase split
-across deltas, or across two checks, is whole in one of them: PF-M1), and when checks fall
-behind a fast stream the next one covers everything not yet checked (nothing is skipped).
+token)". :class:`OutputGate` is fed each delta *after* it was sent and keeps the answer in an
+:class:`~moderation.window.OutputWindow`; once ``settings.CHAT_MODERATION_STEP_CHARS`` new
+characters have arrived it checks, in a worker thread (moderation/base.py ``acheck``), the
+window's next window: the text since the previous check plus the ``WINDOW_CHARS - STEP_CHARS``
+characters before it. So every check sees about ``CHAT_MODERATION_WINDOW_CHARS`` characters,
+consecutive checks overlap by that margin (a phrase split across deltas, or across two checks,
+is whole in one of them: PF-M1), and when checks fall behind a fast stream the next one covers
+everything not yet checked (nothing is skipped).
 
 When a check flags, ``on_flag(verdict)`` is called at once (the caller aborts the engine
 request); :meth:`OutputGate.finish` checks what is left at the end and returns the verdict.
@@ -20,10 +21,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from django.conf import settings
-
 from moderation.base import acheck
 from moderation.verdicts import Policy, Verdict
+from moderation.window import OutputWindow
 
 
 class OutputGate:
@@ -31,45 +31,34 @@ class OutputGate:
 
     ``policy``: thresholds, blocked terms, fail-open and the turn's real system prompt (for the
     leak check). ``on_flag``: called once, from the gate's task, with the first flagged verdict.
+    The window's sizes come from settings (``OutputWindow``'s defaults; ValueError for a size
+    < 1).
     """
 
     def __init__(self, policy: Policy, on_flag: Callable[[Verdict], None] | None = None):
         self.policy = policy
         self.on_flag = on_flag
-        self.window_chars = int(settings.CHAT_MODERATION_WINDOW_CHARS)
-        self.step_chars = max(1, int(settings.CHAT_MODERATION_STEP_CHARS))
-        self.text = ""
-        self.checked_upto = 0  # characters of ``text`` some check has covered
+        self.window = OutputWindow()
         self.verdict: Verdict | None = None  # the latest verdict (the flagged one once flagged)
         self.flagged: Verdict | None = None
         self._task: asyncio.Task | None = None
 
     def feed(self, text: str) -> None:
-        """Add a delta that was just sent. Starts a check when enough new text has arrived and
-        none is running (a running check picks the new text up when it is done). Never waits."""
+        """Add a delta that was just sent. Starts a check when a window is due and none is
+        running (a running check picks the new text up when it is done). Never waits."""
         if not text or self.flagged is not None:
             return
-        self.text += text
-        if len(self.text) - self.checked_upto >= self.step_chars and (self._task is None or self._task.done()):
+        self.window.append(text)
+        if self.window.due and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._run(final=False))
-
-    def _span(self) -> tuple[str, int]:
-        """The text to check next and where it ends: everything after ``checked_upto`` plus the
-        overlap before it (at least a whole window when the answer is that long)."""
-        end = len(self.text)
-        overlap = max(self.window_chars - self.step_chars, 0)
-        start = max(0, min(self.checked_upto - overlap, end - self.window_chars))
-        return self.text[start:end], end
 
     async def _run(self, *, final: bool) -> None:
         while self.flagged is None:
-            pending = len(self.text) - self.checked_upto
-            if pending <= 0 or (not final and pending < self.step_chars):
+            span = self.window.take(final=final)
+            if span is None:
                 return
-            span, end = self._span()
             verdict = await acheck("output", span, self.policy)
             self.verdict = verdict
-            self.checked_upto = max(self.checked_upto, end)
             if verdict.flagged:
                 self.flagged = verdict
                 if self.on_flag is not None:

@@ -183,14 +183,14 @@ def policy_for(org=None, *, system_prompt: str = "") -> Policy:
     ``org.moderation_thresholds``, ``org.blocked_terms`` (strings, stripped, empty ones and
     duplicates dropped), ``org.moderation_fail_open``; ``system_prompt``: the turn's real
     system prompt. Reads only the org's fields (no query)."""
-    thresholds = _clean_thresholds(getattr(settings, "CHAT_MODERATION_THRESHOLDS", {}))
+    thresholds = _clean_thresholds(settings.CHAT_MODERATION_THRESHOLDS)
     terms: list[str] = []
     fail_open = False
     if org is not None:
-        thresholds.update(_clean_thresholds(getattr(org, "moderation_thresholds", None)))
-        for term in getattr(org, "blocked_terms", None) or ():
+        thresholds.update(_clean_thresholds(org.moderation_thresholds))
+        for term in org.blocked_terms or ():
             if isinstance(term, str) and term.strip() and term.strip() not in terms:
                 terms.append(term.strip())
-        fail_open = bool(getattr(org, "moderation_fail_open", False))
+        fail_open = bool(org.moderation_fail_open)
     return Policy(thresholds=thresholds, blocked_terms=tuple(terms), fail_open=fail_open,
                   system_prompt=system_prompt or "")

@@ -1,17 +1,17 @@
 """The output gate's rolling window over a streamed answer (pure, no I/O).
 
-The output gate must not check every token (too slow) nor only each delta (a phrase split
-across two deltas would never be seen whole: PF-M1). ``OutputWindow`` collects the deltas and,
-each time ``step_chars`` new characters have arrived, hands out the newest window: the last
-``window_chars`` characters of the answer so far. Consecutive windows overlap by
-``window_chars - step_chars`` characters, so any phrase of up to that many characters (336 with
-the defaults 400 / 64) lies whole inside at least one window; ``tail()`` hands out the last
-window at the end of the answer, so the last characters are checked too.
+The output gate (moderation/gate.py) must not check every token (too slow) nor only each delta
+(a phrase split across two deltas would never be seen whole: PF-M1). ``OutputWindow`` collects
+the deltas and, once ``step_chars`` new characters have arrived, ``take`` hands out the newest
+window: the last ``window_chars`` characters of the answer so far. Consecutive windows overlap
+by ``window_chars - step_chars`` characters, so any phrase of up to that many characters (336
+with the defaults 400 / 64) lies whole inside at least one window; ``take(final=True)`` hands
+out the last window at the end of the answer, so the last characters are checked too.
 
-One delta longer than ``step_chars`` (a remote engine may send big chunks, a non-streamed
-answer arrives at once) must not skip text: the window handed out then reaches back to cover
-everything since the previous window plus the same overlap, so it can be longer than
-``window_chars``.
+More than ``step_chars`` new characters since the last window (one big delta: a remote engine
+may send big chunks, a non-streamed answer arrives at once; or a check that fell behind a fast
+stream) must not skip text: the window handed out then reaches back to cover everything since
+the previous window plus the same overlap, so it can be longer than ``window_chars``.
 """
 
 from __future__ import annotations
@@ -54,28 +54,30 @@ class OutputWindow:
         """Characters that arrived since the last window handed out (0..)."""
         return self._length - self._checked_to
 
-    def _window(self) -> str:
-        overlap = self.window_chars - self.step_chars
-        start = max(0, min(self._length - self.window_chars, self._checked_to - overlap))
-        self._checked_to = self._length
-        return self.text[start:]
+    @property
+    def due(self) -> bool:
+        """Whether at least ``step_chars`` characters arrived since the last window."""
+        return self.pending >= self.step_chars
 
-    def feed(self, text: str) -> str | None:
-        """Append a delta (``text`` may be empty). Returns the newest window when at least
-        ``step_chars`` characters arrived since the last window (the last ``window_chars``
-        characters of the answer, longer only after a delta bigger than the step: see the
-        module docstring), else None."""
+    def append(self, text: str) -> None:
+        """Add a delta of the answer (``text`` may be empty)."""
         if text:
             self._parts.append(text)
             self._length += len(text)
             self._text_cache = None
-        if self.pending >= self.step_chars:
-            return self._window()
-        return None
 
-    def tail(self) -> str | None:
-        """At the end of the answer: the last window if any characters arrived since the last
-        window handed out, else None (everything was checked already)."""
-        if self.pending > 0:
-            return self._window()
-        return None
+    def take(self, *, final: bool = False) -> str | None:
+        """The next window to check, or None when none is due yet.
+
+        While streaming (``final=False``) a window is due once ``step_chars`` characters arrived
+        since the last one: the last ``window_chars`` characters of the answer (longer after more
+        than a step: see the module docstring). At the end (``final=True``) any character not
+        yet handed out makes the last window due, so the answer's end is checked; None then
+        means everything was handed out already. Handing a window out marks its text as taken.
+        """
+        if self.pending <= 0 or (not final and not self.due):
+            return None
+        overlap = self.window_chars - self.step_chars
+        start = max(0, min(self._length - self.window_chars, self._checked_to - overlap))
+        self._checked_to = self._length
+        return self.text[start:]

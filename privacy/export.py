@@ -38,6 +38,7 @@ from attachments.services import attachment_storage
 from audit.selectors import audit_entries_by_actor
 from conversations import regions, writeback
 from conversations.models import Conversation, Turn
+from conversations.turndata import turn_values
 from feedback.models import Feedback
 from memory.models import UserMemory
 from privacy.archive import ArchiveBuilder, Export
@@ -54,26 +55,14 @@ BATCH = 200  # conversations (and usage records) read per query
 
 
 def turn_json(turn: Turn, *, held: bool = False) -> dict:
-    return {
-        "turn_id": turn.turn_id,
-        "role": turn.role,
-        "content": turn.content,
-        "status": turn.status,
-        "created_at": turn.created_at,
-        "replaces": turn.replaces_id,
-        "reply_to": turn.reply_to_id,
-        "token_count": turn.token_count,
-        "prompt_tokens": turn.prompt_tokens,
-        "cached_tokens": turn.cached_tokens,
-        "cost_usd": turn.cost_usd,
-        "pool": turn.pool,
-        "model_version": turn.model_version,
-        "context_trimmed": turn.context_trimmed,
-        "moderation_verdict": turn.moderation_verdict,
-        "training_eligible": turn.training_eligible,
-        # Held: an answer still waiting in Redis to be written to the database.
-        "held": held,
-    }
+    """Every field of a turn (conversations/turndata.py, so a new field is exported without an
+    edit here) but its conversation's id (turns are listed under their conversation), with the
+    links named ``reply_to`` / ``replaces``, and ``held``: an answer still waiting in Redis to be
+    written to the database. Values are Python's (UUID, datetime, Decimal) for the encoder."""
+    data = turn_values(turn)
+    del data["conversation_id"]
+    data["reply_to"], data["replaces"] = data.pop("reply_to_id"), data.pop("replaces_id")
+    return {**data, "held": held}
 
 
 def attachment_json(attachment: Attachment, file: str | None) -> dict:

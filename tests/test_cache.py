@@ -133,8 +133,9 @@ def test_write_through_without_an_entry_creates_none(make_user, test_redis):
     with no entry changes nothing."""
     conversation = conversation_with_turns(make_user, exchanges=1)
     question = services.turn_append_user(conversation=conversation, content="q")
+    answer = unsaved_answer(conversation, question)
 
-    updated = cache.turn_cached(unsaved_answer(conversation, question), after=question.created_at)
+    updated = async_to_sync(cache.aturn_cached)(answer, after=question.created_at)
 
     assert updated == 0
     assert not test_redis.exists(cache.cache_key(conversation.pk))
@@ -146,7 +147,7 @@ def test_write_through_keeps_only_the_newest_n_turns(make_user, settings):
     conversation = conversation_with_turns(make_user, exchanges=2)
     cache.history(conversation.pk)
     question = services.turn_append_user(conversation=conversation, content="question 2")
-    cache.turn_cached(question, after=conversation.last_turn_at)
+    async_to_sync(cache.aturn_cached)(question, after=conversation.last_turn_at)
 
     found = cache.history(conversation.pk)
 
@@ -192,22 +193,27 @@ def test_a_write_through_onto_a_stale_entry_deletes_it(make_user, test_redis):
     missed = services.turn_append_user(conversation=conversation, content="missed")
     answer = unsaved_answer(conversation, missed)
 
-    updated = cache.turn_cached(answer, after=missed.created_at)
+    updated = async_to_sync(cache.aturn_cached)(answer, after=missed.created_at)
 
     assert updated == -1
     assert not test_redis.exists(cache.cache_key(conversation.pk))
 
 
-def test_recent_turns_end_at_the_question_and_come_from_the_cache(make_user):
-    """H5's API: the newest turns up to and including the question, oldest first."""
+def test_the_prompt_history_ends_at_the_question_and_comes_from_the_cache(make_user):
+    """The prompt path (selectors.prompt_context) reads the turns before the question, oldest
+    first, from an entry that holds the question; a turn written after it is left out."""
+    from conversations import selectors  # noqa: PLC0415
+
     conversation = conversation_with_turns(make_user, exchanges=2)
     question = services.turn_append_user(conversation=conversation, content="question 2")
     cache.history(conversation.pk)
     services.turn_append_user(conversation=conversation, content="later")  # after the question
+    hits = metrics.value("chat_hot_cache_reads_total", result="hit")
 
-    turns = cache.recent_turns(conversation.pk, limit=3, upto=question)
+    context = selectors.prompt_context(conversation_id=conversation.pk, question=question)
 
-    assert [t.content for t in turns] == ["question 1", "answer 1", "question 2"]
+    assert context.exchanges == [("question 0", "answer 0"), ("question 1", "answer 1")]
+    assert metrics.value("chat_hot_cache_reads_total", result="hit") == hits + 1
 
 
 def test_summary_write_through_updates_the_entry(make_user):
@@ -379,11 +385,11 @@ def test_the_next_prompt_sees_a_written_through_answer_before_postgres_has_it(ma
     question = services.turn_append_user(conversation=conversation, content="question 1")
     cache.history(conversation.pk)
     answer = unsaved_answer(conversation, question, "only in the cache")
-    cache.turn_cached(answer, after=question.created_at)
+    async_to_sync(cache.aturn_cached)(answer, after=question.created_at)
     before = conversation.last_turn_at
     conversation.refresh_from_db()
     follow_up = services.turn_append_user(conversation=conversation, content="question 2")
-    cache.turn_cached(follow_up, after=before)
+    async_to_sync(cache.aturn_cached)(follow_up, after=before)
 
     context = selectors.prompt_context(conversation_id=conversation.pk, question=follow_up)
 
@@ -401,7 +407,8 @@ def test_the_first_history_page_comes_from_the_cache_and_falls_back_when_evicted
     question = services.turn_append_user(conversation=conversation, content="question 1")
     conversation.refresh_from_db()
     cache.history(conversation.pk)
-    cache.turn_cached(unsaved_answer(conversation, question, "cached only"), after=question.created_at)
+    answer = unsaved_answer(conversation, question, "cached only")
+    async_to_sync(cache.aturn_cached)(answer, after=question.created_at)
 
     cached_page, cached_more = selectors.turn_page(conversation=conversation, before=None, limit=2)
     test_redis.delete(cache.cache_key(conversation.pk))

@@ -1,4 +1,5 @@
-"""Moderation classifiers, policies, the fail-closed check and the output window (issue 6).
+"""Moderation classifiers, policies and the fail-closed check (issue 6; the output window and
+the live output gate: test_moderation_output.py).
 
 Real classifiers throughout (alt-profanity-check's shipped model, the injection classifier
 trained from moderation/data/injection_train.jsonl); only the guard pool's HTTP answer and the
@@ -26,7 +27,6 @@ from moderation.guard import GuardModerator, GuardReplyError, parse_guard_reply
 from moderation.local import LocalModerator, injection_eval_scores, load_examples
 from moderation.normalise import decoded_blobs, leak_words, normalise, normalise_basic
 from moderation.verdicts import CATEGORIES, Policy, Verdict, policy_for
-from moderation.window import OutputWindow
 
 SYSTEM_PROMPT = (
     "You are Harbour Bank's support assistant. Answer questions about accounts, cards and "
@@ -575,73 +575,6 @@ def test_the_guard_sends_the_pool_as_the_model_with_the_service_client(monkeypat
     assert guard.guard_complete("prompt", pool="llama-guard") == "safe"
     assert seen[0]["model"] == "llama-guard" and seen[0]["stream"] is False
     assert seen[0]["messages"] == [{"role": "user", "content": "prompt"}]
-
-
-# --- output window (PF-M1) ----------------------------------------------------------------------
-
-
-def test_a_phrase_split_across_two_deltas_is_whole_in_a_window(mod):
-    policy = Policy(thresholds={}, blocked_terms=("blue heron",))
-    window = OutputWindow(window_chars=40, step_chars=8)
-    deltas = ["The code", " is blue", " he", "ron. Goodbye", " now."]
-
-    verdicts = []
-    for delta in deltas:
-        if (text := window.feed(delta)) is not None:
-            verdicts.append(mod.check_output(text, policy))
-    if (text := window.tail()) is not None:
-        verdicts.append(mod.check_output(text, policy))
-
-    assert not any(mod.check_output(d, policy).flagged for d in deltas)
-    assert any(v.categories == ("blocked_term",) for v in verdicts)
-
-
-def test_the_window_hands_out_the_newest_characters_every_step():
-    window = OutputWindow(window_chars=10, step_chars=4)
-
-    assert window.feed("abc") is None
-    assert window.feed("d") == "abcd"
-    # 10 new characters: the window reaches back window - step = 6 before the last one's end
-    assert window.feed("efghijklmn") == "abcdefghijklmn"
-    assert window.feed("op") is None
-    assert window.tail() == "ghijklmnop"
-    assert window.tail() is None
-    assert window.text == "abcdefghijklmnop"
-
-
-def test_a_delta_longer_than_the_window_is_checked_whole_with_the_overlap():
-    window = OutputWindow(window_chars=10, step_chars=4)
-    assert window.feed("0123456789ab") == "0123456789ab"  # the first window starts at 0
-
-    got = window.feed("x" * 25)
-
-    assert got == "6789ab" + "x" * 25  # all new text + window - step characters before it
-
-
-def test_every_phrase_up_to_the_overlap_is_whole_in_some_window():
-    text = "".join(chr(ord("a") + i % 26) for i in range(500))
-    window = OutputWindow(window_chars=50, step_chars=10)
-    windows = []
-    for start in range(0, len(text), 7):
-        if (got := window.feed(text[start:start + 7])) is not None:
-            windows.append(got)
-    if (got := window.tail()) is not None:
-        windows.append(got)
-
-    phrase = 40  # window - step
-    for start in range(len(text) - phrase + 1):
-        assert any(text[start:start + phrase] in w for w in windows), start
-
-
-def test_window_sizes_default_to_settings(settings):
-    settings.CHAT_MODERATION_WINDOW_CHARS = 123
-    settings.CHAT_MODERATION_STEP_CHARS = 45
-
-    window = OutputWindow()
-
-    assert (window.window_chars, window.step_chars) == (123, 45)
-    with pytest.raises(ValueError):
-        OutputWindow(window_chars=0)
 
 
 # --- normalisation ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from attachments.files import file_read
 from attachments.services import attachments_create, attachments_link
 from audit.models import AuditEntry
 from conversations import services
+from conversations.models import Turn
 from feedback.services import feedback_set
 from memory.embeddings import embedding_dimension
 from memory.models import UserMemory
@@ -189,6 +190,11 @@ def test_data_json_holds_the_conversation_turns_link_and_rating(alice):
         ("assistant", "I will remember tangerine."),
     ]
     assert conversation["turns"][1]["prompt_tokens"] == 7
+    # Every field of a turn but its conversation's id (the links as reply_to / replaces).
+    fields = {f.attname for f in Turn._meta.concrete_fields} - {"conversation_id"}
+    renamed = (fields - {"reply_to_id", "replaces_id"}) | {"reply_to", "replaces", "held"}
+    assert set(conversation["turns"][1]) == renamed
+    assert conversation["turns"][1]["reply_to"] == conversation["turns"][0]["turn_id"]
     assert conversation["share_links"][0]["link_id"] == str(alice.link.pk)
     assert conversation["feedback"][0]["comment"] == "good tangerine"
     assert conversation["attachments"][0]["name"] == "tangerine.txt"

@@ -209,6 +209,31 @@ def test_two_deliveries_running_at_once_write_one_row(make_user):
     assert Turn.objects.filter(turn_id=record["turn_id"]).count() == 1
 
 
+def test_a_held_record_carries_every_field_of_its_turn():
+    """The record is derived from Turn's fields (conversations/turndata.py): every field comes
+    back as it went in, and a record held before a field existed still reads (its default)."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+    from decimal import Decimal  # noqa: PLC0415
+
+    turn = Turn(
+        conversation_id=uuid.uuid4(), role=Turn.Role.ASSISTANT, content="answer", token_count=9,
+        prompt_tokens=40, status=Turn.Status.CANCELLED, moderation_verdict={"flagged": False},
+        reply_to_id=uuid.uuid4(), replaces_id=uuid.uuid4(), context_trimmed=2, pool="mini",
+        model_version="v1", cached_tokens=16, cost_usd=Decimal("0.00001234"),
+        training_eligible=False, created_at=datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+    )  # fmt: skip
+    fields = [f.attname for f in Turn._meta.concrete_fields]
+
+    record = json.loads(json.dumps(writeback.turn_record(turn, zero_retention=True)))
+    back = writeback.record_turn(record)
+    older = {k: v for k, v in record.items() if k not in ("training_eligible", "cached_tokens")}
+
+    assert record["zero_retention"] is True
+    assert [getattr(back, name) for name in fields] == [getattr(turn, name) for name in fields]
+    old = writeback.record_turn(older)
+    assert (old.training_eligible, old.cached_tokens, old.content) == (True, None, "answer")
+
+
 def test_a_late_write_keeps_the_turns_place(make_user):
     """Given an answer held at time T and a next user turn appended after T, when the
     write-back lands later, then the answer is stored with created_at T, before the next turn."""

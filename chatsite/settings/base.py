@@ -398,6 +398,9 @@ CHAT_MODERATION_THRESHOLDS: dict[str, float] = json.loads(
 # latency target (checks take ~10-20 ms): 1 s leaves room for a 2-core machine under load, where
 # 0.25 s refused healthy turns.
 CHAT_MODERATION_TIMEOUT_S = float(os.environ.get("CHAT_MODERATION_TIMEOUT_S", "1.0"))
+# Worker threads the checks run on (moderation/base.py): a few, because the checks are
+# CPU-bound and a timed-out check keeps its thread until it returns.
+CHAT_MODERATION_THREADS = env_int("CHAT_MODERATION_THREADS", 4)
 # The output gate checks the newest CHAT_MODERATION_WINDOW_CHARS characters of the answer each
 # time CHAT_MODERATION_STEP_CHARS more have streamed (and the tail at the end), so a phrase
 # split across tokens is whole in some window (PF-M1).
