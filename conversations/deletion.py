@@ -96,9 +96,8 @@ def conversations_delete(*, conversations: QuerySet) -> Deleted:
         ids = list(locked.values_list("pk", flat=True))
         if not ids:
             return Deleted()
-        attachment_ids = list(
-            Attachment.objects.using(db).filter(conversation_id__in=ids).values_list("pk", flat=True)
-        )
+        attachments = Attachment.objects.using(db).filter(conversation_id__in=ids)
+        attachment_ids = list(attachments.values_list("pk", flat=True))
         logged = _turns_with_logs(db, ids)
         attachment_files_forget(conversation_ids=ids, using=db)
         _, per_model = Conversation.objects.using(db).filter(pk__in=ids).delete()
@@ -127,7 +126,9 @@ def _turns_with_logs(db: str, conversation_ids: list[UUID]) -> list[UUID]:
     ``CHAT_STREAM_TTL_S`` after its answer ended, and an answer's ``created_at`` is when it
     ended, so the turns created since then, and the questions they answered."""
     since = timezone.now() - timedelta(seconds=settings.CHAT_STREAM_TTL_S)
-    rows = Turn.objects.using(db).filter(conversation_id__in=conversation_ids, created_at__gte=since)
+    rows = Turn.objects.using(db).filter(
+        conversation_id__in=conversation_ids, created_at__gte=since
+    )
     return list({t for pair in rows.values_list("turn_id", "reply_to_id") for t in pair if t})
 
 
@@ -139,7 +140,8 @@ def _after_commit(conversation_ids: list[UUID], turn_ids: list[UUID]) -> None:
     holders = turnlog.cancel_publish(conversation_ids)
     held: list[UUID] = []
     for conversation_id in conversation_ids:
-        held += [t for turn in writeback.held_turns(conversation_id) for t in (turn.turn_id, turn.reply_to_id) if t]
+        for turn in writeback.held_turns(conversation_id):  # their logs may still be there
+            held += [t for t in (turn.turn_id, turn.reply_to_id) if t]
         writeback.conversation_held_forget(conversation_id)
         cache.forget(conversation_id)
     turnlog.turn_logs_drop({*turn_ids, *holders, *held})

@@ -367,10 +367,13 @@ def held_answers_requeue(*, now: float | None = None) -> int:
             return []
         held = client.mget([record_key(t) for t in due])
         gone = [t for t, raw in zip(due, held, strict=True) if raw is None]
-        owners = {
-            t: json.loads(raw)["conversation_id"] for t, raw in zip(due, held, strict=True) if raw is not None
+        owners = {  # turn id -> its conversation's id, for each record still held
+            t: json.loads(raw)["conversation_id"]
+            for t, raw in zip(due, held, strict=True)
+            if raw is not None
         }
-        marks = client.mget([tombstones.tombstone_key(c) for c in owners.values()]) if owners else []
+        tombstoned = [tombstones.tombstone_key(c) for c in owners.values()]
+        marks = client.mget(tombstoned) if tombstoned else []
         deleted = [t for t, mark in zip(owners, marks, strict=True) if mark]
         live = [t for t in owners if t not in deleted]
         with client.pipeline(transaction=True) as pipe:
