@@ -17,7 +17,7 @@ from attachments.api import attachment_json
 from attachments.selectors import attachments_by_turn
 from attachments.services import turn_attachments
 from core import redis_guard
-from conversations import selectors, services, streaming, turnlog
+from conversations import deletion, selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from core.db import release_db_connection
 from core.sse import last_event_id, sse_response
@@ -137,11 +137,7 @@ async def conversation_detail(request: HttpRequest, conversation_id: UUID) -> Ht
         conversation_id=conversation_id, user=request.api_user
     )
     if request.method == "DELETE":
-        stream = streaming.stream_for_conversation(conversation.conversation_id)
-        if stream is not None:
-            stream.stop()
-            await stream.wait()
-        await sync_to_async(services.conversation_delete)(conversation=conversation)
+        await deletion.aconversation_delete(conversation=conversation)
         return HttpResponse(status=204)
     limit = query_int(request, "limit", 50, 1, PAGE_MAX)
     before = _cursor_load("turns", request.GET.get("before"))

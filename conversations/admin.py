@@ -35,7 +35,7 @@ from django.utils.html import format_html
 
 from accounts.models import Tier
 from chatsite import dbrouter
-from conversations import regions, services
+from conversations import deletion, regions
 from conversations.models import Conversation, Turn
 from conversations.selectors import SEARCH_CONFIG
 
@@ -362,7 +362,8 @@ class TurnInline(admin.TabularInline):
 @admin.register(Conversation)
 class ConversationAdmin(RegionalAdmin):
     """Conversations, read-only (they change through their owner's turns); deleting one goes
-    through ``services.conversation_delete`` (its turns and held Redis copies go too)."""
+    through the deletion service (conversations/deletion.py: its turns and Redis copies go too,
+and an answer still being written in it is stopped)."""
 
     region_path = "region"
     list_display = ("__str__", "owner", "org", "model", "region", "created_at", "last_turn_at")
@@ -412,11 +413,11 @@ class ConversationAdmin(RegionalAdmin):
         return deleted, counts, perms_needed, protected
 
     def delete_model(self, request, obj) -> None:
-        services.conversation_delete(conversation=obj)
+        deletion.conversation_delete(conversation=obj)
 
     def delete_queryset(self, request, queryset) -> None:
         for conversation in queryset:
-            services.conversation_delete(conversation=conversation)
+            deletion.conversation_delete(conversation=conversation)
 
 
 # --- the turn log -----------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from datetime import datetime, timedelta
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Organisation, User
@@ -71,35 +70,21 @@ def _batches(ids: Iterable, size: int = BATCH) -> Iterator[list]:
 
 
 def _purge(conversations, *, owner_ids=None, org_ids=None, cutoff: datetime) -> int:
-    """Delete (with their turns) the conversations in ``conversations`` (a queryset on one
-    database) of these owners or organisations whose last turn is before ``cutoff``, then their
-    copies in Redis; returns how many conversations."""
+    """Delete the conversations in ``conversations`` (a queryset on one database) of these owners
+    or organisations whose last turn is before ``cutoff``, through the deletion service (their
+    turns and every copy; an answer still written in one is stopped); returns how many. The
+    rows are locked there, so a turn appended meanwhile (it locks the row too) waits and finds
+    it gone, and a conversation that got a turn while the purge waited is kept: none is deleted
+    after it stopped being expired."""
+    # Imported here: deletion imports streaming, which imports this module.
+    from conversations import deletion  # noqa: PLC0415
+
     query = conversations.filter(last_turn_at__lt=cutoff)
     if owner_ids is not None:
         query = query.filter(org__isnull=True, owner_id__in=owner_ids)
     if org_ids is not None:
         query = query.filter(org_id__in=org_ids)
-    with transaction.atomic(using=conversations.db):
-        # Locked: a turn appended meanwhile (it locks the row too) waits, then finds it gone;
-        # none is appended to a conversation after it was judged expired.
-        ids = list(query.select_for_update().values_list("pk", flat=True))
-        if ids:
-            from attachments.services import attachment_files_forget  # noqa: PLC0415
-
-            # Their attached files leave storage once this deletion is committed.
-            attachment_files_forget(conversation_ids=ids, using=conversations.db)
-            conversations.filter(pk__in=ids).delete()
-    for conversation_id in ids:
-        _forget_copies(conversation_id)
-    return len(ids)
-
-
-def _forget_copies(conversation_id) -> None:
-    """Drop a purged conversation's Redis copies: its hot-cache entry and held turns."""
-    from conversations import cache, writeback  # noqa: PLC0415 - both import services
-
-    cache.forget(conversation_id)
-    writeback.conversation_held_forget(conversation_id)
+    return len(deletion.conversations_delete(conversations=query).conversation_ids)
 
 
 def conversations_purge_expired(*, now: datetime | None = None) -> int:

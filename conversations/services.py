@@ -1,4 +1,5 @@
-"""Every write to conversations and turns. Keyword-only, typed, one transaction each."""
+"""Every write to conversations and turns (their deletion: conversations/deletion.py).
+Keyword-only, typed, one transaction each."""
 
 from __future__ import annotations
 
@@ -102,23 +103,6 @@ def conversation_rename(*, conversation: Conversation, title: str) -> Conversati
     conversation.title = title
     conversation.save(update_fields=["title"])
     return conversation
-
-
-@transaction.atomic
-@regions.atomic
-def conversation_delete(*, conversation: Conversation) -> None:
-    """Remove a conversation and all of its turns for good (and, once committed, the turns it
-    holds in Redis: conversations/writeback.py)."""
-    from conversations import cache, writeback  # noqa: PLC0415 - writeback imports this module
-
-    from attachments.services import attachment_files_forget  # noqa: PLC0415
-
-    conversation_id = conversation.pk
-    # Its attached files leave storage once the deletion is committed (rows go by CASCADE).
-    attachment_files_forget(conversation_ids=[conversation_id], using=regions.conversation_db(conversation))
-    conversation.delete()
-    transaction.on_commit(lambda: writeback.conversation_held_forget(conversation_id))
-    transaction.on_commit(lambda: cache.forget(conversation_id))  # its hot cache entry
 
 
 @transaction.atomic

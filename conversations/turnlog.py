@@ -24,6 +24,11 @@ Redis down is a degraded mode, not an outage. Every call goes through core/redis
   cancels again once Redis is back.
 
 New turns mirror again as soon as Redis answers: recovery needs no restart.
+
+Deleting a conversation (conversations/deletion.py) publishes the cancel of its generating
+answer from synchronous code (:func:`cancel_publish`), drops its turns' keys
+(:func:`turn_logs_drop`), and a writer whose conversation was deleted meanwhile deletes its log
+when the answer ends instead of keeping it (conversations/tombstones.py).
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from uuid import UUID
 
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from conversations import tombstones
 from conversations.events import TERMINAL_EVENTS
 from core import redis_guard
 from core.redis_guard import REDIS_ERRORS
@@ -151,6 +157,49 @@ async def cancel_elsewhere(answer_id: UUID, wait_s: float = 5) -> None:
         if last and last[0][1].get("e") in TERMINAL_EVENTS:
             return
         await asyncio.sleep(0.05)
+
+
+def cancel_publish(conversation_ids: Iterable[UUID]) -> list[UUID]:
+    """Ask whichever process generates an answer in one of ``conversation_ids`` to stop it, from
+    synchronous code (Celery tasks, the retention purge, account deletion): the answer holding
+    each conversation's generating lock (:func:`conversation_lock`) is published on
+    ``CANCEL_CHANNEL``, which every generating process listens to (:func:`ensure_cancel_listener`).
+    Does not wait for the answer to end (:func:`cancel_elsewhere` is the async way that waits).
+    Returns the answer ids published; ``[]`` when none holds a lock or Redis is unavailable
+    (logged and counted, part ``cancel``: the cancel cannot reach another process then)."""
+    keys = [busy_key(c) for c in conversation_ids]
+    if not keys:
+        return []
+
+    def run(client) -> list[UUID]:
+        holders = [UUID(_text(h)) for h in client.mget(keys) if h]
+        if holders:
+            with client.pipeline(transaction=False) as pipe:
+                for answer_id in holders:
+                    pipe.publish(CANCEL_CHANNEL, str(answer_id))
+                pipe.execute()
+        return holders
+
+    return redis_guard.call("cancel", run, default=[], fallback=_CANCEL_FALLBACK)
+
+
+def turn_logs_drop(turn_ids: Iterable[UUID]) -> None:
+    """Delete the Redis keys of turns ``turn_ids`` (answers' event logs and owners, questions'
+    answer pointers; ids of either kind, a missing key is no error), synchronously, in batches
+    of 500. Never raises for Redis errors: the keys expire ``settings.CHAT_STREAM_TTL_S`` after
+    their answer ended, and none is read without the conversation's row."""
+    keys = [k for t in turn_ids for k in (stream_key(t), owner_key(t), question_key(t))]
+
+    def run(client):
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+
+    if keys:
+        redis_guard.call("turnlog", run, default=None, fallback="the logs expire on their own")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 _listeners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -274,7 +323,12 @@ class TurnLogWriter:
             await self._mirror(lambda r, f=fields, i=event_id: r.xadd(key, f, id=f"0-{i}"))
             if event_id == 1:
                 await self._mirror(lambda r: r.expire(key, ttl))
-        if self.healthy:
+        if self.healthy and await tombstones.atombstoned(self.conversation_id):
+            # Its conversation was deleted while this answer was written (conversations/
+            # deletion.py): the log goes now instead of staying readable for the TTL.
+            ended = (key, question_key(self.question_id), owner_key(self.answer_id))
+            await self._mirror(lambda r: r.delete(*ended))
+        elif self.healthy:
             if self.linger_s is None:
                 await self._mirror(lambda r: r.expire(key, ttl))
             else:

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from attachments import services as attachment_services
 from core import redis_guard
-from conversations import retention, selectors, services, streaming, turnlog
+from conversations import deletion, retention, selectors, services, streaming, turnlog
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from core.db import release_db_connection
@@ -211,7 +211,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         question, stream = exc.question, None
     except gate.Refused as exc:
         if created:  # nothing was said in it: do not leave an empty conversation behind
-            await sync_to_async(services.conversation_delete)(conversation=conversation)
+            await deletion.aconversation_delete(conversation=conversation)
         return _error_response(request, exc.message, exc.status, exc.headers)
     url = reverse("conversation", args=[conversation.conversation_id])
     if not _is_htmx(request):
@@ -479,12 +479,13 @@ def conversation_search(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @login_required
-def conversation_delete(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
-    """Delete a conversation and its turns; back to a new chat."""
-    conversation = selectors.conversation_get_for_user(
-        conversation_id=conversation_id, user=request.user
-    )
-    services.conversation_delete(conversation=conversation)
+async def conversation_delete(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Delete a conversation and everything of it (conversations/deletion.py), stopping its
+    answer if one is being written (async: the generation registry lives in the event loop);
+    back to a new chat."""
+    user = await request.auser()
+    conversation = await selectors.aconversation_get_for_user(conversation_id=conversation_id, user=user)
+    await deletion.aconversation_delete(conversation=conversation)
     if _is_htmx(request):
         response = HttpResponse(status=204)
         response["HX-Redirect"] = reverse("home")

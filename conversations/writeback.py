@@ -43,7 +43,7 @@ from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from core import redis_guard
-from conversations import services
+from conversations import services, tombstones
 from core.db import run_in_db_thread
 from conversations.models import Conversation, Turn
 from conversations.turndata import turn_data, turn_from_data
@@ -242,6 +242,12 @@ def answer_write_back(*, turn_id: UUID) -> Turn | None:
     Idempotent: ``services.answer_store`` stores a turn id at most once, so a task run
     twice (a redelivery after a worker died, PF-J1) writes one row. Raises DatabaseError /
     RedisError for the task to retry.
+
+    A deleted conversation never comes back (conversations/deletion.py): its tombstone drops
+    the record without a database query, and without one (lost with Redis) the insert finds the
+    conversation's row gone under its lock and drops it too. The row check is the one that
+    holds when Redis forgot: the deletion locks the same row, so an insert either commits
+    before it (and its turn is deleted with the conversation) or finds no row.
     """
     record = record_get(turn_id)
     if record is None:
@@ -249,6 +255,10 @@ def answer_write_back(*, turn_id: UUID) -> Turn | None:
     conversation_id = record["conversation_id"]
     if record.get("zero_retention") or record["role"] != Turn.Role.ASSISTANT:
         return None  # never written to PostgreSQL; the record expires on its own
+    if tombstones.tombstoned(conversation_id):
+        logger.info("conversation %s was deleted; dropping held answer %s", conversation_id, turn_id)
+        release(turn_id=turn_id, conversation_id=conversation_id)
+        return None
     try:
         turn = services.answer_store(answer=record_turn(record))
     except Conversation.DoesNotExist:
@@ -281,8 +291,9 @@ def held_answers_requeue(*, now: float | None = None) -> int:
     """Queue the write-back again for every answer held longer than
     ``settings.CHAT_WRITEBACK_REQUEUE_AFTER_S`` since it was held or last queued (its task was
     lost: a broker outage, a message dropped after max retries). ``now``: epoch seconds.
-    Returns how many were queued. Records that vanished leave the due set. Raises RedisError
-    when Redis is unreachable (the next sweep tries again)."""
+    Returns how many were queued. Records that vanished leave the due set; records of a
+    conversation deleted meanwhile (its tombstone, conversations/tombstones.py) are dropped, not
+    queued. Raises RedisError when Redis is unreachable (the next sweep tries again)."""
     now = time.time() if now is None else now
     cutoff = now - settings.CHAT_WRITEBACK_REQUEUE_AFTER_S
 
@@ -292,13 +303,27 @@ def held_answers_requeue(*, now: float | None = None) -> int:
             return []
         held = client.mget([record_key(t) for t in due])
         gone = [t for t, raw in zip(due, held, strict=True) if raw is None]
-        live = [t for t, raw in zip(due, held, strict=True) if raw is not None]
+        owners = {  # turn id -> its conversation's id, for each record still held
+            t: json.loads(raw)["conversation_id"]
+            for t, raw in zip(due, held, strict=True)
+            if raw is not None
+        }
+        tombstoned = [tombstones.tombstone_key(c) for c in owners.values()]
+        marks = client.mget(tombstoned) if tombstoned else []
+        deleted = [t for t, mark in zip(owners, marks, strict=True) if mark]
+        live = [t for t in owners if t not in deleted]
         with client.pipeline(transaction=True) as pipe:
             if gone:
                 pipe.zrem(DUE_KEY, *gone)
+            for turn_id in deleted:  # its conversation is gone: never written
+                pipe.delete(record_key(turn_id))
+                pipe.srem(conversation_key(owners[turn_id]), turn_id)
+                pipe.zrem(DUE_KEY, turn_id)
             if live:  # next look in another REQUEUE_AFTER_S, not at every sweep
                 pipe.zadd(DUE_KEY, dict.fromkeys(live, now))
             pipe.execute()
+        if deleted:
+            logger.info("dropped %d held answer(s) of deleted conversations", len(deleted))
         return live
 
     due = redis_guard.call(PART, take_due)

@@ -2,9 +2,11 @@
 
 **An account** (:func:`account_delete`). Removed: the person's conversations with their turns,
 attachments (rows, and files in storage once the deletion commits), share links and ratings, in
-every region's database, and their copies in Redis (hot cache, answers awaiting write-back);
-their memory facts, API keys, sessions (ended in the session store too), memberships and the
-account itself. Kept, anonymised, because billing must still add up: the usage ledger's rows
+every region's database, and their copies in Redis (hot cache, answers awaiting write-back,
+turn event logs), through the one deletion service (conversations/deletion.py), which also
+stops an answer still being written in one, in whichever server process; their memory
+facts, API keys, sessions (ended in the session store too), memberships and the account
+itself. Kept, anonymised, because billing must still add up: the usage ledger's rows
 (``usage.UsageRecord``) lose their user (NULL) and conversation id; their tokens, cost, pool,
 tier, organisation and day stay, so every total still sums the same and no row says whose it
 was. The audit log keeps the account's id only (audit/models.py: it never holds names). The
@@ -52,10 +54,9 @@ from django.utils import timezone
 from accounts.models import ApiKey, Membership, Organisation, User, UserSession
 from accounts.services import user_sessions_end
 from attachments.models import Attachment
-from attachments.services import attachment_files_forget
 from audit.models import Action
 from audit.services import audit_record
-from conversations import cache, regions, writeback
+from conversations import deletion, regions
 from conversations.models import Conversation
 from feedback.models import Feedback
 from memory.models import UserMemory
@@ -98,37 +99,25 @@ def _batches(items: list, size: int = BATCH) -> Iterator[list]:
         yield items[start : start + size]
 
 
-def _forget_redis(conversation_ids: list) -> None:
-    for conversation_id in conversation_ids:
-        cache.forget(conversation_id)
-        writeback.conversation_held_forget(conversation_id)
-
-
 def conversations_sweep(
     *, swept: Swept, owner_id: int | None = None, org_id: int | None = None
 ) -> Swept:
     """Delete, in every region's database, the conversations of ``owner_id`` (or of
-    organisation ``org_id``) with their turns, attachments, share links and ratings; their
-    attachment files once each batch commits, their Redis copies after. With ``owner_id``,
-    also the person's share links and ratings on conversations that are not theirs. Adds what
-    it removed to ``swept`` and returns it. Each batch is its own transaction on its database."""
+    organisation ``org_id``) through the deletion service (conversations/deletion.py: their
+    turns, attachments, share links and ratings, their Redis copies and attachment files once
+    each batch commits; an answer still written in one is stopped). With ``owner_id``, also the
+    person's share links and ratings on conversations that are not theirs. Adds what it removed
+    to ``swept`` and returns it. Each batch is its own transaction on its database."""
     filters = {"owner_id": owner_id} if owner_id is not None else {"org_id": org_id}
     for db in regions.region_dbs():
         ids = list(Conversation.objects.using(db).filter(**filters).values_list("pk", flat=True))
         for batch in _batches(ids):
-            with transaction.atomic(using=db):
-                swept.attachment_ids += list(
-                    Attachment.objects.using(db)
-                    .filter(conversation_id__in=batch)
-                    .values_list("pk", flat=True)
-                )
-                attachment_files_forget(conversation_ids=batch, using=db)
-                _, per_model = Conversation.objects.using(db).filter(pk__in=batch).delete()
-            swept.counts.update(
-                {label.rpartition(".")[2].lower(): n for label, n in per_model.items()}
+            deleted = deletion.conversations_delete(
+                conversations=Conversation.objects.using(db).filter(pk__in=batch)
             )
-            swept.conversation_ids += batch
-            _forget_redis(batch)
+            swept.attachment_ids += deleted.attachment_ids
+            swept.counts.update(deleted.counts)
+            swept.conversation_ids += deleted.conversation_ids
         if owner_id is not None:
             with transaction.atomic(using=db):
                 swept.counts["sharelink"] += (

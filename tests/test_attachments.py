@@ -17,7 +17,7 @@ from django.utils import timezone
 from accounts.models import Membership, Organisation
 from attachments.models import Attachment
 from attachments.services import attachment_storage
-from conversations import retention, services
+from conversations import deletion, retention, services
 from conversations.models import Conversation
 from tests.test_api import api_client, assert_error, new_conversation
 
@@ -418,7 +418,7 @@ def test_a_deletion_that_rolls_back_keeps_the_file(make_user):
     conversation, attachment = stored_attachment(make_user("owner"))
     conversation_id = conversation.pk
     with pytest.raises(RuntimeError), transaction.atomic():
-        services.conversation_delete(conversation=conversation)
+        deletion.conversation_delete(conversation=conversation)
         raise RuntimeError("rolled back")
     assert Conversation.objects.filter(pk=conversation_id).exists()
     assert attachment_storage().exists(attachment.storage_name)

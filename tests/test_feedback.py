@@ -25,7 +25,7 @@ from django.utils import timezone
 from accounts import services as account_services
 from accounts.models import Membership, Organisation
 from chatsite import metrics
-from conversations import services, writeback
+from conversations import deletion, services, writeback
 from conversations.models import Conversation, Turn
 from feedback import selectors
 from feedback.models import Feedback
@@ -376,7 +376,7 @@ def test_deleting_the_conversation_deletes_its_feedback(make_user):
     conversation, _, answer = answered(owner)
     rate(signed_in(owner), conversation, answer, "up", "Nice.")
 
-    services.conversation_delete(conversation=conversation)
+    deletion.conversation_delete(conversation=conversation)
 
     assert rows() == []
 

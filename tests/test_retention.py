@@ -100,6 +100,7 @@ def test_the_periods_come_from_settings(make_user, settings):
     assert remaining(*gone, *kept) == [False, False, True, True]
 
 
+@pytest.mark.django_db(transaction=True)  # the Redis copies go once the purge commits
 def test_a_purged_conversation_leaves_no_held_turns_in_redis(make_user):
     """Given an expired conversation with an answer still held in Redis for write-back, the
     purge deletes the held record too (a purge deletes every copy)."""

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.core.exceptions import ValidationError
 
-from conversations import services
+from conversations import deletion, services
 from conversations.models import Turn
 
 pytestmark = pytest.mark.django_db
@@ -83,7 +83,7 @@ def test_rename_rejects_blank_title(make_user):
 def test_delete_removes_the_turns(make_user):
     conversation = services.conversation_create(owner=make_user())
     services.turn_append_user(conversation=conversation, content="hi")
-    services.conversation_delete(conversation=conversation)
+    deletion.conversation_delete(conversation=conversation)
     assert not Turn.objects.exists()
 
 

@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY
 
 from core import redis_guard
 from chatsite.celery import app
-from conversations import selectors, services, writeback
+from conversations import deletion, selectors, services, writeback
 from conversations.models import Conversation, Turn
 from tests.processes import database_url
 from tests.test_api import api_client, new_conversation, post_json
@@ -287,7 +287,7 @@ def test_a_held_answer_of_a_deleted_conversation_is_dropped(make_user):
     runs, then nothing is written, the record is released and the task does not fail."""
     conversation = services.conversation_create(owner=make_user())
     record = a_held_answer(conversation, services.turn_append_user(conversation=conversation, content="q"))
-    services.conversation_delete(conversation=conversation)
+    deletion.conversation_delete(conversation=conversation)
     result = writeback.turn_write_back.apply(args=[record["turn_id"]])
     assert result.successful() and result.result is False
     assert writeback.record_get(record["turn_id"]) is None
