@@ -17,7 +17,7 @@ from attachments.api import attachment_json
 from attachments.selectors import attachments_by_turn
 from attachments.services import turn_attachments
 from core import redis_guard
-from conversations import deletion, selectors, services, streaming, turnlog
+from conversations import deletion, locks, plan, selectors, services, submit, turnstream
 from conversations.models import Conversation, Turn
 from core.db import release_db_connection
 from core.sse import last_event_id, sse_response
@@ -181,7 +181,7 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
         # Uploaded files sent with it (404 / 400 for ids that are not this conversation's
         # unsent files: attachments/services.py); an edit keeps the original's files.
         async with turn_attachments(conversation=conversation, attachment_ids=body.attachments) as attached:
-            question, stream = await streaming.turn_submit(
+            question, stream = await submit.turn_submit(
                 conversation=conversation,
                 content=body.content,
                 model=body.model,
@@ -190,12 +190,12 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
                 replaces=replaces,
             )
             await attached.link(question)
-    except streaming.ContentBlocked as exc:
+    except plan.ContentBlocked as exc:
         # Stored (blocked): a retry with the same key gets the same refusal, not a second copy.
         if key is not None:
             await idempotency.record(user.pk, key, fingerprint, conversation_id, exc.question.turn_id)
         raise
-    except (ValidationError, streaming.ConversationBusy, ApiError, gate.Refused) as exc:
+    except (ValidationError, locks.ConversationBusy, ApiError, gate.Refused) as exc:
         if key is not None:
             await idempotency.release(user.pk, key)
         if isinstance(exc, (ApiError, gate.Refused)):
@@ -208,12 +208,12 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     return await _stream_response(stream, question)
 
 
-async def _stream_response(stream: streaming.TurnStream, question: Turn) -> HttpResponse:
+async def _stream_response(stream: turnstream.TurnStream, question: Turn) -> HttpResponse:
     """The SSE response following a new answer: headers ``X-Turn-Id`` (the answer, for
     resuming), ``X-User-Turn-Id``, ``X-Pool`` (the pool answering) and the rate-limit headers
     (X-RateLimit-Remaining-Requests / -Tokens after this request)."""
     await release_db_connection()
-    response = sse_response(streaming.follow_sse(stream))
+    response = sse_response(turnstream.follow_sse(stream))
     response["X-Turn-Id"] = str(stream.answer_id)
     response["X-User-Turn-Id"] = str(question.turn_id)
     response["X-Pool"] = stream.plan.route.pool.key
@@ -255,35 +255,26 @@ async def turn_regenerate(request: HttpRequest, conversation_id: UUID, turn_id: 
     except Http404:
         raise ApiError(404, "not_found", "No such assistant turn in this conversation.") from None
     try:
-        question, stream = await streaming.answer_regenerate(
+        question, stream = await submit.answer_regenerate(
             conversation=conversation,
             answer=answer,
             model=body.model,
             max_tokens=body.max_tokens,
             explicit_max_tokens=True,
         )
-    except streaming.ConversationBusy as exc:
+    except locks.ConversationBusy as exc:
         raise ApiError(409, "conflict", str(exc)) from None
     return await _stream_response(stream, question)
 
 
 async def _replay(replay: idempotency.Replay, conversation: Conversation) -> HttpResponse:
     """The stream of an earlier request with the same Idempotency-Key, from its first event."""
-    stream = streaming.stream_for_answer(replay.answer_id)
-    if stream is not None:
-        body = streaming.follow_sse(stream)
-    elif await turnlog.exists(replay.answer_id):
-        body = streaming.follow_remote_sse(replay.answer_id)
-    else:
-        blocked = await _blocked_question_or_none(conversation, replay.answer_id)
-        if blocked is not None:
-            raise streaming.ContentBlocked(blocked, verdict_from_json(blocked.moderation_verdict or {}))
-        answer = await _answer_or_none(conversation, replay.answer_id)
-        if answer is None and not redis_guard.available():
-            raise _resume_unavailable()
-        if answer is None:
-            raise ApiError(409, "conflict", "The earlier request with this Idempotency-Key is gone; use a new key.")
-        body = streaming.stored_answer_sse(answer)
+    blocked = await _blocked_question_or_none(conversation, replay.answer_id)
+    if blocked is not None:  # the key names a message the input gate stopped
+        raise plan.ContentBlocked(blocked, verdict_from_json(blocked.moderation_verdict or {}))
+    body = await _answer_body(conversation, replay.answer_id, after=0)
+    if body is None:
+        raise ApiError(409, "conflict", "The earlier request with this Idempotency-Key is gone; use a new key.")
     await release_db_connection()
     response = sse_response(body)
     response["X-Turn-Id"] = str(replay.answer_id)
@@ -298,19 +289,24 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
     conversation = await selectors.aconversation_get_for_user(
         conversation_id=conversation_id, user=request.api_user
     )
-    await release_db_connection()
-    stream = streaming.stream_for_answer(turn_id)
-    if stream is not None and stream.conversation_id == conversation.conversation_id:
-        return sse_response(streaming.follow_sse(stream, after=last_event_id(request)))
-    if await turnlog.exists(turn_id) and await turnlog.belongs_to(turn_id, conversation.conversation_id):
-        # Generated by another server process: resume from its Redis event log.
-        return sse_response(streaming.follow_remote_sse(turn_id, after=last_event_id(request)))
-    answer = await _answer_or_none(conversation, turn_id)
-    if answer is None and not redis_guard.available():
-        raise _resume_unavailable()  # it may be generating in another process: we cannot tell
-    if answer is None:
+    body = await _answer_body(conversation, turn_id, after=last_event_id(request))
+    if body is None:
         raise ApiError(404, "not_found", "No such turn in this conversation.")
-    return sse_response(streaming.stored_answer_sse(answer))
+    await release_db_connection()
+    return sse_response(body)
+
+
+async def _answer_body(conversation: Conversation, answer_id: UUID, *, after: int):
+    """The SSE body of the conversation's answer ``answer_id`` wherever it is
+    (conversations/turnstream.py ``answer_sse``), or None. Raises ApiError 503 while Redis is
+    down and the answer is not stored (it may be generating in another process)."""
+    try:
+        return await turnstream.answer_sse(
+            conversation_id=conversation.conversation_id, answer_id=answer_id,
+            stored=lambda: _answer_or_none(conversation, answer_id), after=after,
+        )  # fmt: skip
+    except turnstream.LiveStateUnavailable:
+        raise _resume_unavailable() from None
 
 
 async def _blocked_question_or_none(conversation: Conversation, turn_id: UUID) -> Turn | None:
@@ -351,5 +347,5 @@ async def cancel(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     conversation = await selectors.aconversation_get_for_user(
         conversation_id=conversation_id, user=request.api_user
     )
-    await streaming.stop_anywhere(conversation_id=conversation.conversation_id)
+    await turnstream.stop_anywhere(conversation_id=conversation.conversation_id)
     return HttpResponse(status=204)

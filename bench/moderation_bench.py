@@ -26,7 +26,7 @@ classifiers). Three parts, one run:
   /v1/conversations/{id}/turns``, SSE, an API key, ``--max-tokens`` per answer, greedy, a fresh
   conversation per turn so every turn's prompt is the same length), one at a time, in
   alternating phases with ``settings.CHAT_MODERATION_OUTPUT`` on and off (read per turn by
-  conversations/streaming.py): ``--rounds`` rounds, ordered on/off, off/on, ..., each phase
+  conversations/generate.py): ``--rounds`` rounds, ordered on/off, off/on, ..., each phase
   ``--turns`` sequential turns on the same prompts as the other phase of its round (the rounds
   cycle through ``PROMPT_SET`` prompts), so short bursts of load on the shared machine land on
   both sides of a round alike. The prompts are played once before (warm-up: prefix cache,

@@ -15,9 +15,9 @@ one). A deletion removes, for good:
 - the answer still being generated in it, wherever it runs (below).
 
 **Stopping the answer.** In this process through the turn stream registry
-(conversations/streaming.py), in another through the cancel pub/sub (conversations/turnlog.py).
+(conversations/turnstream.py), in another through the cancel pub/sub (conversations/turnlog.py).
 :func:`aconversation_delete` (the page and ``/v1``, in the event loop) first stops it with
-``streaming.stop_anywhere``, which waits (bounded, 5 s for another process) until the answer is
+``turnstream.stop_anywhere``, which waits (bounded, 5 s for another process) until the answer is
 stored as cancelled, then deletes. Synchronous callers (the purge task, account deletion, the
 admin) cannot wait on an event loop: once the deletion commits they stop a stream of this process
 through its loop (``call_soon_threadsafe``) and publish the cancel for the holder of the
@@ -62,7 +62,7 @@ from django.utils import timezone
 
 from attachments.models import Attachment
 from attachments.services import attachment_files_forget
-from conversations import cache, regions, streaming, tombstones, turnlog, writeback
+from conversations import cache, regions, tombstones, turnlog, turnstream, writeback
 from conversations.models import Conversation, Turn
 
 
@@ -116,8 +116,8 @@ def conversation_delete(*, conversation: Conversation) -> None:
 async def aconversation_delete(*, conversation: Conversation) -> None:
     """:func:`conversation_delete` from the event loop (the page, ``/v1``): first stop the
     generating answer wherever it runs and wait (bounded) until it is stored as cancelled
-    (``streaming.stop_anywhere``), so its engine request is freed before the 204, then delete."""
-    await streaming.stop_anywhere(conversation_id=conversation.conversation_id)
+    (``turnstream.stop_anywhere``), so its engine request is freed before the 204, then delete."""
+    await turnstream.stop_anywhere(conversation_id=conversation.conversation_id)
     await sync_to_async(conversation_delete)(conversation=conversation)
 
 
@@ -152,7 +152,7 @@ def _stop_here(conversation_ids: Iterable[UUID]) -> None:
     stream belongs to its event loop, so the stop is handed to that loop (it works with Redis
     down, where the published cancel cannot)."""
     for conversation_id in conversation_ids:
-        stream = streaming.stream_for_conversation(conversation_id)
+        stream = turnstream.stream_for_conversation(conversation_id)
         if stream is not None and stream.task is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nothing runs there
                 stream.task.get_loop().call_soon_threadsafe(stream.stop)

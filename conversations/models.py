@@ -130,6 +130,10 @@ class Turn(models.Model):
     # of an organisation with ``not_for_training`` set, True otherwise (decided when the turn is
     # written: conversations/services.py). A database default too, like ``pool`` above.
     training_eligible = models.BooleanField(default=True, db_default=True)
+    # For an assistant turn: why it ended (conversations/events.py): "stop", "length" (cut off
+    # at the completion budget), "cancelled", "moderation", "error"; blank on user turns and on
+    # rows older than the field (their status tells the rest).
+    finish_reason = models.CharField(max_length=16, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

@@ -76,7 +76,7 @@ def _purge(conversations, *, owner_ids=None, org_ids=None, cutoff: datetime) -> 
     rows are locked there, so a turn appended meanwhile (it locks the row too) waits and finds
     it gone, and a conversation that got a turn while the purge waited is kept: none is deleted
     after it stopped being expired."""
-    # Imported here: deletion imports streaming, which imports this module.
+    # Imported here: deletion imports writeback -> services, which import this module.
     from conversations import deletion  # noqa: PLC0415
 
     query = conversations.filter(last_turn_at__lt=cutoff)

@@ -16,7 +16,7 @@ Redis down is a degraded mode, not an outage. Every call goes through core/redis
   "unknown" (False / None) and the views turn a resume that needs Redis into a 503 (``/v1``) or
   an ``error`` event (the page) while ``redis_guard.available()`` is false;
 - **the generating lock** (part ``lock``): :func:`conversation_lock` fails open, and the
-  process-local check (streaming.ensure_idle) still serialises turns within a process; a lock
+  process-local check (locks.ensure_idle) still serialises turns within a process; a lock
   this process could not release is released the next time it locks that conversation (and
   expires after ``BUSY_TTL_S`` anyway);
 - **cancel** (part ``cancel``): a cancel cannot reach another process; the listener keeps

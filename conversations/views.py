@@ -23,15 +23,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from attachments import services as attachment_services
-from core import redis_guard
-from conversations import deletion, retention, selectors, services, streaming, turnlog
+from conversations import deletion, generate, locks, plan, retention, selectors, services, submit, turnlog, turnstream
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from core.db import release_db_connection
 from core.sse import last_event_id, sse_event, sse_response
 from gateway import gate
 from inference.pools import pool_set
-from moderation.gate import verdict_message
+from moderation.gate import verdict_message, withdrawn_message
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -87,7 +86,7 @@ def _exchange_context(
         "streaming": answer is None and not _blocked(exchange.question),
         "blocked_message": _blocked_message(exchange.question),
         "withdrawn_message": (
-            streaming.withdrawn_message((answer.moderation_verdict or {}).get("categories") or [])
+            withdrawn_message((answer.moderation_verdict or {}).get("categories") or [])
             if answer is not None and answer.status == Turn.Status.BLOCKED else ""
         ),
         "answer_id": answer_id,
@@ -200,13 +199,13 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     try:
         # The files go into this message's prompt; refused with it (AttachmentRejected too).
         async with attachment_services.turn_attachments(conversation=conversation, uploads=uploads) as attached:
-            question, stream = await streaming.turn_submit(
+            question, stream = await submit.turn_submit(
                 conversation=conversation, content=content, model=model
             )
             await attached.link(question)
-    except streaming.ConversationBusy as exc:
+    except locks.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
-    except streaming.ContentBlocked as exc:
+    except plan.ContentBlocked as exc:
         # Stored with its verdict and never answered: shown in the conversation with why.
         question, stream = exc.question, None
     except gate.Refused as exc:
@@ -257,13 +256,13 @@ async def turn_edit(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
     original = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=turn_id)
     try:
         async with attachment_services.turn_attachments(conversation=conversation) as attached:
-            question, stream = await streaming.turn_submit(
+            question, stream = await submit.turn_submit(
                 conversation=conversation, content=content, replaces=original
             )
             await attached.link(question)  # the edit takes the original's files along
-    except streaming.ConversationBusy as exc:
+    except locks.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
-    except streaming.ContentBlocked as exc:
+    except plan.ContentBlocked as exc:
         question, stream = exc.question, None
     except gate.Refused as exc:
         return _error_response(request, exc.message, exc.status, exc.headers)
@@ -297,8 +296,8 @@ async def answer_regenerate(
     answer = await sync_to_async(selectors.answer_get)(conversation=conversation, turn_id=turn_id)
     earlier = await sync_to_async(selectors.answer_versions)(answer=answer)
     try:
-        question, stream = await streaming.answer_regenerate(conversation=conversation, answer=answer)
-    except streaming.ConversationBusy as exc:
+        question, stream = await submit.answer_regenerate(conversation=conversation, answer=answer)
+    except locks.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
     except gate.Refused as exc:
         return _error_response(request, exc.message, exc.status, exc.headers)
@@ -351,44 +350,50 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
     question = await sync_to_async(selectors.user_turn_get)(
         conversation=conversation, turn_id=turn_id
     )
-    stream = streaming.stream_for_question(question.turn_id)
     if question.status == Turn.Status.BLOCKED:  # the input gate stopped it: never answered
         await release_db_connection()
         return sse_response(_single_error(_blocked_message(question)))
-    if stream is None:
-        answer = await sync_to_async(selectors.reply_get)(turn=question)
-        remote_answer_id = None if answer else await turnlog.answer_for_question(question.turn_id)
-        if answer is not None:
-            body = streaming.stored_answer_sse(answer)
-        elif remote_answer_id and await turnlog.exists(remote_answer_id):
-            # Being written by another server process: follow its Redis event log.
-            body = streaming.follow_remote_sse(remote_answer_id, after=last_event_id(request))
-        elif not redis_guard.available():
+    after = last_event_id(request)
+    stream = turnstream.stream_for_question(question.turn_id)
+    if stream is not None:
+        body = turnstream.follow_sse(stream, after=after)
+    else:
+        try:
+            body = await turnstream.answer_sse(
+                conversation_id=conversation.conversation_id,
+                answer_id=await turnlog.answer_for_question(question.turn_id),
+                stored=sync_to_async(lambda: selectors.reply_get(turn=question)),
+                after=after,
+                stored_first=True,
+            )
+        except turnstream.LiveStateUnavailable:
             # Degraded mode (core/redis_guard.py): it may be generating in another process,
             # whose events only Redis carries; starting it again here could answer it twice.
             body = _single_error(RESUME_UNAVAILABLE)
-        else:
+        if body is None:
             # Unanswered and not generating (e.g. the server restarted mid-answer): answer now.
-            try:
-                plan = await streaming.turn_plan(
-                    conversation=conversation, caller=await gate.acaller_for(user), question=question
-                )
-                stream = streaming.generation_start(
-                    conversation_id=conversation.conversation_id,
-                    question=question,
-                    plan=plan,
-                    zero_retention=await sync_to_async(retention.conversation_zero_retention)(
-                        conversation
-                    ),
-                )
-            except streaming.ConversationBusy as exc:
-                body = _single_error(str(exc))
-            except gate.Refused as exc:
-                body = _single_error(exc.message)
-    if stream is not None:
-        body = streaming.follow_sse(stream, after=last_event_id(request))
+            body = await _answer_now(conversation, question, user, after)
     await release_db_connection()
     return sse_response(body)
+
+
+async def _answer_now(conversation: Conversation, question: Turn, user, after: int):
+    """Start answering ``question`` here and follow it; a refusal is one ``error`` event."""
+    try:
+        admitted = await plan.turn_plan(
+            conversation=conversation, caller=await gate.acaller_for(user), question=question
+        )
+        stream = generate.generation_start(
+            conversation_id=conversation.conversation_id,
+            question=question,
+            plan=admitted,
+            zero_retention=await sync_to_async(retention.conversation_zero_retention)(conversation),
+        )
+    except locks.ConversationBusy as exc:
+        return _single_error(str(exc))
+    except gate.Refused as exc:
+        return _single_error(exc.message)
+    return turnstream.follow_sse(stream, after=after)
 
 
 RESUME_UNAVAILABLE = (
@@ -398,7 +403,7 @@ RESUME_UNAVAILABLE = (
 
 
 async def _single_error(message: str):
-    yield sse_event("error", {"message": message}, 1)
+    yield sse_event("error", {"finish_reason": "error", "message": message}, 1)
 
 
 @require_POST
@@ -409,14 +414,14 @@ async def turn_stop(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
     conversation is not the user's."""
     user = await request.auser()
     await selectors.aconversation_get_for_user(conversation_id=conversation_id, user=user)
-    stream = streaming.stream_for_question(turn_id)
+    stream = turnstream.stream_for_question(turn_id)
     if stream is not None and stream.conversation_id == conversation_id:
         stream.stop()
         await stream.wait()
     else:  # maybe generating in another server process
         answer_id = await turnlog.answer_for_question(turn_id)
         if answer_id is not None:
-            await streaming.stop_anywhere(conversation_id=conversation_id, answer_id=answer_id)
+            await turnstream.stop_anywhere(conversation_id=conversation_id, answer_id=answer_id)
     return HttpResponse(status=204)
 
 

@@ -1,6 +1,6 @@
 """Durable write-back: a finished answer is held in Redis, then a Celery task writes PostgreSQL.
 
-Issue 4 ("Durable write-back"; PF-J1, PF-J2). When an answer ends (conversations/streaming.py
+Issue 4 ("Durable write-back"; PF-J1, PF-J2). When an answer ends (conversations/generate.py
 ``_finish``), before its ``done`` event is published:
 
 1. :func:`answer_finish` holds the answer's record in Redis: ``chat:pending:{turn_id}`` (JSON,
@@ -34,7 +34,6 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
 from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, transaction
@@ -104,18 +103,20 @@ def answer_record(
     cached_tokens: int | None = None,
     cost_usd: Decimal | None = None,
     moderation_verdict: dict | None = None,
+    finish_reason: str = "",
 ) -> dict[str, Any]:
     """The record of an answer that finished now (tokens: counts; ``status``: Turn.Status;
     ``replaces_id``: the answer it regenerates; ``context_trimmed``: Turn.context_trimmed;
     ``pool`` / ``model_version`` / ``cached_tokens`` / ``cost_usd``: who answered and what it
-    cost; ``moderation_verdict``: the output gate's; Turn's fields of those names)."""
+    cost; ``moderation_verdict``: the output gate's; ``finish_reason``: why it ended; Turn's
+    fields of those names)."""
     turn = Turn(
         turn_id=turn_id, conversation_id=conversation_id, role=Turn.Role.ASSISTANT,
         content=content, status=status, token_count=completion_tokens,
         prompt_tokens=prompt_tokens, reply_to_id=reply_to_id, created_at=timezone.now(),
         replaces_id=replaces_id, context_trimmed=context_trimmed, pool=pool,
         model_version=model_version, cached_tokens=cached_tokens, cost_usd=cost_usd,
-        moderation_verdict=moderation_verdict or {},
+        moderation_verdict=moderation_verdict or {}, finish_reason=finish_reason,
     )  # fmt: skip
     return turn_record(turn, zero_retention=zero_retention)
 

@@ -1,17 +1,18 @@
-"""The gateway's admission of one request: route to a pool, shed under load, rate-limit.
+"""The pipeline's steps before any engine work (gateway/__init__.py has the whole order): who
+the caller is, route to a pool, shed under load, the answer budget, the rate limit.
 
-DESIGN.md's request path: auth -> rate limit -> history -> moderation -> router -> engine. The
-rate limit charges TPM as prompt + max_tokens, so the prompt must be assembled (tokenised, no
+The rate limit charges TPM as prompt + max_tokens, so the prompt must be assembled (tokenised, no
 engine work) before the buckets are taken; everything here still happens before any engine
 work and before anything is stored, so a refusal loses nothing and costs the engine nothing.
 
-The steps, shared by conversation turns (conversations/streaming.py) and the stateless OpenAI
+The steps, shared by conversation turns (conversations/plan.py) and the stateless OpenAI
 endpoints (api/completions.py):
 
 1. :func:`route_for` - (tier, org pin, feature flags, experiment arm, canary) -> a pool
    (inference/router.py); an unknown model is a 400, a model the tier may not use a 403.
-2. :func:`shed_for` - the pool's admission queue depth decides: shed free-tier turns (503),
-   degrade paid turns to ``mini``, queue reasoning turns last (router.shed).
+2. :func:`shed_for` - the engine's queue depth decides (the local admission queue, or a remote
+   engine node's ``vllm:num_requests_waiting``): shed free-tier turns (503), then degrade paid
+   turns to ``mini``, then queue reasoning turns last (router.shed).
 3. :func:`answer_budget` - the completion budget: the request's ``max_tokens`` within the tier's
    and pool's ceilings; ``max_tokens`` beyond the pool's context is a 400.
 4. :func:`rate_limit` - RPM + TPM token buckets for the user and their organisation in one
@@ -247,3 +248,11 @@ def with_preamble(route: Route, system_prompt: str) -> str:
     return f"{preamble}\n\n{system_prompt}" if system_prompt else preamble
 
 
+
+
+async def acaller_of(conversation, caller: Caller | None = None) -> Caller:
+    """``caller``, or the conversation's owner acting in the conversation's organisation
+    (:func:`caller_for`, on a worker thread)."""
+    if caller is not None:
+        return caller
+    return await sync_to_async(lambda: caller_for(conversation.owner, conversation.org))()

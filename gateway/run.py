@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from core.db import run_in_db_thread
 from gateway import gate
 from inference.engine import Delta, EngineUnavailable, GenerationOptions
 from inference.pools import pool_engine
@@ -122,8 +122,7 @@ class Answer:
 
 def policy_of(caller: gate.Caller, system_prompt: str = "") -> Policy:
     """``caller``'s moderation policy (their organisation's, else the defaults) with the request's
-    real ``system_prompt`` for the output gate's leak check. Sync only when the caller carries no
-    policy (reads the defaults, no ORM)."""
+    real ``system_prompt`` for the output gate's leak check. Reads settings only (no query)."""
     base = caller.moderation or policy_for(None)
     return replace(base, system_prompt=system_prompt) if system_prompt else base
 
@@ -242,7 +241,8 @@ async def generate(
         elif answer.finish_reason not in (STOP, LENGTH):
             answer.finish_reason = STOP
     except asyncio.CancelledError:
-        answer.finish_reason = MODERATION if answer.flagged is not None else CANCELLED
+        flagged = answer.flagged or (output_gate.flagged if output_gate is not None else None)
+        answer.finish_reason = MODERATION if flagged is not None else CANCELLED
         raise
     except EngineUnavailable:
         answer.finish_reason = ERROR
@@ -285,9 +285,9 @@ async def settle(
     from usage import services as usage_services  # noqa: PLC0415 - the ORM, only when settling
 
     try:
-        await sync_to_async(usage_services.usage_record, thread_sensitive=False)(
-            user=admitted.caller.user_id, org=admitted.caller.org_id, turn_id=turn_id,
-            conversation_id=conversation_id, route_pool=admitted.route.pool, tier=admitted.tier,
+        await run_in_db_thread(
+            usage_services.usage_record, user=admitted.caller.user_id, org=admitted.caller.org_id,
+            turn_id=turn_id, conversation_id=conversation_id, route_pool=admitted.route.pool, tier=admitted.tier,
             prompt_tokens=tally.prompt_tokens, cached_tokens=tally.cached_tokens,
             completion_tokens=tally.completion_tokens, status=status,
         )  # fmt: skip

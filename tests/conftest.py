@@ -26,7 +26,7 @@ from django.conf import settings
 
 import inference.engine as engine_module
 from chatsite.serve import FlowControlServer
-from conversations import streaming
+from conversations import locks, turnstream
 from tests.fakes import ScriptedEngine
 
 PASSWORD = "correct-horse-battery-staple-42"
@@ -94,10 +94,10 @@ def engine_double() -> Iterator[ScriptedEngine]:
 @pytest.fixture(autouse=True)
 def _clean_stream_registry():
     yield
-    streaming._streams.clear()
-    streaming._busy.clear()
-    streaming._by_answer.clear()
-    streaming._claimed.clear()
+    turnstream._streams.clear()
+    turnstream._busy.clear()
+    turnstream._by_answer.clear()
+    locks._claimed.clear()
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ class ChatServer:
         """Wait until no generation task is running in the server."""
 
         async def wait_all():
-            tasks = [s.task for s in list(streaming._streams.values()) if s.task]
+            tasks = [s.task for s in list(turnstream._streams.values()) if s.task]
             if tasks:
                 await asyncio.wait(tasks, timeout=timeout)
 

@@ -235,16 +235,16 @@ def generation_refused(monkeypatch):
     database calls run on other connections, outside the world's transaction) is started."""
     from api import completions  # noqa: PLC0415
     from core.errors import ApiError  # noqa: PLC0415
-    from conversations import streaming  # noqa: PLC0415
+    from conversations import locks, submit  # noqa: PLC0415
 
     async def busy(**kwargs):
-        raise streaming.ConversationBusy("(test) generation is not started here")
+        raise locks.ConversationBusy("(test) generation is not started here")
 
     async def admit_busy(request, model):
         raise ApiError(409, "conflict", "(test) generation is not started here")
 
-    monkeypatch.setattr(streaming, "turn_submit", busy)
-    monkeypatch.setattr(streaming, "answer_regenerate", busy)
+    monkeypatch.setattr(submit, "turn_submit", busy)
+    monkeypatch.setattr(submit, "answer_regenerate", busy)
     monkeypatch.setattr(completions, "_admit", admit_busy)
 
 

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
 from accounts import services as account_services
-from conversations import services, streaming
+from conversations import services, turnstream
 from conversations.models import Conversation, Turn
 from tests.test_views import parse_sse, read_stream, wait_for
 
@@ -334,7 +334,7 @@ async def test_resume_with_last_event_id_replays_exactly_the_rest(make_user, eng
     response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "go"})
     turn_id = response["X-Turn-Id"]
     reader = asyncio.ensure_future(read_stream(response))
-    stream = streaming.stream_for_answer(uuid.UUID(turn_id))
+    stream = turnstream.stream_for_answer(uuid.UUID(turn_id))
     await wait_for(lambda: len(stream.events) >= 2)
     reader.cancel()  # the connection drops after event 2
     resumed = await client.get(

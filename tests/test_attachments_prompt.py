@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from attachments.models import Attachment
-from conversations import services, streaming
+from conversations import services, turnstream
 from conversations.models import Conversation, Turn
 from tests.test_api import api_client, assert_error, new_conversation, post_json
 from tests.test_attachments import PNG, media, pdf_bytes, stored_files, upload  # noqa: F401 - fixture
@@ -313,7 +313,7 @@ async def test_a_message_refused_while_answering_leaves_no_file_behind(make_user
     assert second.status_code == 409
     assert not await Attachment.objects.aexists()
     assert stored_files(media) == []
-    streaming.stream_for_conversation(conversation_id).stop()
+    turnstream.stream_for_conversation(conversation_id).stop()
     await read_stream(await client.get(events_url_of(first)))
 
 

@@ -27,7 +27,7 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts import services as account_services
-from conversations import cache, deletion, retention, services, streaming, tombstones, turnlog, writeback
+from conversations import cache, deletion, retention, services, tombstones, turnlog, turnstream, writeback
 from conversations.models import Conversation, Turn
 from privacy import services as privacy_services
 from tests.test_api import api_client, new_conversation, post_json
@@ -279,12 +279,12 @@ async def test_the_page_delete_while_the_answer_is_written_here_stops_the_engine
     assert not await Turn.objects.aexists()
 
 
-async def _streaming_here(make_user, engine_double) -> tuple[Conversation, streaming.TurnStream]:
+async def _streaming_here(make_user, engine_double) -> tuple[Conversation, turnstream.TurnStream]:
     engine_double.scripts = [["partial", 30.0, "never"]]
     client, _ = await api_client(make_user)
     conversation_id = await new_conversation(client)
     response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", {"role": "user", "content": "go"})
-    stream = streaming.stream_for_answer(uuid.UUID(response["X-Turn-Id"]))
+    stream = turnstream.stream_for_answer(uuid.UUID(response["X-Turn-Id"]))
     await wait_for(lambda: engine_double.unfinished)
     return await Conversation.objects.aget(pk=conversation_id), stream
 

@@ -89,13 +89,13 @@ async def test_the_same_facts_give_the_same_block_whatever_their_similarity_orde
 
 
 async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrived(make_user, prompts, monkeypatch):
-    """The message's embedding is started before admission (admission.memory_query_start) and
+    """The message's embedding is started before admission (plan.memory_query_start) and
     retrieval uses that result, not a second embedding made during prompt assembly: here the
     started embedding is the vector of 'has a grey cat', so that fact is retrieved for a
     message about something else entirely."""
     from concurrent.futures import Future  # noqa: PLC0415
 
-    from conversations import admission, streaming  # noqa: PLC0415
+    from conversations import plan, submit  # noqa: PLC0415
     from memory.embeddings import embed_one  # noqa: PLC0415
 
     client, user = await api_client(make_user)
@@ -108,8 +108,8 @@ async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrive
         future.set_result(embed_one("The user has a grey cat called Pixel."))
         return future
 
-    monkeypatch.setattr(streaming, "memory_query_start", early)
-    monkeypatch.setattr(admission, "memory_query_start", early)
+    monkeypatch.setattr(submit, "memory_query_start", early)
+    monkeypatch.setattr(plan, "memory_query_start", early)
     await ask(client, "Explain the offside rule in football.")
     assert started == ["Explain the offside rule in football."]
     _, _, block = prompts[-1][0]["content"].partition(MEMORY_HEADING)
@@ -119,12 +119,12 @@ async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrive
 async def test_a_started_query_embedding_is_cancelled_when_memory_is_off(make_user, prompts, monkeypatch):
     from concurrent.futures import Future  # noqa: PLC0415
 
-    from conversations import streaming  # noqa: PLC0415
+    from conversations import submit  # noqa: PLC0415
 
     client, user = await api_client(make_user)
     await sync_to_async(memory_services.memory_add)(user=user, texts=["The user prefers metric units."])
     await sync_to_async(memory_services.memory_set_enabled)(user=user, enabled=False)
     futures: list[Future] = []
-    monkeypatch.setattr(streaming, "memory_query_start", lambda text: futures.append(Future()) or futures[-1])
+    monkeypatch.setattr(submit, "memory_query_start", lambda text: futures.append(Future()) or futures[-1])
     await ask(client, "How many kilometres is a marathon?")
     assert len(futures) == 1 and futures[0].cancelled()

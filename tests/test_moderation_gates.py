@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 
 from accounts.models import Membership, Organisation
 from chatsite import metrics
-from conversations import streaming
+from conversations import events as stream_events
 from conversations.models import Turn
 from moderation import base as moderation_base
 from tests.test_api import api_client, assert_error, new_conversation, post_json
@@ -73,7 +73,7 @@ async def test_a_flagged_message_is_a_400_with_its_category_stored_blocked_and_n
 async def test_the_input_check_runs_beside_prompt_assembly_not_after_it(make_user, engine_double, monkeypatch):
     """The classifiers start before the prompt (history, memory) is assembled, so their time
     overlaps it; the verdict is read after admission (issue 7: memory adds no serial latency)."""
-    from conversations import admission  # noqa: PLC0415
+    from conversations import plan  # noqa: PLC0415
 
     checking = threading.Event()
     real = moderation_base.moderator()
@@ -89,14 +89,14 @@ async def test_the_input_check_runs_beside_prompt_assembly_not_after_it(make_use
             return real.check_output(text, policy)
 
     seen_during_assembly: list[bool] = []
-    prepare = admission._prompt_prepare
+    prepare = plan._prompt_prepare
 
     def observed_prepare(**kwargs):
         seen_during_assembly.append(checking.wait(timeout=5))
         return prepare(**kwargs)
 
     monkeypatch.setattr(moderation_base, "_moderator", Observed())
-    monkeypatch.setattr(admission, "_prompt_prepare", observed_prepare)
+    monkeypatch.setattr(plan, "_prompt_prepare", observed_prepare)
     client, _ = await api_client(make_user)
     conversation_id = await new_conversation(client)
     response = await ask(client, conversation_id, "What is the capital of France?")
@@ -291,7 +291,7 @@ async def test_a_blocked_answer_resumes_as_its_moderation_event(make_user, engin
     assert again[-1][0] == "moderation" and again[-1][1]["retract"] is True
     # Once its event log is gone, the stored answer replays as the moderation event only.
     answer = await Turn.objects.aget(pk=response["X-Turn-Id"])
-    only = parse_sse(b"".join([chunk async for chunk in streaming.stored_answer_sse(answer)]))
+    only = parse_sse(b"".join([chunk async for chunk in stream_events.stored_answer_sse(answer)]))
     assert [e[0] for e in only] == ["moderation"]
     assert "offensive" in only[0][1]["categories"] and only[0][1]["retract"] is True
 

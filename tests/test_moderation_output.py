@@ -1,5 +1,5 @@
 """The output gate's rolling window (moderation/window.py) and the live output gate that uses
-it (moderation/gate.py ``OutputGate``, as conversations/streaming.py and api/completions.py
+it (moderation/gate.py ``OutputGate``, as conversations/generate.py and api/completions.py
 run it): PF-M1, a blocked phrase is caught whole, split across deltas, or in one big chunk.
 
 The real local moderator throughout (moderation/local.py); the gate's checks go through

@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 from django.test import Client
 from django.utils import timezone
 
-from conversations import services, streaming, versions
+from conversations import services, turnstream, versions
 from conversations.models import Conversation, Turn
 from tests.test_api import api_client, assert_error, new_conversation, post_json
 from tests.test_views import HTMX, events_url_of, parse_sse, post_message, read_stream, signed_in
@@ -57,7 +57,7 @@ async def read_answer(client, response) -> list:
     again (the cross-process lock goes after the event log is flushed, just after `done`)."""
     url = events_url_of(response)
     events = parse_sse(await read_stream(await client.get(url)))
-    stream = streaming.stream_for_question(uuid.UUID(url.split("/")[4]))
+    stream = turnstream.stream_for_question(uuid.UUID(url.split("/")[4]))
     if stream is not None:
         await stream.wait()
     return events
@@ -66,7 +66,7 @@ async def read_answer(client, response) -> list:
 async def api_read(response) -> list:
     """Read a /v1 turn stream to its end and until the conversation is free again."""
     events = parse_sse(await read_stream(response))
-    stream = streaming.stream_for_answer(uuid.UUID(response["X-Turn-Id"]))
+    stream = turnstream.stream_for_answer(uuid.UUID(response["X-Turn-Id"]))
     if stream is not None:
         await stream.wait()
     return events

@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient, Client
 
-from conversations import services, streaming
+from conversations import services, turnstream
 from conversations.models import Conversation, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -217,7 +217,7 @@ async def test_second_message_while_answering_gets_409(make_user, engine_double)
     assert second.status_code == 409
     assert "still being written" in second.content.decode()
     assert await Turn.objects.filter(role="user").acount() == 1
-    streaming.stream_for_conversation(uuid.UUID(conversation_id)).stop()
+    turnstream.stream_for_conversation(uuid.UUID(conversation_id)).stop()
 
 
 # --- streaming ------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ async def test_answered_turn_replays_only_done(make_user, engine_double):
     response = await post_message(client, "hi")
     url = events_url_of(response)
     await read_stream(await client.get(url))
-    streaming._streams.clear()  # as after the finished stream has been released
+    turnstream._streams.clear()  # as after the finished stream has been released
     events = parse_sse(await read_stream(await client.get(url)))
     assert [name for name, _, _ in events] == ["done"]
     assert len(engine_double.requests) == 1  # not generated again
@@ -382,11 +382,11 @@ async def test_dropped_events_connection_aborts_generation(make_user, engine_dou
     response = await post_message(client, "count")
     events_response = await client.get(events_url_of(response))
     reader = asyncio.ensure_future(read_stream(events_response))
-    await wait_for(lambda: len(streaming._streams) and len(next(iter(streaming._streams.values())).events) == 2)
+    await wait_for(lambda: len(turnstream._streams) and len(next(iter(turnstream._streams.values())).events) == 2)
     await asyncio.sleep(0.05)
     reader.cancel()  # what the ASGI server does when the client's socket closes
     await wait_for(lambda: engine_double.aborted, timeout=1.0)
-    await wait_for(lambda: not streaming._busy)
+    await wait_for(lambda: not turnstream._busy)
     answer = await Turn.objects.aget(role="assistant")
     assert answer.status == "cancelled"
     assert answer.content == "one two"
@@ -401,7 +401,7 @@ async def test_reader_that_comes_back_within_the_grace_period_keeps_the_answer(
     response = await post_message(client, "count")
     url = events_url_of(response)
     reader = asyncio.ensure_future(read_stream(await client.get(url)))
-    await wait_for(lambda: len(next(iter(streaming._streams.values())).events) == 1)
+    await wait_for(lambda: len(next(iter(turnstream._streams.values())).events) == 1)
     reader.cancel()
     await asyncio.sleep(0.05)
     events = parse_sse(await read_stream(await client.get(url, headers={"Last-Event-ID": "1"})))
@@ -416,7 +416,7 @@ async def test_generation_nobody_reads_is_aborted(make_user, engine_double, sett
     client, _ = await signed_in(make_user)
     await post_message(client, "hello?")
     await wait_for(lambda: engine_double.aborted, timeout=2.0)
-    await wait_for(lambda: not streaming._busy)
+    await wait_for(lambda: not turnstream._busy)
     assert (await Turn.objects.aget(role="assistant")).status == "cancelled"
 
 
@@ -522,13 +522,13 @@ async def test_a_second_stop_while_the_answer_is_stored_still_closes_the_stream(
     response = await post_message(client, "go")
     url = events_url_of(response)
     await wait_for(lambda: engine_double.unfinished)
-    stream = next(iter(streaming._streams.values()))
+    stream = next(iter(turnstream._streams.values()))
     stream.stop()
     stream.task.cancel()  # a second cancellation lands while the answer is being stored
     await asyncio.wait_for(stream.wait(), 5)
     assert stream.finished
     assert stream.events[-1].event == "done"
-    assert streaming.stream_for_conversation(stream.conversation_id) is None
+    assert turnstream.stream_for_conversation(stream.conversation_id) is None
     answer = await Turn.objects.aget(role="assistant")
     assert answer.status == "cancelled"
 

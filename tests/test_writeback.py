@@ -345,15 +345,15 @@ async def test_a_held_answer_whose_event_log_expired_still_resumes_as_done(make_
     """Given an answer held awaiting write-back, no longer in any process's registry and with its
     Redis event log gone, when a client resumes its stream (GET .../turns/{id}/events), then it
     gets the answer as one `done` event, not a 404."""
-    from conversations import streaming, turnlog
+    from conversations import turnlog, turnstream
 
     engine_double.scripts = [["Held", " answer"]]
     client, _ = await api_client(make_user)
     conversation_id = await new_conversation(client)
     with tasks_queued_not_run():
         turn_id = (await one_turn(client, conversation_id))[-1][1]["turn_id"]
-        streaming._by_answer.clear()
-        streaming._streams.clear()
+        turnstream._by_answer.clear()
+        turnstream._streams.clear()
         raw = redis.Redis.from_url(settings.REDIS_URL)
         raw.delete(turnlog.stream_key(uuid.UUID(turn_id)))
         assert not await Turn.objects.filter(turn_id=turn_id).aexists()

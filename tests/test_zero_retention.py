@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from accounts.models import Membership, Organisation
-from conversations import services, streaming, writeback
+from conversations import services, turnstream
 from conversations.models import Conversation, Turn
 from tests.test_api import api_client, new_conversation, post_json
 from tests.test_views import events_url_of, parse_sse, post_message, read_stream, signed_in
@@ -43,7 +43,7 @@ async def zdr_turn(client, conversation_id: str, content: str = SECRET) -> tuple
     assert response.status_code == 200, response.content
     answer_id = response["X-Turn-Id"]
     events = parse_sse(await read_stream(response))
-    stream = streaming.stream_for_answer(uuid.UUID(answer_id))
+    stream = turnstream.stream_for_answer(uuid.UUID(answer_id))
     if stream is not None:
         await stream.wait()
     return answer_id, events

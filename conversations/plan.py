@@ -1,17 +1,15 @@
-"""Admission of one answer, before anything is stored or any engine work: the gateway's steps
-(gateway/gate.py: route, shed, budget, rate limit) with the conversation's prompt assembled
-in between, and the input moderation gate (moderation/).
+"""The plan of one answer to a conversation turn: the pipeline's steps before anything is
+stored or any engine work (gateway/gate.py: route, shed, answer budget, rate limit) with the
+conversation's prompt assembled in between (history from the turn path, the owner's memory,
+attached files).
 
-:func:`turn_plan` returns a :class:`TurnPlan`, which conversations/streaming.py generates from;
-:func:`input_check_start` starts the input gate. Refusals are ``gate.Refused`` (``ContentBlocked`` when
-moderation stopped the message, which is then stored with its verdict).
+:func:`turn_plan` returns a :class:`TurnPlan`, which conversations/generate.py answers from.
+Refusals are ``gate.Refused``; :class:`ContentBlocked` when the input gate (gateway/run.py)
+stopped the message, which is then stored with its verdict.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -23,38 +21,43 @@ from django.conf import settings
 from attachments.prompt import question_with_files
 from conversations import selectors, summaries
 from conversations.models import Turn
-from gateway import gate
+from gateway import gate, run
 from inference.pools import pool_engine
 from inference.prompts import PromptTooLong, prompt_assemble
 from inference.router import Route
-from moderation.base import acheck
-from moderation.verdicts import Policy, Verdict, policy_for
+from moderation.verdicts import Verdict
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TurnPlan:
-    """How one answer was admitted (gateway/gate.py), before anything was stored.
+    """How one answer was admitted, before anything was stored.
 
-    ``route``: the pool that answers (and why); ``caller``: whose limits and tier;
-    ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
-    ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
-    ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
-    ``decision``: the rate-limit decision (its reservation is refunded when the answer ends;
-    None for the service credential or when Redis was down).
+    ``admitted``: the pipeline's admission (gateway/run.py: caller, route, rate-limit decision,
+    moderation policy with the turn's real system prompt); ``token_ids``: the assembled prompt;
+    ``max_tokens``: the completion budget (tokens); ``context_trimmed``: earlier exchanges left
+    out or summarised (Turn.context_trimmed); ``want_summary``: the conversation is outgrowing
+    the budget (summarise after this answer).
     """
 
-    route: Route
-    caller: gate.Caller
+    admitted: run.Admitted
     token_ids: list[int]
     max_tokens: int
     context_trimmed: int
     want_summary: bool
-    decision: object | None = None
-    # The moderation policy for this turn: the organisation's thresholds and blocked terms, and
-    # the turn's real system prompt (the output gate's leak check compares the answer with it).
-    policy: Policy | None = None
+
+    @property
+    def route(self) -> Route:
+        return self.admitted.route
+
+    @property
+    def caller(self) -> gate.Caller:
+        return self.admitted.caller
+
+    @property
+    def decision(self):
+        return self.admitted.decision
 
 
 class ContentBlocked(gate.Refused):
@@ -154,16 +157,18 @@ async def turn_plan(
     planned: bool = False,
     memory_query: Future | None = None,
 ) -> TurnPlan:
-    """Admit an answer to ``question`` (gateway/gate.py): route to a pool (``model``: asked
-    for by this request, checked strictly; else the conversation's ``model``), shed under
-    load, size the completion budget, assemble the prompt, and take the rate limits for
-    prompt + max_tokens. No engine work and nothing stored. ``planned``: ``question`` is not
-    stored yet. ``memory_query``: the question's embedding for memory retrieval, started when
-    the request arrived (:func:`memory_query_start`); None: embedded during assembly. Raises gate.Refused (400/403/429/503) - for a prompt longer than the pool's
-    context too (400 context_length_exceeded)."""
+    """Admit an answer to ``question``: route to a pool (``model``: asked for by this request,
+    checked strictly; else the conversation's ``model``), shed under load, size the completion
+    budget, assemble the prompt, and take the rate limits for prompt + max_tokens. No engine work
+    and nothing stored. ``planned``: ``question`` is not stored yet. ``memory_query``: the
+    question's embedding for memory retrieval, started when the request arrived
+    (:func:`memory_query_start`); None: embedded during assembly. Raises gate.Refused
+    (400/403/404/429/503) - for a prompt longer than the pool's context too (400
+    context_length_exceeded)."""
     route = gate.route_for(caller, model, fallback=conversation.model)
     route = await gate.shed_for(caller, route)
     budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
+    system_prompt = _system_prompt(conversation, route)
     try:
         # On the request's own thread and connection (thread-sensitive), not the shared
         # executor: a request waiting there would hold its connection meanwhile, and a burst of
@@ -171,7 +176,7 @@ async def turn_plan(
         token_ids, budget, trimmed, want_summary = await sync_to_async(_prompt_prepare)(
             conversation_id=conversation.conversation_id,
             question=question,
-            system_prompt=_system_prompt(conversation, route),
+            system_prompt=system_prompt,
             route=route,
             max_tokens=budget,
             planned=planned,
@@ -182,11 +187,12 @@ async def turn_plan(
     except PromptTooLong as exc:
         raise gate.Refused(400, "context_length_exceeded", str(exc)) from None
     decision = await gate.rate_limit(caller, prompt_tokens=len(token_ids), max_tokens=budget)
-    policy = caller.moderation or await sync_to_async(policy_for)(None)
+    admitted = run.Admitted(
+        caller=caller, route=route, decision=decision, policy=run.policy_of(caller, system_prompt)
+    )
     return TurnPlan(
-        route=route, caller=caller, token_ids=token_ids, max_tokens=budget,
-        context_trimmed=trimmed, want_summary=want_summary, decision=decision,
-        policy=dataclasses.replace(policy, system_prompt=_system_prompt(conversation, route)),
+        admitted=admitted, token_ids=token_ids, max_tokens=budget, context_trimmed=trimmed,
+        want_summary=want_summary,
     )  # fmt: skip
 
 
@@ -202,54 +208,3 @@ def memory_query_start(text: str) -> Future | None:
     from memory.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
 
     return embed_one_start(text)
-
-
-def input_check_start(caller: gate.Caller, text: str) -> asyncio.Task | None:
-    """The input gate (DESIGN.md: after the rate limit, before any engine work), started early.
-
-    Starts the classifiers on ``text`` now, beside admission, so their ~10-20 ms
-    overlap prompt assembly (history, long-term memory retrieval) instead of following it.
-
-    The verdict is still *acted on* where DESIGN.md puts the gate, after the rate limit (the
-    caller awaits the task after :func:`turn_plan`): a refused request discards it, and nothing
-    is stored or sent to the engine before it is read. The input gate reads only the caller's
-    thresholds, blocked terms and fail-open flag (not the system prompt, which only the output
-    gate's leak check uses), so the policy is the caller's. Returns the task, whose result is
-    the verdict on ``text`` (a classifier that fails or times out gives a flagged
-    ``moderation_unavailable`` verdict unless the organisation chose fail-open, PF-M2), or None
-    while the gate is off (settings.CHAT_MODERATION_INPUT). Cancel it (:func:`input_check_discard`)
-    if admission fails."""
-    if not settings.CHAT_MODERATION_INPUT:
-        return None
-    policy = caller.moderation or policy_for(None)
-    return asyncio.ensure_future(acheck("input", text, policy))
-
-
-async def input_check_discard(check: asyncio.Task | None) -> None:
-    """Cancel a started input check whose turn was not admitted (and consume its outcome)."""
-    if check is None:
-        return
-    check.cancel()
-    with contextlib.suppress(BaseException):
-        await check
-
-
-async def refuse_unavailable(plan: TurnPlan, verdict: Verdict) -> None:
-    """Raise a 503 for a turn refused because the check itself failed (nothing wrong with the
-    message: it is not stored), after giving back the reserved tokens."""
-    await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
-    raise gate.Refused(
-        503, "moderation_unavailable", verdict.message(), {"Retry-After": "30"},
-        details={"categories": list(verdict.categories)},
-    )  # fmt: skip
-
-
-async def caller_of(conversation, caller: gate.Caller | None) -> gate.Caller:
-    """``caller``, or the conversation owner acting in the conversation's organisation."""
-    if caller is not None:
-        return caller
-
-    def owner_caller():
-        return gate.caller_for(conversation.owner, conversation.org)
-
-    return await sync_to_async(owner_caller)()

@@ -1,0 +1,206 @@
+"""Answering one conversation turn: the pipeline's run (gateway/run.py: generate with the output
+gate beside the stream, one tally, one settle) rendered as turn-stream events, then persisted.
+
+:func:`generation_start` starts the task for an admitted plan (conversations/plan.py); the task
+publishes ``token`` events as the engine sends text and ends with exactly one terminal event
+(conversations/events.py), after the answer is durable and settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from uuid import UUID
+
+from django.conf import settings
+
+from conversations import cache, summaries, turnlog, writeback
+from conversations.events import error_payload, terminal_event
+from conversations.locks import ensure_idle
+from conversations.models import Turn
+from conversations.plan import TurnPlan
+from conversations.turnstream import TurnStream, stream_for_answer, stream_register, stream_release
+from core.db import run_in_db_thread
+from gateway import run
+from inference.engine import EngineUnavailable, GenerationOptions
+from moderation.verdicts import Verdict
+
+logger = logging.getLogger(__name__)
+
+
+def generation_start(
+    *,
+    conversation_id: UUID,
+    question: Turn,
+    plan: TurnPlan,
+    answer_id: UUID | None = None,
+    zero_retention: bool = False,
+    replaces_id: UUID | None = None,
+    claimed: bool = False,
+) -> TurnStream:
+    """Start answering ``question`` (a stored user turn) as a background task; return its stream.
+
+    ``plan``: the admitted prompt, pool and budget (conversations/plan.py ``turn_plan``).
+    ``zero_retention``: the conversation keeps nothing in PostgreSQL and only short-lived copies
+    in Redis. ``replaces_id``: the answer the new one regenerates (stored as its ``replaces``).
+    ``claimed``: the caller holds the conversation's claim (conversations/locks.py). Must be
+    called from the server's event loop. Raises ConversationBusy if the conversation is already
+    generating. The task holds the stream in the registry until its answer is stored.
+    """
+    if not claimed:
+        ensure_idle(conversation_id)
+    turnlog.ensure_cancel_listener(_stop_local)
+    stream = TurnStream(
+        conversation_id=conversation_id,
+        question_id=question.turn_id,
+        answer_id=answer_id or uuid.uuid4(),
+        zero_retention=zero_retention,
+        replaces_id=replaces_id,
+        context_trimmed=plan.context_trimmed,
+        plan=plan,
+    )
+    stream_register(stream)
+    stream.task = asyncio.get_running_loop().create_task(
+        _generate(stream, question), name=f"turn-{stream.answer_id}"
+    )
+    stream._schedule_abandon(settings.CHAT_STREAM_ATTACH_TIMEOUT_S)
+    return stream
+
+
+def _stop_local(answer_id: UUID) -> None:
+    """Stop ``answer_id`` if it generates here (another process published its cancel)."""
+    stream = stream_for_answer(answer_id)
+    if stream is not None:
+        stream.stop()
+
+
+def _options(max_tokens: int) -> GenerationOptions:
+    return GenerationOptions(
+        max_tokens=max_tokens,
+        temperature=settings.CHAT_TEMPERATURE,
+        stop=tuple(settings.CHAT_STOP),
+    )
+
+
+async def _generate(stream: TurnStream, question: Turn) -> None:
+    """Drive the pipeline for one answer, publish its events, store the turn exactly once."""
+    plan = stream.plan
+    answer = run.Answer(run.Tally(prompt_tokens=len(plan.token_ids)))
+    error: str | None = None
+    output_gate = run.output_gate_for(plan.admitted, _on_flag(stream))
+    try:
+        async for text in run.generate(
+            plan.admitted, plan.token_ids, _options(plan.max_tokens), str(stream.answer_id), answer,
+            output_gate=output_gate, resume_attempts=settings.CHAT_ENGINE_RESUME_ATTEMPTS,
+        ):  # fmt: skip
+            stream.publish("token", {"text": text})
+    except asyncio.CancelledError:
+        pass  # Stop, abandoned, deleted or withdrawn: answer.finish_reason says which
+    except EngineUnavailable as exc:
+        error = f"The model is unavailable right now ({exc}). Try again in a minute."
+    except Exception:  # noqa: BLE001 - any failure must still end the stream readably
+        logger.exception("generation failed for turn %s", stream.answer_id)
+        answer.finish_reason = run.ERROR
+        error = "Something went wrong while writing the answer. Try again."
+    answer.flagged = answer.flagged or stream.blocked_verdict
+    if answer.flagged is not None:
+        answer.finish_reason = run.MODERATION
+    await _finish(stream, question, answer, error)
+    if plan.want_summary and not stream.zero_retention:
+        await run_in_db_thread(summaries.summary_request, conversation_id=stream.conversation_id)
+
+
+def _on_flag(stream: TurnStream):
+    """When the output gate flags the answer, abort its generation at once (it is stored as
+    blocked, without its text)."""
+
+    def on_flag(verdict: Verdict) -> None:
+        stream.blocked_verdict = verdict
+        task = stream.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
+    return on_flag
+
+
+async def _despite_cancellation(awaitable) -> object:
+    """Await ``awaitable`` to the end even if this task is cancelled meanwhile (a second Stop
+    while the answer is being stored must not leave it unstored or the stream unclosed)."""
+    task = asyncio.ensure_future(awaitable)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            continue
+
+
+def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
+    """The held record of the answer (conversations/writeback.py): a blocked answer keeps its
+    verdict and none of the flagged text; its cost from the one cost function."""
+    admitted = stream.plan.admitted
+    pool = admitted.route.pool
+    verdict = answer.flagged or answer.verdict
+    return writeback.answer_record(
+        conversation_id=stream.conversation_id,
+        turn_id=stream.answer_id,
+        reply_to_id=question.turn_id,
+        content="" if answer.finish_reason == run.MODERATION else answer.text,
+        status=answer.status,
+        prompt_tokens=answer.tally.prompt_tokens,
+        completion_tokens=answer.tally.completion_tokens,
+        zero_retention=stream.zero_retention,
+        replaces_id=stream.replaces_id,
+        context_trimmed=stream.context_trimmed,
+        pool=pool.name,
+        model_version=pool.version,
+        cached_tokens=answer.tally.cached_tokens,
+        cost_usd=run.answer_cost(admitted, answer.tally),
+        moderation_verdict=verdict.as_json() if verdict is not None else None,
+        finish_reason=answer.finish_reason or "",
+    )
+
+
+async def _finish(stream: TurnStream, question: Turn, answer: run.Answer, error: str | None) -> None:
+    """Make the answer durable (shielded: a second cancel cannot lose it), settle it, free the
+    conversation, then publish the terminal event.
+
+    Durable means held in Redis with its write-back queued, or inserted at once when Redis is
+    down (conversations/writeback.py). Settled means the unused part of the TPM reservation is
+    refunded and the usage ledger has the answer's tokens and cost, once per answer, cancelled
+    ones included (PF-R5). Whatever fails here (a record that cannot be built or stored) ends
+    the stream with ``error``, never leaves the conversation busy."""
+    status = answer.status
+    stored: Turn | None = None
+    try:
+        record = _record(stream, question, answer)
+        stored = writeback.record_turn(record)
+        await _despite_cancellation(writeback.answer_finish(record=record))
+        # Write-through: the next prompt and the page see the answer before PostgreSQL has it
+        # (conversations/cache.py); never raises.
+        await _despite_cancellation(cache.aturn_cached(stored, after=question.created_at))
+    except Exception:  # noqa: BLE001
+        logger.exception("could not store answer %s", stream.answer_id)
+        error = error or "The answer could not be saved. Try again."
+        status = Turn.Status.FAILED
+    stream.status = status
+    # Settled before the client hears the end: a next request sent the moment it arrives sees
+    # the refunded tokens, and the usage page already lists this answer.
+    await _despite_cancellation(
+        run.settle(
+            stream.plan.admitted, answer.tally, status=status, turn_id=stream.answer_id,
+            conversation_id=stream.conversation_id,
+        )
+    )  # fmt: skip
+    # The conversation is free before the client hears the end: a next message sent the moment
+    # it arrives must not get a 409 from a lock still held while the event log flushes.
+    stream_release(stream)
+    await _despite_cancellation(turnlog.conversation_unlock(stream.conversation_id, stream.answer_id))
+    if error is not None or stored is None:
+        stream.publish("error", error_payload(stream.answer_id, error or "The answer failed."))
+    else:
+        stream.publish(*terminal_event(stored, answer.finish_reason))
+    stream.close()
+    await _despite_cancellation(stream.log.wait_flushed())

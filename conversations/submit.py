@@ -1,0 +1,148 @@
+"""A user's message in, an answer started: the conversation entrypoint of the one turn pipeline.
+
+:func:`turn_submit` (a new message, or an edit) and :func:`answer_regenerate` (answer a question
+again) claim the conversation (conversations/locks.py), plan the answer (conversations/plan.py:
+route, shed, budget, prompt, rate limit) with the input gate running beside it (gateway/run.py),
+store the message, and start the generation (conversations/generate.py). The chat page and
+``/v1/conversations/{id}/turns`` both call these; they only parse and render.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from asgiref.sync import sync_to_async
+
+from conversations import cache, retention, selectors, services
+from conversations.generate import generation_start
+from conversations.locks import conversation_claim
+from conversations.models import Turn
+from conversations.plan import ContentBlocked, memory_query_start, turn_plan
+from conversations.turnstream import TurnStream
+from gateway import gate, run
+
+
+async def turn_submit(
+    *,
+    conversation,
+    content: str,
+    caller: gate.Caller | None = None,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    explicit_max_tokens: bool = False,
+    replaces: Turn | None = None,
+) -> tuple[Turn, TurnStream]:
+    """Store a user message and start answering it; returns (user turn, answer stream).
+
+    ``caller``: whose tier, limits and pins apply (default: the conversation's owner in its
+    organisation). ``model``: the pool this message asks for (becomes the conversation's
+    model); ``max_tokens`` / ``explicit_max_tokens``: see gateway/gate.py ``answer_budget``. ``replaces``: the
+    user turn this message edits (a user turn of this conversation, checked by the caller);
+    the edit is a new turn in its place (conversations/versions.py).
+
+    The conversation is claimed *before* anything is written (check and claim with no await
+    between them, so atomic in the event loop): of two messages sent at the same moment one is
+    answered and the other gets ConversationBusy with nothing stored (PF-P1). The answer is
+    admitted (:func:`turn_plan`: route, shed, prompt, rate limits) before the message is
+    stored, so a refused message leaves nothing behind.
+    The message then passes the input moderation gate: a flagged one is stored with its
+    verdict and status ``blocked`` and never answered (ContentBlocked); a failed check refuses
+    the turn with nothing stored (503, unless the organisation chose fail-open).
+    Raises ValidationError for an invalid message, ConversationBusy while an answer is written,
+    gate.Refused when the answer is not admitted (ContentBlocked when moderation stopped it).
+    """
+    conversation_id = conversation.conversation_id
+    answer_id = uuid.uuid4()
+    text = services.message_clean(content)
+    # Memory retrieval's query embedding starts now, beside the claim, caller and history reads.
+    memory_query = memory_query_start(text)
+    caller = await gate.acaller_of(conversation, caller)
+    async with conversation_claim(conversation_id, answer_id):
+        draft = Turn(
+            conversation_id=conversation_id, role=Turn.Role.USER, content=text,
+            replaces_id=replaces.turn_id if replaces is not None else None,
+        )  # fmt: skip
+        # The input gate's classifiers run beside admission; their verdict is read after it.
+        check = run.input_check_start(caller, text)
+        try:
+            plan = await turn_plan(
+                conversation=conversation, caller=caller, question=draft, model=model,
+                max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens, planned=True,
+                memory_query=memory_query,
+            )  # fmt: skip
+        except BaseException:
+            await run.input_check_discard(check)
+            raise
+        # A check that itself failed refuses the turn with nothing stored (503, PF-M2).
+        verdict = await run.input_verdict(check, plan.admitted)
+        blocked = verdict is not None and verdict.flagged
+        previous_turn_at = conversation.last_turn_at  # the append moves it
+        try:
+            question = await sync_to_async(services.turn_append_user)(
+                conversation=conversation, content=text, replaces=replaces,
+                moderation_verdict=verdict.as_json() if verdict is not None else None,
+                blocked=blocked,
+            )  # fmt: skip
+            if model and model != conversation.model:
+                await sync_to_async(services.conversation_model_set)(conversation=conversation, model=model)
+        except BaseException:
+            await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
+            raise
+        # Write-through to the hot cache (conversations/cache.py); never raises.
+        await cache.aturn_cached(question, after=previous_turn_at)
+        if blocked:  # stored with its verdict; the engine never sees it
+            await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
+            raise ContentBlocked(question, verdict)
+        zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
+        stream = generation_start(
+            conversation_id=conversation_id,
+            question=question,
+            plan=plan,
+            answer_id=answer_id,
+            zero_retention=zero_retention,
+            claimed=True,
+        )
+    return question, stream
+
+
+async def answer_regenerate(
+    *,
+    conversation,
+    answer: Turn,
+    caller: gate.Caller | None = None,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    explicit_max_tokens: bool = False,
+) -> tuple[Turn, TurnStream]:
+    """Answer ``answer``'s question again; returns (that question, the new answer's stream).
+
+    Append-only (conversations/versions.py): the new answer is a new assistant turn with
+    ``replaces`` = ``answer`` and the same ``reply_to``; the old one stays as an earlier
+    version. Claimed and admitted as in :func:`turn_submit` (PF-P1). ``answer`` must be an
+    assistant turn of ``conversation`` (checked by the caller). Raises ConversationBusy while
+    an answer is written, Http404 if its question is gone, gate.Refused when not admitted.
+    """
+    conversation_id = conversation.conversation_id
+    answer_id = uuid.uuid4()
+    caller = await gate.acaller_of(conversation, caller)
+    async with conversation_claim(conversation_id, answer_id):
+        question = await sync_to_async(selectors.user_turn_get)(
+            conversation=conversation, turn_id=answer.reply_to_id
+        )
+        plan = await turn_plan(
+            conversation=conversation, caller=caller, question=question, model=model,
+            max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens,
+        )  # fmt: skip
+        zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
+        stream = generation_start(
+            conversation_id=conversation_id,
+            question=question,
+            plan=plan,
+            answer_id=answer_id,
+            zero_retention=zero_retention,
+            replaces_id=answer.turn_id,
+            claimed=True,
+        )
+    return question, stream
+
+
