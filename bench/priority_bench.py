@@ -205,7 +205,7 @@ class Bench:
             route = self.free_route
             if phase.shedding:
                 try:
-                    waiting = pool_waiting(route.pool)
+                    waiting = await pool_waiting(route.pool)
                     route = shed(route, tier="free", waiting=waiting, pools=self.pools)
                 except Overloaded:
                     phase.free_shed += 1
@@ -244,7 +244,7 @@ class Bench:
 
         started = time.perf_counter()
         route = self.paid_route
-        waiting = pool_waiting(route.pool)
+        waiting = await pool_waiting(route.pool)
         if phase.shedding:
             route = shed(route, tier="paid", waiting=waiting, pools=self.pools)
         first = None

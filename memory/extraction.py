@@ -54,7 +54,8 @@ from accounts.models import Organisation, User
 from accounts.services import service_user
 from conversations import regions, retention, selectors
 from conversations.models import Conversation
-from gateway import gate, service_client
+from gateway import gate
+from inference import service_client
 from inference.engine import get_engine
 from inference.service_client import ServiceCallError
 from memory.extraction_models import ExtractionMarker
