@@ -5,7 +5,7 @@
 (inference/pools.py, ``pools_load``). ``chat.E002``: ``CHAT_CANARIES``, ``CHAT_EXPERIMENTS`` or
 ``CHAT_FLAG_POOLS`` names a pool that is not defined, or has a malformed entry
 (inference/router.py, ``routing_config_errors``). ``chat.E003``: a ``CHAT_ENGINE_*`` speed setting
-is invalid (inference/engine.py, ``EngineTuning``). ``chat.E004``: the load-shedding thresholds
+is invalid (inference/engine.py, ``EngineTuning``). ``chat.W004``: the load-shedding thresholds
 are out of the design's order (inference/router.py ``shed``).
 
 ``InferenceConfig.ready`` (inference/apps.py) registers them with the tag ``chat``. They read no
@@ -16,7 +16,7 @@ database, so they run before migrations too. (daphne does not run system checks:
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Warning, register
 
 
 @register("chat")
@@ -64,22 +64,23 @@ def check_engine_tuning(app_configs=None, **kwargs) -> list[Error]:
 
 
 @register("chat")
-def check_shedding_order(app_configs=None, **kwargs) -> list[Error]:
-    """``chat.E004``: DESIGN.md's shedding order is free turns shed first, then paid turns
+def check_shedding_order(app_configs=None, **kwargs) -> list[Warning]:
+    """``chat.W004``: DESIGN.md's shedding order is free turns shed first, then paid turns
     degraded to the smaller pool, and reasoning turns queued last only as the last resort, so
     ``CHAT_SHED_FREE_WAITING`` < ``CHAT_DEGRADE_PAID_WAITING`` < ``CHAT_REASONING_LAST_WAITING``
-    (requests waiting for an engine slot); thresholds out of that order are refused."""
+    (requests waiting for an engine slot); thresholds out of that order are warned about (a
+    warning, not an error: one threshold set very high to switch that step off is a choice)."""
     free = settings.CHAT_SHED_FREE_WAITING
     paid = settings.CHAT_DEGRADE_PAID_WAITING
     reasoning = settings.CHAT_REASONING_LAST_WAITING
     if free < paid < reasoning:
         return []
     return [
-        Error(
+        Warning(
             f"Load-shedding thresholds out of order: CHAT_SHED_FREE_WAITING={free}, "
             f"CHAT_DEGRADE_PAID_WAITING={paid}, CHAT_REASONING_LAST_WAITING={reasoning}; each "
             "must be below the next (free shed first, then paid degraded, reasoning queued last).",
             hint="See README 'Tiers, model pools, limits and cost'.",
-            id="chat.E004",
+            id="chat.W004",
         )
     ]

@@ -289,7 +289,7 @@ def _count_shed(tier: str, action: str) -> None:
 def shed(route: Route, *, tier: str, waiting: int, pools: PoolSet) -> Route:
     """Load shedding on ``waiting`` (requests queued for a slot of the route's engine), in
     DESIGN.md's order (free first, then paid degraded, reasoning queued only as the last
-    resort; the default thresholds 8 < 16 < 24 keep it, system check chat.E004):
+    resort; the default thresholds 8 < 16 < 24 keep it, system check chat.W004):
 
     - free tier and ``waiting > CHAT_SHED_FREE_WAITING``: raise Overloaded
       (``retry_after_s = CHAT_SHED_RETRY_AFTER_S``, at least 1);

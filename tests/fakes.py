@@ -32,6 +32,9 @@ class ScriptedEngine:
     unfinished: set[str] = field(default_factory=set)
     waited_ready: int = 0
     cached_tokens: int = 0  # prompt tokens each request reports as prefix-cache hits
+    # Report cached_tokens as is, even beyond the prompt (an engine quirk the serving layer
+    # must clamp, issue 17); by default the double reports at most the prompt, as vLLM does.
+    cached_unclamped: bool = False
 
     @classmethod
     def from_settings(cls) -> ScriptedEngine:
@@ -79,7 +82,7 @@ class ScriptedEngine:
         completion = 0
         finished = False
         prompt = len(prompt_token_ids)
-        cached = min(self.cached_tokens, prompt)
+        cached = self.cached_tokens if self.cached_unclamped else min(self.cached_tokens, prompt)
         try:
             for step in script:
                 if isinstance(step, BaseException):

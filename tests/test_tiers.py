@@ -381,3 +381,26 @@ async def test_max_tokens_below_one_is_a_400(make_user, engine_double, max_token
     client, _ = await api_client(make_user)
     body = {"model": "mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
     assert_error(await post_json(client, "/v1/chat/completions", body), 400, "invalid_request")
+
+
+async def test_cached_tokens_beyond_the_prompt_are_capped_at_the_prompt(make_user, engine_double):
+    """An engine reporting more cached than prompt tokens is charged for the whole prompt at
+    the cached price, not refused (the turn was answered) and not charged negative input; the
+    turn and the ledger agree, and the conversation is free for the next message (issue 17:
+    the clamp is done once, in inference/serving.py, before the cost is computed)."""
+    engine_double.cached_tokens, engine_double.cached_unclamped = 10_000, True
+    client, user = await api_client(make_user, tier="paid")
+    conversation_id = await new_conversation(client)
+    await read_stream(await ask(client, conversation_id, "one"))
+    answer = [t for t in await turns_of(conversation_id) if t.role == "assistant"][-1]
+    assert answer.cached_tokens == answer.prompt_tokens > 0
+    row = await UsageRecord.objects.aget(turn_id=answer.turn_id)
+    assert row.cached_tokens == row.prompt_tokens == answer.prompt_tokens
+    expected = pool_set().resolve(answer.pool).charge(
+        prompt_tokens=answer.prompt_tokens, cached_tokens=answer.prompt_tokens,
+        completion_tokens=answer.token_count,
+    )  # fmt: skip
+    assert row.cost_usd == answer.cost_usd == expected
+    second = await ask(client, conversation_id, "two")
+    assert second.status_code == 200
+    assert parse_sse(await read_stream(second))[-1][0] == "done"

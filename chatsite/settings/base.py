@@ -339,7 +339,7 @@ CHAT_RESERVED_SLOTS = env_int("CHAT_RESERVED_SLOTS", 4)
 # (DESIGN.md, "Targets and rules"): free turns are shed first (503 busy beyond SHED_FREE), then
 # paid turns are degraded to the `mini` pool (beyond DEGRADE_PAID), and only as the last resort
 # reasoning turns, never degraded, queue behind every other user turn (beyond REASONING_LAST).
-# The system check chat.E004 refuses thresholds out of that order.
+# The system check chat.W004 warns about thresholds out of that order.
 CHAT_SHED_FREE_WAITING = env_int("CHAT_SHED_FREE_WAITING", 8)
 CHAT_DEGRADE_PAID_WAITING = env_int("CHAT_DEGRADE_PAID_WAITING", 16)
 CHAT_REASONING_LAST_WAITING = env_int("CHAT_REASONING_LAST_WAITING", 24)
