@@ -9,7 +9,7 @@ import httpx
 import pytest
 from django.conf import settings as django_settings
 
-from accounts.services import api_key_create
+from accounts.services import api_key_create, service_api_key
 from tests.processes import daphne_process
 
 pytestmark = pytest.mark.real_engine  # uses the shared daphne server (process 1)
@@ -157,8 +157,9 @@ def test_a_resumed_stream_survives_silence_with_keep_alives(live, engine_double,
 @pytest.fixture
 def engineless_gateway(live, make_user):
     """A daphne process with no engine of its own: its model is process 1's, reached through
-    process 1's OpenAI-compatible /v1/completions with a service key."""
-    service_key = api_key_create(user=make_user("svc-gateway"), name="gateway service key").raw
+    process 1's OpenAI-compatible /v1/completions with the service credential (as
+    ``make run-prod`` does; only it may forward a turn's tier and priority, issue 17)."""
+    service_key = service_api_key()
     with daphne_process(
         {
             "CHAT_ENGINE_CLASS": "inference.remote.OpenAIRemoteEngine",
