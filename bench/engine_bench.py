@@ -167,7 +167,7 @@ def quality_part(args) -> dict:
     unquantised model, in the engine's dtype; the variant is made first if missing (~1 min)."""
     from django.conf import settings  # noqa: PLC0415
 
-    from inference.engine import EngineTuning  # noqa: PLC0415
+    from inference.tuning import EngineTuning  # noqa: PLC0415
     from inference.quantize import cpu_supports, quality_report, quantize  # noqa: PLC0415
 
     variant = _served_variant() or args.quality_variant
@@ -302,7 +302,7 @@ def report(result: dict, args) -> dict:
 
 
 def _served_variant() -> str:
-    from inference.engine import EngineTuning  # noqa: PLC0415
+    from inference.tuning import EngineTuning  # noqa: PLC0415
 
     return EngineTuning.from_settings().resolved_quantization()
 

@@ -93,15 +93,7 @@ async def turn_submit(
         if blocked:  # stored with its verdict; the engine never sees it
             await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
             raise ContentBlocked(question, verdict)
-        zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
-        stream = generation_start(
-            conversation_id=conversation_id,
-            question=question,
-            plan=plan,
-            answer_id=answer_id,
-            zero_retention=zero_retention,
-            claimed=True,
-        )
+        stream = await _answer_start(conversation, question, plan, answer_id)
     return question, stream
 
 
@@ -133,16 +125,21 @@ async def answer_regenerate(
             conversation=conversation, caller=caller, question=question, model=model,
             max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens,
         )  # fmt: skip
-        zero_retention = await sync_to_async(retention.conversation_zero_retention)(conversation)
-        stream = generation_start(
-            conversation_id=conversation_id,
-            question=question,
-            plan=plan,
-            answer_id=answer_id,
-            zero_retention=zero_retention,
-            replaces_id=answer.turn_id,
-            claimed=True,
-        )
+        stream = await _answer_start(conversation, question, plan, answer_id, replaces_id=answer.turn_id)
     return question, stream
+
+
+async def _answer_start(conversation, question: Turn, plan, answer_id, replaces_id=None) -> TurnStream:
+    """Start the answer under the caller's claim, keeping nothing at rest for a zero-retention
+    conversation (conversations/generate.py ``generation_start``)."""
+    return generation_start(
+        conversation_id=conversation.conversation_id,
+        question=question,
+        plan=plan,
+        answer_id=answer_id,
+        zero_retention=await sync_to_async(retention.conversation_zero_retention)(conversation),
+        replaces_id=replaces_id,
+        claimed=True,
+    )
 
 

@@ -5,7 +5,7 @@
 (inference/pools.py, ``pools_load``). ``chat.E002``: ``CHAT_CANARIES``, ``CHAT_EXPERIMENTS`` or
 ``CHAT_FLAG_POOLS`` names a pool that is not defined, or has a malformed entry
 (inference/router.py, ``routing_config_errors``). ``chat.E003``: a ``CHAT_ENGINE_*`` speed setting
-is invalid (inference/engine.py, ``EngineTuning``). ``chat.W004``: the load-shedding thresholds
+is invalid (inference/tuning.py, ``EngineTuning``). ``chat.W004``: the load-shedding thresholds
 are out of the design's order (inference/router.py ``shed``).
 
 ``InferenceConfig.ready`` (inference/apps.py) registers them with the tag ``chat``. They read no
@@ -50,11 +50,11 @@ def check_model_pools(app_configs=None, **kwargs) -> list[Error]:
 
 @register("chat")
 def check_engine_tuning(app_configs=None, **kwargs) -> list[Error]:
-    """``chat.E003``: a ``CHAT_ENGINE_*`` speed setting is invalid (inference/engine.py,
+    """``chat.E003``: a ``CHAT_ENGINE_*`` speed setting is invalid (inference/tuning.py,
     ``EngineTuning.from_settings``); the message names the variable and what it accepts."""
     from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
 
-    from inference.engine import EngineTuning  # noqa: PLC0415
+    from inference.tuning import EngineTuning  # noqa: PLC0415
 
     try:
         EngineTuning.from_settings()

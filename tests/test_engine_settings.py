@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from inference.engine import EngineTuning, EngineUnavailable, VllmEngine
+from inference.engine import EngineUnavailable, VllmEngine
+from inference.tuning import EngineTuning
 
 
 def engine_kwargs() -> dict:

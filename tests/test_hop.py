@@ -161,3 +161,17 @@ async def test_a_malformed_admission_field_is_a_400(engine_double, bad):
     job = BearerClient(await sync_to_async(service_api_key)())
     body = {**forwarded("paid", 0), "admission": bad}
     assert_error(await post_json(job, "/v1/completions", body), 400, "invalid_request")
+
+
+def test_the_pipelines_settled_statuses_are_the_turns_statuses():
+    """gateway/run.py settles with UsageRecord.Status (the gateway may not import
+    conversations); a turn stores Turn.Status: the two must name the same values."""
+    from conversations.models import Turn  # noqa: PLC0415
+    from gateway import run  # noqa: PLC0415
+
+    assert set(run.Status.values) == set(Turn.Status.values)
+    answer = run.Answer(run.Tally(prompt_tokens=1))
+    for reason, status in [("stop", "complete"), ("length", "complete"), ("cancelled", "cancelled"),
+                           ("moderation", "blocked"), ("error", "failed")]:
+        answer.finish_reason = reason
+        assert answer.status == status

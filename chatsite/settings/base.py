@@ -705,7 +705,7 @@ CHAT_ATTACHMENT_MAX_FILES = env_int("CHAT_ATTACHMENT_MAX_FILES", 4)  # files per
 CHAT_ATTACHMENT_MAX_PDF_PAGES = env_int("CHAT_ATTACHMENT_MAX_PDF_PAGES", 100)  # 413 above
 CHAT_ATTACHMENT_MAX_PER_CONVERSATION = env_int("CHAT_ATTACHMENT_MAX_PER_CONVERSATION", 50)
 
-# --- Engine speed (issue 9; inference/engine.py EngineTuning, bench/engine_bench.py) -----------
+# --- Engine speed (issue 9; inference/tuning.py EngineTuning, bench/engine_bench.py) -----------
 # The levers measured on this 2-core machine (README "Engine tuning" has the numbers); defaults
 # are the winners. Bad values stop the engine's start with a message naming the variable.
 # Eager (no torch.compile): start ~30 s. Off: inductor-compiled model, faster decode, but the
