@@ -1,6 +1,7 @@
 // Chat page behaviour. No inline scripts anywhere (a later CSP forbids them).
-// Streamed text is appended as plain text (textContent, never HTML); on `done` the server's
-// sanitised HTML of the whole answer replaces it (PF-X1).
+// Streamed text is rendered as Markdown while it streams (static/chat/render.js: markdown-it then
+// DOMPurify, the same features and allow-list as the server); on `done` the server's sanitised
+// HTML of the whole answer replaces it in the same task, so nothing visibly changes (PF-X1).
 (function () {
   "use strict";
 
@@ -43,7 +44,13 @@
       var bubble = article.querySelector("[data-stream-text]");
       bubble.classList.remove("plain");
       bubble.classList.add("markdown");
-      bubble.innerHTML = payload.html; // sanitised on the server
+      if (window.chatRender) window.chatRender.settle(bubble, payload.html);
+      else bubble.innerHTML = payload.html; // sanitised on the server
+      var copy = article.querySelector("button[data-copy=answer]");
+      if (copy) {
+        if (bubble.textContent.trim() && article.__chatSource) copy.setAttribute("data-copy-text", article.__chatSource);
+        else copy.remove();
+      }
       article.classList.add(payload.status || "complete");
       if (note) {
         if (payload.status === "cancelled") note.textContent = "Stopped.";
@@ -77,7 +84,10 @@
     source.addEventListener("token", function (e) {
       var payload = parse(e);
       if (payload && payload.text) {
-        text.appendChild(document.createTextNode(payload.text));
+        // The whole answer so far, kept on the article (a reconnect binds a new source).
+        article.__chatSource = (article.__chatSource || "") + payload.text;
+        if (window.chatRender) window.chatRender.live(text, article.__chatSource);
+        else text.appendChild(document.createTextNode(payload.text));
         var note = article.querySelector("[data-stream-note]");
         if (note && note.textContent === "Writing…") note.textContent = "";
       }
@@ -87,7 +97,10 @@
     source.addEventListener("moderation", function (e) {
       var payload = parse(e);
       var bubble = article.querySelector("[data-stream-text]");
-      if (bubble) bubble.textContent = "";
+      if (bubble && window.chatRender) window.chatRender.settle(bubble, "");
+      else if (bubble) bubble.textContent = "";
+      var copy = article.querySelector("button[data-copy=answer]");
+      if (copy) copy.remove();
       fail(article, source, payload && payload.message);
       showUsage(article, payload);  // the tokens generated before it was stopped are charged
       article.classList.remove("failed");
@@ -130,8 +143,7 @@
       if (box) box.value = "";
       var err = document.getElementById("composer-error");
       if (err) err.textContent = "";
-      var messages = document.getElementById("messages");
-      if (messages) messages.scrollTop = messages.scrollHeight;
+      // static/chat/follow.js brings the new exchange into view.
     }
   });
 })();

@@ -293,11 +293,11 @@ def test_pf_x1_hostile_model_output_and_title_never_run_in_the_browser(
 
     send(page, HOSTILE_MESSAGE)
 
-    # While streaming (the pause before the last delta): the text is there, inert. (Also
-    # stop waiting if live markup shows up instead, so the assertion below names it.)
+    # While streaming (the pause before the last delta): the text is there, rendered as
+    # Markdown and inert (tests/browser/test_chat_render.py has the live render's own case).
     page.wait_for_function(
         "(sel) => { const t = document.querySelector(sel);"
-        " return t && (t.textContent.includes('__pwned=4') || t.children.length > 0); }",
+        " return t && t.textContent.includes('__pwned=4'); }",
         arg=STREAM_TEXT,
     )
     assert active_content(page) == []
@@ -481,7 +481,7 @@ def test_pf_s2_browser_reassembles_utf8_and_lines_split_across_network_chunks(
 
         page.wait_for_function(
             "([sel, want]) => { const t = document.querySelector(sel);"
-            " return t && t.textContent === want; }",
+            " return t && t.textContent.trim() === want; }",  # a rendered <p>, then a newline
             arg=[STREAM_TEXT, expected],
         )
         assert stream_state(page)[1], "the answer should still be streaming"

@@ -1,0 +1,103 @@
+// Follow the stream: while the reader is at the bottom of the conversation, growth (tokens, a
+// new exchange) keeps the view at the bottom; once they scroll up it stays where they put it and
+// "Jump to latest" appears; scrolling back to the bottom, the button, or sending a message
+// follows again.
+//
+// Scrolling up is seen from the input (wheel, touch, keys) as well as from `scroll`, because a
+// token may arrive between the reader's scroll and its `scroll` event: following would
+// otherwise pull the view back down before the reader's intent is known.
+(function () {
+  "use strict";
+
+  var AT_BOTTOM_PX = 32; // this close to the bottom counts as "at the bottom"
+  var following = true;
+  var lastTop = 0;
+
+  function messages() { return document.getElementById("messages"); }
+
+  // The element that scrolls: #messages in the desktop layout, else the page itself.
+  function scroller() {
+    var box = messages();
+    if (!box) return null;
+    var overflow = getComputedStyle(box).overflowY;
+    if (overflow === "auto" || overflow === "scroll") return box;
+    return document.scrollingElement || document.documentElement;
+  }
+
+  function distanceFromBottom(el) {
+    return el.scrollHeight - el.clientHeight - el.scrollTop;
+  }
+
+  function showButton(show) {
+    var button = document.getElementById("jump-latest");
+    if (button && button.hidden === show) button.hidden = !show;
+  }
+
+  function toBottom() {
+    var el = scroller();
+    if (!el) return;
+    el.scrollTop = el.scrollHeight;
+    lastTop = el.scrollTop;
+    showButton(false);
+  }
+
+  function follow() {
+    following = true;
+    toBottom();
+  }
+
+  function unfollow() {
+    following = false;
+    var el = scroller();
+    if (el) showButton(distanceFromBottom(el) > AT_BOTTOM_PX);
+  }
+
+  function onScroll() {
+    var el = scroller();
+    if (!el) return;
+    var atBottom = distanceFromBottom(el) <= AT_BOTTOM_PX;
+    if (atBottom) following = true;
+    else if (el.scrollTop < lastTop - 1) following = false;
+    lastTop = el.scrollTop;
+    showButton(!atBottom);
+  }
+
+  // Growth: follow, or (not following) say there is more below.
+  function onGrowth() {
+    var el = scroller();
+    if (!el) return;
+    if (following) toBottom();
+    else showButton(distanceFromBottom(el) > AT_BOTTOM_PX);
+  }
+
+  function start() {
+    var box = messages();
+    if (!box) return;
+    // Mutation callbacks run before the next paint, so a followed answer never shows a frame
+    // with its new text below the fold.
+    new MutationObserver(onGrowth).observe(box, { childList: true, subtree: true, characterData: true });
+    box.addEventListener("scroll", onScroll, { passive: true });
+    window.addEventListener("scroll", onScroll, { passive: true });
+    box.addEventListener("wheel", function (e) { if (e.deltaY < 0) unfollow(); }, { passive: true });
+    box.addEventListener("touchmove", function () {
+      // A finger moving the conversation: keep following only if it ends at the bottom (onScroll).
+      var el = scroller();
+      if (el && distanceFromBottom(el) > AT_BOTTOM_PX) unfollow();
+    }, { passive: true });
+    box.addEventListener("keydown", function (e) {
+      if (["ArrowUp", "PageUp", "Home"].indexOf(e.key) >= 0) unfollow();
+    });
+    var button = document.getElementById("jump-latest");
+    if (button) button.addEventListener("click", follow);
+    follow(); // a conversation opens at its latest message
+  }
+
+  // Sending a message follows its answer.
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var form = e.detail.elt;
+    if (form && form.id === "composer" && e.detail.successful) follow();
+  });
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

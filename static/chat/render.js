@@ -1,0 +1,201 @@
+// Answers as Markdown in the browser: the live render of a streaming answer, and the code-block
+// and answer decorations (highlighting, language label, Copy) on live and stored answers alike.
+//
+// The live render must match the stored one (conversations/rendering.py) so that nothing jumps
+// when the server's HTML replaces it on `done`: markdown-it 14.1.0 (the version markdown-it-py
+// ports) with the same preset, options and image rule, then DOMPurify with the same allow-list
+// as the server's nh3 pass. Model output is untrusted (PF-X1): raw HTML is escaped by markdown-it
+// (`html` off) and anything that still got through is removed by DOMPurify. Change both sides
+// together; tests/browser/test_chat_render.py compares them.
+//
+// Needs highlight.js (window.hljs) for decorate(); markdown-it and DOMPurify only for markdown()
+// (pages that show stored answers only, e.g. share pages, load neither).
+(function () {
+  "use strict";
+
+  // conversations/rendering.py: ALLOWED_TAGS, ALLOWED_ATTRIBUTES, ALLOWED_URL_SCHEMES, LANGUAGE_CLASS.
+  var TAGS = ["p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "a",
+    "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6",
+    "table", "thead", "tbody", "tr", "th", "td"];
+  var ATTRIBUTES = { a: ["href", "title"], ol: ["start"], code: ["class"] };
+  var URL_OK = /^(?:(?:https?|mailto):|[^a-z]|[a-z+.\-]+(?:[^a-z+.\-:]|$))/i;
+  var LANGUAGE_CLASS = /^language-[A-Za-z0-9_+#.\-]{1,40}$/;
+  var LINK_REL = "noopener noreferrer nofollow";
+
+  var md = null;
+  var purify = null;
+
+  function renderer() {
+    if (md) return md;
+    md = window.markdownit("commonmark", { html: false, linkify: false, breaks: true })
+      .enable(["table", "strikethrough"]);
+    var escapeHtml = md.utils.escapeHtml;
+    // ![alt](src) -> <a href="src">alt</a>: an image would be fetched on its own (a leak).
+    md.renderer.rules.image = function (tokens, idx, options, env, self) {
+      var token = tokens[idx];
+      var src = token.attrGet("src") || "";
+      var alt = self.renderInlineAsText(token.children || [], options, env) || src;
+      return '<a href="' + escapeHtml(src) + '">' + escapeHtml(alt) + "</a>";
+    };
+    purify = window.DOMPurify(window);
+    purify.addHook("uponSanitizeAttribute", function (node, data) {
+      var tag = node.nodeName.toLowerCase();
+      var allowed = ATTRIBUTES[tag] || [];
+      if (allowed.indexOf(data.attrName) < 0) { data.keepAttr = false; return; }
+      if (data.attrName === "class" && !LANGUAGE_CLASS.test(data.attrValue)) data.keepAttr = false;
+    });
+    purify.addHook("afterSanitizeAttributes", function (node) {
+      if (node.nodeName === "A") node.setAttribute("rel", LINK_REL);
+    });
+    return md;
+  }
+
+  // Markdown text -> sanitised HTML (a string safe to set as innerHTML).
+  function markdown(text) {
+    var html = renderer().render(text || "");
+    return purify.sanitize(html, {
+      ALLOWED_TAGS: TAGS,
+      ALLOWED_ATTR: ["href", "title", "start", "class"],
+      ALLOWED_URI_REGEXP: URL_OK,
+      ALLOW_DATA_ATTR: false,
+      ALLOW_ARIA_ATTR: false,
+    });
+  }
+
+  function languageOf(code) {
+    var m = /(?:^|\s)language-(\S+)/.exec(code.className || "");
+    return m ? m[1] : "";
+  }
+
+  // Highlighted HTML of the last render's code blocks, so a streaming answer's finished blocks
+  // are not highlighted again on every frame.
+  var highlighted = new Map();
+
+  function highlight(code, language) {
+    var hljs = window.hljs;
+    if (!hljs || !language || !hljs.getLanguage(language)) return;
+    var key = language + "\u0000" + code.textContent;
+    var html = highlighted.get(key);
+    if (html === undefined) {
+      // highlight.js escapes the text it is given; its output is spans with hljs-* classes.
+      html = hljs.highlight(code.textContent, { language: language, ignoreIllegals: true }).value;
+      if (highlighted.size > 200) highlighted.clear();
+      highlighted.set(key, html);
+    }
+    code.innerHTML = html;
+    code.classList.add("hljs");
+  }
+
+  // Every `pre > code` in `root` gets highlighting, a language label and a Copy button, once.
+  function decorate(root) {
+    if (!root) return;
+    var blocks = root.querySelectorAll("pre > code");
+    for (var i = 0; i < blocks.length; i++) {
+      var code = blocks[i];
+      var pre = code.parentNode;
+      if (pre.parentNode && pre.parentNode.classList.contains("code-block")) continue;
+      var language = languageOf(code);
+      highlight(code, language);
+      var wrap = document.createElement("div");
+      wrap.className = "code-block";
+      var head = document.createElement("div");
+      head.className = "code-head";
+      var label = document.createElement("span");
+      label.className = "code-lang";
+      label.textContent = language || "text";
+      var copy = document.createElement("button");
+      copy.type = "button";
+      copy.className = "code-copy";
+      copy.setAttribute("data-copy", "code");
+      copy.setAttribute("aria-label", "Copy code");
+      copy.textContent = "Copy";
+      head.appendChild(label);
+      head.appendChild(copy);
+      pre.parentNode.insertBefore(wrap, pre);
+      wrap.appendChild(head);
+      wrap.appendChild(pre);
+    }
+  }
+
+  function clipboardWrite(text) {
+    if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
+    // Plain http on a non-local host has no async clipboard: the old way.
+    return new Promise(function (resolve, reject) {
+      var box = document.createElement("textarea");
+      box.value = text;
+      box.setAttribute("readonly", "");
+      box.style.position = "fixed";
+      box.style.opacity = "0";
+      document.body.appendChild(box);
+      box.select();
+      var ok = false;
+      try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+      box.remove();
+      if (ok) resolve(); else reject(new Error("copy refused"));
+    });
+  }
+
+  // What a Copy button copies: a code block's text, or the answer's Markdown source
+  // (data-copy-text on the stored answer's button; the streamed text on a live one).
+  function copiedText(button) {
+    if (button.getAttribute("data-copy") === "code") {
+      var code = button.closest(".code-block").querySelector("pre > code");
+      return code ? code.textContent : "";
+    }
+    if (button.hasAttribute("data-copy-text")) return button.getAttribute("data-copy-text");
+    var article = button.closest("article");
+    return (article && article.__chatSource) || "";
+  }
+
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("button[data-copy]");
+    if (!button) return;
+    var label = button.getAttribute("data-label") || button.textContent;
+    button.setAttribute("data-label", label);
+    clipboardWrite(copiedText(button)).then(function () {
+      button.textContent = "Copied";
+    }, function () {
+      button.textContent = "Copy failed";
+    }).then(function () {
+      clearTimeout(button.__chatReset);
+      button.__chatReset = setTimeout(function () { button.textContent = label; }, 1500);
+    });
+  });
+
+  // A streaming answer: render `text` into `bubble` at most once a frame.
+  function live(bubble, text) {
+    bubble.__chatPending = text;
+    if (bubble.__chatFrame) return;
+    bubble.__chatFrame = requestAnimationFrame(function () {
+      bubble.__chatFrame = 0;
+      paint(bubble, bubble.__chatPending);
+    });
+  }
+
+  function paint(bubble, text) {
+    bubble.innerHTML = markdown(text);
+    decorate(bubble);
+  }
+
+  // The answer is stored: the server's sanitised HTML replaces the live render in the same task
+  // (no frame in between), decorated as the live one was, so the reader sees no change.
+  function settle(bubble, html) {
+    if (bubble.__chatFrame) cancelAnimationFrame(bubble.__chatFrame);
+    bubble.__chatFrame = 0;
+    bubble.innerHTML = html; // sanitised on the server
+    decorate(bubble);
+  }
+
+  function decorateAll(root) {
+    var bubbles = (root || document).querySelectorAll(".turn.assistant .bubble.markdown");
+    for (var i = 0; i < bubbles.length; i++) decorate(bubbles[i]);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () { decorateAll(document); });
+  // Answers swapped in later (another version, a regenerated answer's fragment).
+  document.addEventListener("htmx:afterSettle", function () { decorateAll(document); });
+
+  window.chatRender = {
+    markdown: markdown, decorate: decorate, live: live, settle: settle, paint: paint,
+  };
+})();
