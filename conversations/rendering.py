@@ -42,7 +42,7 @@ def _image_as_link(self, tokens, idx, options, env) -> str:
 _markdown.add_render_rule("image", _image_as_link)
 
 ALLOWED_TAGS = {
-    "p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "a",
+    "p", "br", "hr", "em", "strong", "s", "del", "code", "pre", "blockquote", "a",
     "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6",
     "table", "thead", "tbody", "tr", "th", "td",
 }  # fmt: skip

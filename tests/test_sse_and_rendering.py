@@ -83,3 +83,33 @@ def test_single_line_breaks_in_answers_are_kept():
     """A poem's lines stay on separate lines after rendering (the stream shows them so too)."""
     html = markdown_to_safe_html("Roses are red,\nviolets are blue")
     assert "Roses are red,<br" in html
+
+
+def test_fenced_code_keeps_its_language_for_the_highlighter_and_label():
+    """Given a ```python fence, when rendered, then its <code> says language-python (what the
+    page's highlighter and language label read; static/chat/render.js)."""
+    html = markdown_to_safe_html("```python\nprint(1)\n```")
+    assert '<pre><code class="language-python">print(1)' in html
+
+
+@pytest.mark.parametrize(
+    "info", ['"><img src=x onerror=alert(1)>', "c<x>", "a" * 41]
+)
+def test_a_fence_language_that_is_not_a_plain_name_keeps_no_class(info):
+    """Given a fence whose language is markup, odd characters or over 40 characters, when
+    rendered, then its <code> has no class at all (nothing but a plain name gets through)."""
+    html = markdown_to_safe_html(f"```{info}\nx\n```")
+    assert "<pre><code>x" in html
+    assert "class=" not in html and dangerous_markup(html) == []
+
+
+def test_classes_other_than_a_fence_language_are_dropped():
+    """Only <code> may carry a class, and only a language: markdown-it's table alignment
+    style and any other attribute are removed."""
+    html = markdown_to_safe_html("| a |\n|--:|\n| b |")
+    assert "<td>b</td>" in html and "style" not in html and "class" not in html
+
+
+def test_strikethrough_is_kept():
+    """~~text~~ (markdown-it renders <s>) stays struck through after sanitising."""
+    assert "<s>gone</s>" in markdown_to_safe_html("~~gone~~")

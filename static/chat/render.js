@@ -14,7 +14,7 @@
   "use strict";
 
   // conversations/rendering.py: ALLOWED_TAGS, ALLOWED_ATTRIBUTES, ALLOWED_URL_SCHEMES, LANGUAGE_CLASS.
-  var TAGS = ["p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "a",
+  var TAGS = ["p", "br", "hr", "em", "strong", "s", "del", "code", "pre", "blockquote", "a",
     "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6",
     "table", "thead", "tbody", "tr", "th", "td"];
   var ATTRIBUTES = { a: ["href", "title"], ol: ["start"], code: ["class"] };
