@@ -55,6 +55,12 @@
       if (note) {
         if (payload.status === "cancelled") note.textContent = "Stopped.";
         else if (!bubble.textContent.trim()) note.textContent = "The model gave an empty answer. Try rephrasing your message.";
+        else if (payload.finish_reason === "length" && payload.usage) {
+          // The completion budget ran out: the answer ends mid-thought, and says so.
+          note.textContent = "Cut off at " + payload.usage.completion_tokens + " tokens.";
+          note.classList.add("cut-off");
+          note.setAttribute("data-cut-off", "");
+        }
         else note.remove();
       }
     }

@@ -292,3 +292,20 @@ def test_scrolling_up_stops_following_and_jump_to_latest_follows_again(live, eng
     following = page.evaluate(SCROLL_STATE)
     assert following["gap"] <= 32
     assert following["top"] > later["top"]
+
+
+def test_a_cut_off_answer_says_so_live_and_after_a_reload(live, engine_double, make_user, page, settings):
+    """Given a completion budget of 3 tokens and a model that would say more, when the answer
+    hits the cap mid-word, then it is not shown as complete: "Cut off at 3 tokens." appears
+    when `done` arrives and again after a reload."""
+    settings.CHAT_MAX_TOKENS = 3
+    engine_double.scripts.append(["They ", "help", "s ", "more ", "words."])
+    make_user("carl")
+    ui_login(page, live.url, "carl")
+
+    send(page, "tell me")
+
+    expect(page.locator(f"{ANSWER}.complete [data-cut-off]")).to_have_text("Cut off at 3 tokens.")
+    expect(page.locator(f"{ANSWER} .bubble")).to_have_text("They helps")
+    page.reload()
+    expect(page.locator(f"{ANSWER} [data-cut-off]")).to_have_text("Cut off at 3 tokens.")
