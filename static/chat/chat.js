@@ -89,6 +89,11 @@
     var text = article.querySelector("[data-stream-text]");
     source.addEventListener("token", function (e) {
       var payload = parse(e);
+      // A source the sse extension opened again (after a closed one) starts from the first
+      // event: skip what this answer already has (event ids are the stream's numbering).
+      var id = parseInt(e.lastEventId, 10);
+      if (id && id <= (article.__chatLastId || 0)) return;
+      if (id) article.__chatLastId = id;
       if (payload && payload.text) {
         // The whole answer so far, kept on the article (a reconnect binds a new source).
         article.__chatSource = (article.__chatSource || "") + payload.text;
