@@ -26,6 +26,11 @@ urlpatterns = [
         name="answer-regenerate",
     ),
     path(
+        "c/<uuid:conversation_id>/turns/<uuid:turn_id>/continue",
+        views.answer_continue,
+        name="answer-continue",
+    ),
+    path(
         "c/<uuid:conversation_id>/turns/<uuid:turn_id>/version",
         views.answer_version,
         name="answer-version",

@@ -38,13 +38,16 @@ def generation_start(
     zero_retention: bool = False,
     replaces_id: UUID | None = None,
     claimed: bool = False,
+    continues: Turn | None = None,
 ) -> TurnStream:
     """Start answering ``question`` (a stored user turn) as a background task; return its stream.
 
     ``plan``: the admitted prompt, pool and budget (conversations/plan.py ``turn_plan``).
     ``zero_retention``: the conversation keeps nothing in PostgreSQL and only short-lived copies
     in Redis. ``replaces_id``: the answer the new one regenerates (stored as its ``replaces``).
-    ``claimed``: the caller holds the conversation's claim (conversations/locks.py). Must be
+    ``claimed``: the caller holds the conversation's claim (conversations/locks.py).
+    ``continues``: the cut-off answer this one continues (Continue; ``plan``'s prompt ends with
+    its text): the stored answer is its text, then the new. Must be
     called from the server's event loop. Raises ConversationBusy if the conversation is already
     generating. The task holds the stream in the registry until its answer is stored.
     """
@@ -59,6 +62,8 @@ def generation_start(
         replaces_id=replaces_id,
         context_trimmed=plan.context_trimmed,
         plan=plan,
+        continues_id=continues.turn_id if continues is not None else None,
+        prefix=continues.content if continues is not None else "",
     )
     stream_register(stream)
     stream.task = asyncio.get_running_loop().create_task(
@@ -147,7 +152,8 @@ def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
         conversation_id=stream.conversation_id,
         turn_id=stream.answer_id,
         reply_to_id=question.turn_id,
-        content="" if answer.finish_reason == run.MODERATION else answer.text,
+        # Continue: the plan's prompt ends with the continued text; the answer is it, then the new.
+        content="" if answer.finish_reason == run.MODERATION else stream.prefix + answer.text,
         status=answer.status,
         prompt_tokens=answer.tally.prompt_tokens,
         completion_tokens=answer.tally.completion_tokens,
@@ -160,6 +166,7 @@ def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
         cost_usd=run.answer_cost(admitted, answer.tally),
         moderation_verdict=verdict.as_json() if verdict is not None else None,
         finish_reason=answer.finish_reason or "",
+        continues_id=stream.continues_id,
     )
 
 

@@ -113,6 +113,17 @@ class Turn(models.Model):
         db_constraint=False,
         related_name="+",
     )
+    # For an assistant turn written by Continue (issue 18): the cut-off answer it continues.
+    # Its content is the whole answer (the continued text, then the new), so it stands in for
+    # that answer: the page shows one answer, the prompt uses it (conversations/versions.py).
+    continues = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
     # For an assistant turn: how many of the oldest earlier turns were left out of (or
     # summarised for) its prompt to fit the token budget; 0: the whole history fitted.
     context_trimmed = models.PositiveIntegerField(default=0)

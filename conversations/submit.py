@@ -1,7 +1,7 @@
 """A user's message in, an answer started: the conversation entrypoint of the one turn pipeline.
 
-:func:`turn_submit` (a new message, or an edit) and :func:`answer_regenerate` (answer a question
-again) claim the conversation (conversations/locks.py), plan the answer (conversations/plan.py:
+:func:`turn_submit` (a new message, or an edit), :func:`answer_regenerate` (answer a question
+again) and :func:`answer_continue` (go on with a cut-off answer) claim the conversation (conversations/locks.py), plan the answer (conversations/plan.py:
 route, shed, budget, prompt, rate limit) with the input gate running beside it (gateway/run.py),
 store the message, and start the generation (conversations/generate.py). The chat page and
 ``/v1/conversations/{id}/turns`` both call these; they only parse and render.
@@ -10,6 +10,7 @@ store the message, and start the generation (conversations/generate.py). The cha
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 from asgiref.sync import sync_to_async
 
@@ -20,6 +21,7 @@ from conversations.models import Turn
 from conversations.plan import ContentBlocked, memory_query_start, turn_plan
 from conversations.turnstream import TurnStream
 from gateway import gate, run
+from inference.pools import pool_engine
 
 
 async def turn_submit(
@@ -129,7 +131,49 @@ async def answer_regenerate(
     return question, stream
 
 
-async def _answer_start(conversation, question: Turn, plan, answer_id, replaces_id=None) -> TurnStream:
+async def answer_continue(
+    *,
+    conversation,
+    answer: Turn,
+    caller: gate.Caller | None = None,
+) -> tuple[Turn, TurnStream]:
+    """Continue ``answer``, an answer cut off at its token budget (finish_reason ``length``);
+    returns (its question, the continuation's stream).
+
+    Append-only (conversations/versions.py): the continuation is a new assistant turn with
+    ``continues`` = ``answer`` and the same ``reply_to``, whose text is ``answer``'s then the
+    new; it stands in for ``answer`` (shown as one answer). The engine is prompted with the
+    question's prompt plus ``answer``'s text, so it goes on mid-sentence; the completion budget
+    is what the pool's context leaves after that (at most the usual one). Claimed and admitted
+    as in :func:`turn_submit` (PF-P1). Raises gate.Refused (400 ``not_cut_off``) for an answer
+    that was not cut off, (400 ``context_length_exceeded``) when no room is left to continue,
+    ConversationBusy while an answer is written, Http404 if its question is gone.
+    """
+    if answer.role != Turn.Role.ASSISTANT or answer.finish_reason != "length" or answer.status != Turn.Status.COMPLETE:
+        raise gate.Refused(400, "not_cut_off", "Only an answer that was cut off can be continued.")
+    conversation_id = conversation.conversation_id
+    answer_id = uuid.uuid4()
+    caller = await gate.acaller_of(conversation, caller)
+    async with conversation_claim(conversation_id, answer_id):
+        question = await sync_to_async(selectors.user_turn_get)(
+            conversation=conversation, turn_id=answer.reply_to_id
+        )
+        plan = await turn_plan(conversation=conversation, caller=caller, question=question)
+        prefix_ids = pool_engine(plan.route.pool).encode_text(answer.content)
+        room = plan.route.pool.max_context - len(plan.token_ids) - len(prefix_ids)
+        if room < 1:
+            await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
+            raise gate.Refused(
+                400, "context_length_exceeded", "This answer is as long as the model can write here."
+            )
+        plan = replace(plan, token_ids=plan.token_ids + prefix_ids, max_tokens=min(plan.max_tokens, room))
+        stream = await _answer_start(conversation, question, plan, answer_id, continues=answer)
+    return question, stream
+
+
+async def _answer_start(
+    conversation, question: Turn, plan, answer_id, replaces_id=None, continues: Turn | None = None
+) -> TurnStream:
     """Start the answer under the caller's claim, keeping nothing at rest for a zero-retention
     conversation (conversations/generate.py ``generation_start``)."""
     return generation_start(
@@ -140,6 +184,7 @@ async def _answer_start(conversation, question: Turn, plan, answer_id, replaces_
         zero_retention=await sync_to_async(retention.conversation_zero_retention)(conversation),
         replaces_id=replaces_id,
         claimed=True,
+        continues=continues,
     )
 
 

@@ -64,6 +64,10 @@ class TurnStream:
     # exchanges its prompt left out or took from the summary (Turn.context_trimmed).
     replaces_id: UUID | None = None
     context_trimmed: int = 0
+    # Continue (conversations/submit.py answer_continue): the cut-off answer this one continues
+    # and its text, which the engine continues from and the stored answer starts with.
+    continues_id: UUID | None = None
+    prefix: str = ""
     # How this answer was admitted (pool, caller, prompt, rate-limit reservation):
     # conversations/plan.py TurnPlan.
     plan: TurnPlan | None = None

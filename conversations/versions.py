@@ -11,6 +11,11 @@ written. At each position:
 - its **answers** are the assistant turns whose ``reply_to`` is that question, oldest first:
   these are the versions the page flips between (``< 2/3 >``); the newest is shown first.
 
+Continue (issue 18) appends an assistant turn with ``continues`` = a cut-off answer and the same
+``reply_to``; its content is the whole answer (the continued text, then the new). A continued
+answer is no version of its own: the continuation stands in for it, on the page (one answer,
+not ``< 1/2 >``) and in prompts.
+
 The prompt for a position uses the positions before it, each with its current question and
 newest usable answer (not failed, not empty); a position without one is left out.
 
@@ -75,14 +80,22 @@ def _sort_key(turn: Turn) -> tuple[datetime, str]:
     return (turn.created_at, str(turn.turn_id))
 
 
+def _continued(turns: Iterable[Turn]) -> set[UUID]:
+    """Ids of the answers some turn among ``turns`` continues (module docstring)."""
+    return {t.continues_id for t in turns if getattr(t, "continues_id", None) is not None}
+
+
 def positions_build(turns: Iterable[Turn]) -> list[Position]:
     """Group a conversation's turns into positions, ordered by their original message.
 
     ``turns`` may be a suffix of the log (e.g. the turns after the running summary): a user
     turn that replaces one not given, and an answer to a question not given, belong to a
-    position outside the suffix and are left out. Turns of other roles are ignored.
+    position outside the suffix and are left out. Turns of other roles are ignored, and so are
+    answers a continuation stands in for.
     """
-    ordered = sorted(turns, key=_sort_key)
+    turns = list(turns)
+    continued = _continued(turns)
+    ordered = sorted((t for t in turns if t.turn_id not in continued), key=_sort_key)
     users = {t.turn_id: t for t in ordered if t.role == Turn.Role.USER}
     positions: dict[UUID, Position] = {}  # root user turn id -> position
     root_of: dict[UUID, UUID] = {}
@@ -131,8 +144,14 @@ def prompt_exchanges(positions: Iterable[Position]) -> list[tuple[str, str]]:
 
 def answer_versions(turns: Iterable[Turn], answer: Turn) -> list[Turn]:
     """The versions of ``answer``: every assistant turn replying to the same question, oldest
-    first (``answer`` among them)."""
+    first (``answer`` among them), but those a continuation stands in for."""
+    turns = list(turns)
+    continued = _continued(turns) - {answer.turn_id}
     return sorted(
-        (t for t in turns if t.role == Turn.Role.ASSISTANT and t.reply_to_id == answer.reply_to_id),
+        (
+            t for t in turns
+            if t.role == Turn.Role.ASSISTANT and t.reply_to_id == answer.reply_to_id
+            and t.turn_id not in continued
+        ),
         key=_sort_key,
-    )
+    )  # fmt: skip

@@ -317,6 +317,45 @@ async def answer_regenerate(
     )
 
 
+@require_POST
+@login_required
+async def answer_continue(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
+    """Continue answer ``turn_id``, which was cut off at its token budget: a new assistant turn
+    that continues it (conversations/submit.py ``answer_continue``). Responds with the streaming
+    answer fragment holding the text so far (htmx: in place of the cut-off answer; the new text
+    streams after it) or redirects. 400 for an answer that was not cut off, 404 for an answer or
+    conversation that is not the user's, 409 while an answer is still being written."""
+    user = await request.auser()
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=user
+    )
+    answer = await sync_to_async(selectors.answer_get)(conversation=conversation, turn_id=turn_id)
+    earlier = await sync_to_async(selectors.answer_versions)(answer=answer)
+    try:
+        question, stream = await submit.answer_continue(conversation=conversation, answer=answer)
+    except locks.ConversationBusy as exc:
+        return _error_response(request, str(exc), 409)
+    except gate.Refused as exc:
+        return _error_response(request, exc.message, exc.status, exc.headers)
+    if not _is_htmx(request):
+        return redirect("conversation", conversation_id=conversation.conversation_id)
+    # The continuation takes the cut-off answer's place among the versions (the newest).
+    ids = [a.turn_id for a in earlier if a.turn_id != answer.turn_id] + [stream.answer_id]
+    context = {
+        **_exchange_context(
+            conversation,
+            selectors.Exchange(question=question, answer=None),
+            answer_id=stream.answer_id,
+            versions={"index": len(ids), "total": len(ids), "prev": ids[-2] if len(ids) > 1 else None, "next": None},
+        ),
+        "prefix": answer.content,
+        "prefix_html": markdown_to_safe_html(answer.content),
+    }
+    return HttpResponse(
+        await sync_to_async(render_to_string)("chat/_answer_streaming.html", context, request=request)
+    )
+
+
 @require_GET
 @login_required
 def answer_version(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:

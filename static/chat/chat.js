@@ -60,6 +60,8 @@
           note.textContent = "Cut off at " + payload.usage.completion_tokens + " tokens.";
           note.classList.add("cut-off");
           note.setAttribute("data-cut-off", "");
+          var more = article.querySelector("[data-stream-continue]");
+          if (more) more.hidden = false;
         }
         else note.remove();
       }
@@ -87,6 +89,8 @@
     if (!source || source.__chatBound) return;
     source.__chatBound = true;
     var text = article.querySelector("[data-stream-text]");
+    // Continue: the bubble holds the cut-off answer's text; the new text streams after it.
+    if (article.__chatSource === undefined) article.__chatSource = text.getAttribute("data-stream-prefix") || "";
     source.addEventListener("token", function (e) {
       var payload = parse(e);
       // A source the sse extension opened again (after a closed one) starts from the first
