@@ -57,12 +57,11 @@ BATCH = 200  # conversations (and usage records) read per query
 def turn_json(turn: Turn, *, held: bool = False) -> dict:
     """Every field of a turn (conversations/turndata.py, so a new field is exported without an
     edit here) but its conversation's id (turns are listed under their conversation), with the
-    links named ``reply_to`` / ``replaces`` / ``continues``, and ``held``: an answer still waiting in Redis to be
+    links named ``reply_to`` / ``replaces``, and ``held``: an answer still waiting in Redis to be
     written to the database. Values are Python's (UUID, datetime, Decimal) for the encoder."""
     data = turn_values(turn)
     del data["conversation_id"]
     data["reply_to"], data["replaces"] = data.pop("reply_to_id"), data.pop("replaces_id")
-    data["continues"] = data.pop("continues_id")
     return {**data, "held": held}
 
 

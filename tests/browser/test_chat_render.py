@@ -309,3 +309,28 @@ def test_a_cut_off_answer_says_so_live_and_after_a_reload(live, engine_double, m
     expect(page.locator(f"{ANSWER} .bubble")).to_have_text("They helps")
     page.reload()
     expect(page.locator(f"{ANSWER} [data-cut-off]")).to_have_text("Cut off at 3 tokens.")
+
+
+def test_continue_appends_to_the_same_answer_and_it_stays_one_answer(live, engine_double, make_user, page, settings):
+    """Given an answer cut off at 3 tokens, when the reader presses Continue, then the new text
+    streams onto the end of the same answer (the cut-off text stays as it was, no second answer
+    appears), the cut-off note goes, and after a reload it is still one answer with the whole
+    text."""
+    settings.CHAT_MAX_TOKENS = 3
+    engine_double.scripts += [["They ", "help", "s ", "never"], ["a", " lot", 0.8, " more."]]
+    make_user("cleo")
+    ui_login(page, live.url, "cleo")
+    send(page, "tell me")
+    expect(page.locator(f"{ANSWER}.complete [data-cut-off]")).to_have_text("Cut off at 3 tokens.")
+
+    page.locator(f"{ANSWER} button.continue").click()
+
+    wait_streamed(page, "a lot")
+    expect(page.locator(ANSWER)).to_have_count(1)
+    assert bubble_text(page).strip() == "They helps a lot"
+    expect(page.locator(f"{ANSWER}.complete .bubble")).to_have_text("They helps a lot more.")
+    expect(page.locator(f"{ANSWER} [data-cut-off]")).to_have_count(0)
+    page.reload()
+    expect(page.locator(ANSWER)).to_have_count(1)
+    expect(page.locator(f"{ANSWER} .bubble")).to_have_text("They helps a lot more.")
+    expect(page.locator(f"{ANSWER} button.continue")).to_have_count(0)
