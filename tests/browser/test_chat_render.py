@@ -317,7 +317,7 @@ def test_continue_appends_to_the_same_answer_and_it_stays_one_answer(live, engin
     appears), the cut-off note goes, and after a reload it is still one answer with the whole
     text."""
     settings.CHAT_MAX_TOKENS = 3
-    engine_double.scripts += [["They ", "help", "s ", "never"], ["a", " lot", 0.8, " more."]]
+    engine_double.scripts += [["They ", "help", "s ", "never"], ["a lot", 0.8, " more."]]  # 2 tokens: within the budget
     make_user("cleo")
     ui_login(page, live.url, "cleo")
     send(page, "tell me")
