@@ -129,6 +129,19 @@ async def answer_regenerate(
     return question, stream
 
 
+async def answer_now(*, conversation, question: Turn, caller: gate.Caller | None = None) -> TurnStream:
+    """Answer ``question``, a stored user turn of ``conversation`` that has no answer and none
+    being written (e.g. its server restarted mid-answer), here and now; returns the stream.
+    Claimed (cross-process lock) and admitted as in :func:`turn_submit`, so two processes that
+    both find it unanswered never answer it twice. Raises ConversationBusy if another answer
+    holds the conversation, gate.Refused when not admitted."""
+    answer_id = uuid.uuid4()
+    caller = await gate.acaller_of(conversation, caller)
+    async with conversation_claim(conversation.conversation_id, answer_id):
+        plan = await turn_plan(conversation=conversation, caller=caller, question=question)
+        return await _answer_start(conversation, question, plan, answer_id)
+
+
 async def _answer_start(conversation, question: Turn, plan, answer_id, replaces_id=None) -> TurnStream:
     """Start the answer under the caller's claim, keeping nothing at rest for a zero-retention
     conversation (conversations/generate.py ``generation_start``)."""
