@@ -13,11 +13,12 @@ import uuid
 
 from asgiref.sync import sync_to_async
 
-from conversations import cache, retention, selectors, services
+from conversations import cache, selectors, services
 from conversations.generate import generation_start
 from conversations.locks import conversation_claim
 from conversations.models import Turn
 from conversations.plan import ContentBlocked, memory_query_start, turn_plan
+from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
 from gateway import gate, run
 
@@ -150,7 +151,7 @@ async def _answer_start(conversation, question: Turn, plan, answer_id, replaces_
         question=question,
         plan=plan,
         answer_id=answer_id,
-        zero_retention=await sync_to_async(retention.conversation_zero_retention)(conversation),
+        zero_retention=await sync_to_async(conversation_zero_retention)(conversation),
         replaces_id=replaces_id,
         claimed=True,
     )

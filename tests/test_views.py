@@ -482,6 +482,34 @@ async def test_an_answer_still_queued_in_another_process_is_followed_not_answere
     assert [(name, data.get("text")) for name, data, _ in events] == [("token", "late"), ("done", None)]
 
 
+async def test_a_withdrawn_answers_log_ends_its_remote_readers_and_a_cancel_of_it_at_once(make_user):
+    """Given an answer another process withdrew (its log ends with ``moderation``, its
+    conversation still locked while it is stored); when a reader here follows the log and a
+    Stop here asks that process to cancel it; then the reader ends at the moderation event and
+    the cancel returns within 1 s (moderation is terminal like done and error: not after the
+    log's TTL and the cancel's full 5 s wait)."""
+    user = await sync_to_async(make_user)("wanda")
+    conversation = await sync_to_async(services.conversation_create)(owner=user)
+    answer_id = uuid.uuid4()
+    assert await turnlog.conversation_lock(conversation.pk, answer_id)
+    writer = turnlog.TurnLogWriter(answer_id, uuid.uuid4(), conversation.pk)
+    writer.append(1, "token", {"text": "one"})
+    writer.append(2, "moderation", {"retract": True, "categories": ["blocked_term"], "finish_reason": "moderation"})
+    await wait_for_async(lambda: turnlog.exists(answer_id), True)
+    loop = asyncio.get_running_loop()
+
+    started = loop.time()
+    events = [item async for item in turnlog.follow(answer_id) if item is not None]
+    assert [event for _, event, _ in events] == ["token", "moderation"]
+    assert loop.time() - started < 1.0
+
+    started = loop.time()
+    await turnlog.cancel_elsewhere(answer_id)
+    assert loop.time() - started < 1.0
+    writer.close()
+    await writer.wait_flushed()
+
+
 async def test_answering_an_unanswered_question_waits_for_another_process_holding_the_conversation(
     make_user, engine_double
 ):
