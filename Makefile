@@ -40,6 +40,7 @@ bench: install model bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.replica_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.context_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.priority_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.priority_bench --topology prod
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.memory_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.engine_bench $(ENGINE_BENCH_ARGS)

@@ -24,8 +24,9 @@ from django.db import transaction
 from attachments import prompt
 from attachments.files import AttachmentRejected, Extracted, upload_read
 from attachments.models import Attachment
-from conversations import regions, retention
+from conversations import regions
 from conversations.models import Conversation, Turn
+from conversations.selectors import conversation_zero_retention
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def _check_attachable(conversation: Conversation, adding: int) -> None:
     """Raise AttachmentRejected unless ``adding`` more files may be stored in ``conversation``:
     403 in a zero-retention organisation's conversation (nothing of it may be kept), 409 past
     ``settings.CHAT_ATTACHMENT_MAX_PER_CONVERSATION`` files."""
-    if retention.conversation_zero_retention(conversation):
+    if conversation_zero_retention(conversation):
         raise AttachmentRejected(
             403, "attachments_not_allowed",
             "Your organisation keeps no conversation data, so files cannot be attached here. "

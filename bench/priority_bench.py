@@ -4,7 +4,9 @@ shedding").
 
 Run through the dev stack (``make bench`` runs it)::
 
-    python -m chatsite.devstack exec -- python -m bench.priority_bench [--paid 40]
+    python -m chatsite.devstack exec -- python -m bench.priority_bench [--paid 40] [--topology prod]
+
+(``--topology prod``: the same comparison in the production topology, bench/priority_prod.py.)
 
 One real vLLM engine (:class:`inference.engine.VllmEngine`, the shipped model, the product's
 engine arguments, ``max_num_seqs`` 16) serves the default pools in this process. Every request
@@ -474,12 +476,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--free", type=int, default=32, help="free clients in phases A, B")
     parser.add_argument("--shed-free", type=int, default=64, help="free clients in phase C")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--topology", choices=("one", "prod"), default="one",
+        help="one: one process, the engine in it (phases A-C); prod: the production topology, "
+        "engine process + 2 gateways + nginx (phases A, B; bench/priority_prod.py)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=VAR / "bench" / "priority_bench.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
     import django  # noqa: PLC0415
 
     django.setup()
+    if args.topology == "prod":
+        from bench import priority_prod  # noqa: PLC0415
+
+        return priority_prod.run(args)
     with contextlib.suppress(KeyboardInterrupt):
         return asyncio.run(amain(args))
     return 130

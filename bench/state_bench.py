@@ -58,7 +58,7 @@ TOTAL_TURNS = SMALL_CONVERSATIONS * SMALL_TURNS + LONG_TURNS
 PAGE = 50
 LONG_ID = "00000000-0000-4000-8000-999999999999"
 # The long conversation starts an hour into the first month: turn_page widens its range by
-# selectors.TURN_TIME_MARGIN, which from a month's first minutes reaches into the month before.
+# partitions.TURN_TIME_MARGIN, which from a month's first minutes reaches into the month before.
 LONG_START = dt.timedelta(hours=1)
 
 # Every column of a turn, in the order the INSERTs below write them.

@@ -53,10 +53,10 @@ from uuid import UUID
 from django.conf import settings
 
 from chatsite import metrics
-from core import redis_guard
-from conversations import regions
+from conversations import partitions, regions
 from conversations.models import Conversation, Turn
 from conversations.turndata import TURN_FIELDS, turn_dump, turn_load
+from core import redis_guard
 
 logger = logging.getLogger(__name__)
 
@@ -262,8 +262,6 @@ def history_load(conversation_id: UUID) -> History | None:
     """A conversation's History from PostgreSQL (its newest N turns): None if the conversation
     does not exist. Does not touch Redis. ``CHAT_HOT_CACHE_TURNS = 0`` (the cache off): no turn
     is read and the History is marked partial, so every caller reads the turns itself."""
-    from conversations.selectors import TURN_TIME_MARGIN  # noqa: PLC0415 - selectors imports us
-
     conversation = (
         Conversation.objects.filter(pk=conversation_id)
         .only("owner_id", "org_id", "summary", "summary_through", "created_at", "last_turn_at")
@@ -282,8 +280,9 @@ def history_load(conversation_id: UUID) -> History | None:
         rows = list(
             Turn.objects.filter(
                 conversation_id=conversation_id,
-                created_at__gte=conversation.created_at - TURN_TIME_MARGIN,
-                created_at__lte=conversation.last_turn_at + TURN_TIME_MARGIN,
+                created_at__range=partitions.turn_created_range(
+                    created_at=conversation.created_at, last_turn_at=conversation.last_turn_at
+                ),
             ).order_by("-created_at", "-turn_id")[: limit + 1]
         )
     turns = rows[:limit][::-1]

@@ -9,7 +9,7 @@ one). A deletion removes, for good:
   (CASCADE) its turns, attachments (their files leave storage once it commits), share links and
   ratings;
 - once that commits, in Redis: a tombstone is written (conversations/tombstones.py), then the
-  answers held for write-back (``chat:pending:*``, conversations/writeback.py), the hot cache
+  answers held for write-back (``chat:pending:*``, conversations/held.py), the hot cache
   entry (``conv:{id}``, conversations/cache.py) and the turns' event logs (``chat:turn:*``,
   ``chat:q:*``, ``chat:a:*``, conversations/turnlog.py) are deleted;
 - the answer still being generated in it, wherever it runs (below).
@@ -62,7 +62,7 @@ from django.utils import timezone
 
 from attachments.models import Attachment
 from attachments.services import attachment_files_forget
-from conversations import cache, regions, tombstones, turnlog, turnstream, writeback
+from conversations import cache, held, regions, tombstones, turnlog, turnstream
 from conversations.models import Conversation, Turn
 
 
@@ -138,13 +138,13 @@ def _after_commit(conversation_ids: list[UUID], turn_ids: list[UUID]) -> None:
     tombstones.tombstones_write(conversation_ids)
     _stop_here(conversation_ids)
     holders = turnlog.cancel_publish(conversation_ids)
-    held: list[UUID] = []
+    held_ids: list[UUID] = []
     for conversation_id in conversation_ids:
-        for turn in writeback.held_turns(conversation_id):  # their logs may still be there
-            held += [t for t in (turn.turn_id, turn.reply_to_id) if t]
-        writeback.conversation_held_forget(conversation_id)
+        for turn in held.held_turns(conversation_id):  # their logs may still be there
+            held_ids += [t for t in (turn.turn_id, turn.reply_to_id) if t]
+        held.conversation_held_forget(conversation_id)
         cache.forget(conversation_id)
-    turnlog.turn_logs_drop({*turn_ids, *holders, *held})
+    turnlog.turn_logs_drop({*turn_ids, *holders, *held_ids})
 
 
 def _stop_here(conversation_ids: Iterable[UUID]) -> None:

@@ -15,7 +15,7 @@ from uuid import UUID
 
 from django.conf import settings
 
-from conversations import cache, summaries, turnlog, writeback
+from conversations import cache, held, summaries, turnlog, writeback
 from conversations.events import error_payload, terminal_event
 from conversations.locks import ensure_idle
 from conversations.models import Turn
@@ -143,12 +143,12 @@ async def _despite_cancellation(awaitable) -> object:
 
 
 def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
-    """The held record of the answer (conversations/writeback.py): a blocked answer keeps its
+    """The held record of the answer (conversations/held.py): a blocked answer keeps its
     verdict and none of the flagged text; its cost from the one cost function."""
     admitted = stream.plan.admitted
     pool = admitted.route.pool
     verdict = answer.flagged or answer.verdict
-    return writeback.answer_record(
+    return held.answer_record(
         conversation_id=stream.conversation_id,
         turn_id=stream.answer_id,
         reply_to_id=question.turn_id,
@@ -183,7 +183,7 @@ async def _finish(stream: TurnStream, question: Turn, answer: run.Answer, error:
     stored: Turn | None = None
     try:
         record = _record(stream, question, answer)
-        stored = writeback.record_turn(record)
+        stored = held.record_turn(record)
         await _despite_cancellation(writeback.answer_finish(record=record))
         # Write-through: the next prompt and the page see the answer before PostgreSQL has it
         # (conversations/cache.py); never raises.

@@ -1,5 +1,6 @@
-"""Retention: conversations are purged after their owner's (or organisation's) period, and
-zero-retention organisations keep no turn in PostgreSQL at all.
+"""Retention: conversations are purged after their owner's (or organisation's) period (the
+zero-retention decision, which keeps a conversation's turns out of PostgreSQL altogether, is
+``selectors.conversation_zero_retention``).
 
 Issue 4 ("Retention"). Periods, in days after a conversation's last turn:
 
@@ -27,22 +28,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.models import Organisation, User
-from conversations import regions
+from conversations import deletion, regions
 from conversations.models import Conversation
 
 logger = logging.getLogger(__name__)
 
 BATCH = 1000  # ids per DELETE ... WHERE owner_id/org_id IN (...)
-
-
-def conversation_zero_retention(conversation: Conversation) -> bool:
-    """Whether ``conversation`` belongs to a zero-retention organisation
-    (``Organisation.zero_retention``): its turns are never written to PostgreSQL and their
-    transient copies expire within ``settings.CHAT_ZDR_TTL_S`` seconds. One indexed query when
-    the conversation has an organisation, none otherwise."""
-    if conversation.org_id is None:
-        return False
-    return Organisation.objects.filter(pk=conversation.org_id, zero_retention=True).exists()
 
 
 def retention_days_for_tier(tier: str) -> int | None:
@@ -76,9 +67,6 @@ def _purge(conversations, *, owner_ids=None, org_ids=None, cutoff: datetime) -> 
     rows are locked there, so a turn appended meanwhile (it locks the row too) waits and finds
     it gone, and a conversation that got a turn while the purge waited is kept: none is deleted
     after it stopped being expired."""
-    # Imported here: deletion imports writeback -> services, which import this module.
-    from conversations import deletion  # noqa: PLC0415
-
     query = conversations.filter(last_turn_at__lt=cutoff)
     if owner_ids is not None:
         query = query.filter(org__isnull=True, owner_id__in=owner_ids)

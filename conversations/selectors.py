@@ -12,10 +12,22 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
-from accounts.models import Membership, User
-from conversations import cache, regions, versions, writeback
-from conversations import partitions  # noqa: I001 - turn_created_range
+from accounts.models import Membership, Organisation, User
+from conversations import cache, held, partitions, regions, versions
 from conversations.models import Conversation, Turn
+
+
+def conversation_zero_retention(conversation: Conversation) -> bool:
+    """The one zero-retention decision: whether ``conversation`` keeps nothing at rest (its
+    turns are never written to PostgreSQL and their transient copies expire within
+    ``settings.CHAT_ZDR_TTL_S`` seconds). Decided from the conversation, which names its owner
+    and organisation: today a zero-retention organisation (``Organisation.zero_retention``; one
+    indexed query when the conversation has one, none otherwise); a user's temporary chat is
+    decided here too. Every writer asks this function (services, write-back, summaries, memory,
+    attachments, sharing, feedback)."""
+    if conversation.org_id is None:
+        return False
+    return Organisation.objects.filter(pk=conversation.org_id, zero_retention=True).exists()
 
 
 def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
@@ -112,15 +124,15 @@ def _turn_order(turn: Turn) -> tuple:
 
 def _with_held(conversation_id: UUID, turns: list[Turn], keep=None) -> list[Turn]:
     """``turns`` (read from PostgreSQL, oldest first) plus the conversation's turns held in Redis
-    and not among them (conversations/writeback.py: answers awaiting write-back, zero-retention
+    and not among them (conversations/held.py: answers awaiting write-back, zero-retention
     turns), oldest first. ``keep(turn)`` filters the held ones to the caller's range."""
     known = {t.turn_id for t in turns}
-    held = [
+    extra = [
         t
-        for t in writeback.held_turns(conversation_id)
+        for t in held.held_turns(conversation_id)
         if t.turn_id not in known and (keep is None or keep(t))
     ]
-    return sorted(turns + held, key=_turn_order) if held else turns
+    return sorted(turns + extra, key=_turn_order) if extra else turns
 
 
 def turn_list(*, conversation: Conversation) -> list[Turn]:
@@ -141,9 +153,9 @@ def _turn_get(conversation: Conversation, turn_id: UUID, role: str, missing: str
         return conversation.turns.get(turn_id=turn_id, role=role)
     except Turn.DoesNotExist:
         pass
-    for held in writeback.held_turns(conversation.conversation_id):
-        if held.turn_id == turn_id and held.role == role:
-            return held
+    for turn in held.held_turns(conversation.conversation_id):
+        if turn.turn_id == turn_id and turn.role == role:
+            return turn
     raise Http404(missing)
 
 
@@ -163,8 +175,8 @@ def reply_get(*, turn: Turn) -> Turn | None:
         .order_by("-created_at", "-turn_id")
         .first()
     )
-    held = [t for t in writeback.held_turns(turn.conversation_id) if t.reply_to_id == turn.turn_id]
-    candidates = ([stored] if stored is not None else []) + held
+    pending = [t for t in held.held_turns(turn.conversation_id) if t.reply_to_id == turn.turn_id]
+    candidates = ([stored] if stored is not None else []) + pending
     return max(candidates, key=_turn_order) if candidates else None
 
 
@@ -347,11 +359,6 @@ def conversation_page(
     rows = regions.merged(pieces, key=lambda c: (c.created_at, c.conversation_id), reverse=True)
     rows = list(rows)[: limit + 1]
     return rows[:limit], len(rows) > limit
-
-
-# Clock skew allowed between the servers that write a conversation and its turns
-# (partitions.turn_created_range).
-TURN_TIME_MARGIN = partitions.TURN_TIME_MARGIN
 
 
 def _turn_time_range(conversation: Conversation) -> tuple[datetime, datetime]:

@@ -15,8 +15,9 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from accounts.models import Organisation, User
-from conversations import cache, regions, retention
+from conversations import cache, held, regions
 from conversations.models import Conversation, Turn
+from conversations.selectors import conversation_zero_retention
 from workspaces.selectors import org_training_eligible
 
 logger = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def turn_append_user(
         "moderation_verdict": moderation_verdict or {},
         "status": Turn.Status.BLOCKED if blocked else Turn.Status.COMPLETE,
     }
-    if retention.conversation_zero_retention(conversation):
+    if conversation_zero_retention(conversation):
         return _zero_retention_user_turn(
             conversation=conversation, text=text, replaces_id=replaces_id, **moderation
         )
@@ -163,18 +164,16 @@ def _zero_retention_user_turn(
 ) -> Turn:
     """A zero-retention conversation's user turn: never written to PostgreSQL (issue 4,
     Retention). Its only copy is a Redis record that expires after ``settings.CHAT_ZDR_TTL_S``
-    (conversations/writeback.py), the history for the next turns within that window. Only the
+    (conversations/held.py), the history for the next turns within that window. Only the
     conversation's ``last_turn_at`` (no content) is updated; no title is taken from the text."""
-    from conversations import writeback  # noqa: PLC0415 - writeback imports this module
-
     now = timezone.now()
     turn = Turn(
         conversation=conversation, role=Turn.Role.USER, content=text, created_at=now,
         replaces_id=replaces_id, moderation_verdict=moderation_verdict or {}, status=status,
     )  # fmt: skip
     try:
-        writeback.hold(
-            writeback.turn_record(turn, zero_retention=True),
+        held.hold(
+            held.turn_record(turn, zero_retention=True),
             ttl_s=settings.CHAT_ZDR_TTL_S,
             due=False,
         )
@@ -230,7 +229,7 @@ def turn_append_assistant(
 @transaction.atomic
 @regions.atomic
 def answer_store(*, answer: Turn) -> Turn:
-    """Store ``answer``, an unsaved assistant turn (a held record's, conversations/writeback.py,
+    """Store ``answer``, an unsaved assistant turn (a held record's, conversations/held.py,
     or :func:`turn_append_assistant`'s); idempotent on its ``turn_id``.
 
     Called once per generation when its stream ends (complete, cancelled with the partial text,
@@ -252,7 +251,7 @@ def answer_store(*, answer: Turn) -> Turn:
         return existing
     now = answer.created_at or timezone.now()
     answer.conversation, answer.created_at = locked, now
-    if retention.conversation_zero_retention(locked):
+    if conversation_zero_retention(locked):
         return answer
     answer.training_eligible = org_training_eligible(org_id=locked.org_id)
     answer.save(force_insert=True)

@@ -14,11 +14,12 @@ from dataclasses import replace
 
 from asgiref.sync import sync_to_async
 
-from conversations import cache, retention, selectors, services
+from conversations import cache, selectors, services
 from conversations.generate import generation_start
 from conversations.locks import conversation_claim
 from conversations.models import Turn
 from conversations.plan import ContentBlocked, memory_query_start, turn_plan
+from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
 from gateway import gate, run
 from inference.pools import pool_engine
@@ -171,6 +172,19 @@ async def answer_continue(
     return question, stream
 
 
+async def answer_now(*, conversation, question: Turn, caller: gate.Caller | None = None) -> TurnStream:
+    """Answer ``question``, a stored user turn of ``conversation`` that has no answer and none
+    being written (e.g. its server restarted mid-answer), here and now; returns the stream.
+    Claimed (cross-process lock) and admitted as in :func:`turn_submit`, so two processes that
+    both find it unanswered never answer it twice. Raises ConversationBusy if another answer
+    holds the conversation, gate.Refused when not admitted."""
+    answer_id = uuid.uuid4()
+    caller = await gate.acaller_of(conversation, caller)
+    async with conversation_claim(conversation.conversation_id, answer_id):
+        plan = await turn_plan(conversation=conversation, caller=caller, question=question)
+        return await _answer_start(conversation, question, plan, answer_id)
+
+
 async def _answer_start(
     conversation, question: Turn, plan, answer_id, replaces_id=None, continues: Turn | None = None
 ) -> TurnStream:
@@ -181,7 +195,7 @@ async def _answer_start(
         question=question,
         plan=plan,
         answer_id=answer_id,
-        zero_retention=await sync_to_async(retention.conversation_zero_retention)(conversation),
+        zero_retention=await sync_to_async(conversation_zero_retention)(conversation),
         replaces_id=replaces_id,
         claimed=True,
         continues=continues,

@@ -30,8 +30,9 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, transaction
 
 from accounts.services import service_user
-from conversations import regions, retention, selectors, services
+from conversations import regions, selectors, services
 from conversations.models import Conversation
+from conversations.selectors import conversation_zero_retention
 from gateway import gate
 from inference.engine import get_engine
 from inference.prompts import AssembledPrompt, chat_messages, largest_fitting
@@ -116,7 +117,7 @@ def summary_update(*, conversation_id: UUID) -> bool:
     ValueError if it returns an empty summary (what was stored before stays).
     """
     conversation = Conversation.objects.filter(pk=conversation_id).first()
-    if conversation is None or retention.conversation_zero_retention(conversation):
+    if conversation is None or conversation_zero_retention(conversation):
         return False
     through = conversation.summary_through if conversation.summary else None
     summary = conversation.summary if through is not None else ""

@@ -77,6 +77,16 @@ def owner_key(answer_id: UUID | str) -> str:
     return f"chat:a:{answer_id}:conversation"
 
 
+def reader_key(answer_id: UUID | str) -> str:
+    return f"chat:a:{answer_id}:remote-reader"
+
+
+# A reader in another process marks its presence for this long and renews the mark every third
+# of it, so the writing process does not abort an answer that is read elsewhere (turnstream's
+# disconnect rule); the mark of a reader that left lapses within this many seconds.
+READER_TTL_S = 6
+
+
 def busy_key(conversation_id: UUID | str) -> str:
     return f"chat:conv:{conversation_id}:generating"
 
@@ -371,6 +381,48 @@ async def exists(answer_id: UUID) -> bool:
     return bool(found)
 
 
+async def reader_present(answer_id: UUID) -> bool:
+    """Whether a reader in some process follows ``answer_id`` from Redis now (its mark is set:
+    :func:`reading`). False if Redis is unavailable."""
+    found = await redis_guard.acall(
+        "turnlog", lambda r: r.exists(reader_key(answer_id)), default=0, fallback=_MIRROR_FALLBACK
+    )
+    return bool(found)
+
+
+@contextlib.asynccontextmanager
+async def reading(answer_id: UUID) -> AsyncIterator[None]:
+    """Mark, for the block's duration, that a reader here follows ``answer_id`` from Redis
+    (renewed every ``READER_TTL_S / 3`` s; it lapses ``READER_TTL_S`` s after the block)."""
+
+    async def mark() -> None:
+        while True:
+            await redis_guard.acall(
+                "turnlog", lambda r: r.set(reader_key(answer_id), "1", ex=READER_TTL_S),
+                default=None, fallback=_MIRROR_FALLBACK,
+            )  # fmt: skip
+            await asyncio.sleep(READER_TTL_S / 3)
+
+    task = asyncio.get_running_loop().create_task(mark(), name=f"chat-reader-{answer_id}")
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+async def writing(answer_id: UUID) -> bool:
+    """Whether some process is writing ``answer_id`` now: its conversation's "generating" lock
+    (refreshed every ``BUSY_REFRESH_S`` by the writer, gone ``BUSY_TTL_S`` after it dies) names
+    it. True also before its first event, while the answer waits for an engine slot, when its
+    log does not exist yet (False if Redis is unavailable)."""
+
+    async def read(client):
+        conversation_id = await client.get(owner_key(answer_id))
+        return conversation_id is not None and await client.get(busy_key(conversation_id)) == str(answer_id)
+
+    return bool(await redis_guard.acall("turnlog", read, default=False, fallback=_MIRROR_FALLBACK))
+
+
 BLOCK_S = 0.5  # the hub's XREAD waits at most this long, so new subscriptions join quickly
 
 
@@ -480,7 +532,11 @@ async def follow(
             try:
                 event_id, event, data = await asyncio.wait_for(queue.get(), idle_s)
             except TimeoutError:
-                if not await exists(answer_id) and loop.time() > patience_until:
+                if (
+                    loop.time() > patience_until
+                    and not await exists(answer_id)
+                    and not await writing(answer_id)
+                ):
                     return
                 yield None
                 continue

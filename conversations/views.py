@@ -23,7 +23,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from attachments import services as attachment_services
-from conversations import deletion, generate, locks, plan, retention, selectors, services, submit, turnlog, turnstream
+from conversations import deletion, locks, plan, selectors, services, submit, turnlog, turnstream
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from core.db import release_db_connection
@@ -419,14 +419,8 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
 async def _answer_now(conversation: Conversation, question: Turn, user, after: int):
     """Start answering ``question`` here and follow it; a refusal is one ``error`` event."""
     try:
-        admitted = await plan.turn_plan(
-            conversation=conversation, caller=await gate.acaller_for(user), question=question
-        )
-        stream = generate.generation_start(
-            conversation_id=conversation.conversation_id,
-            question=question,
-            plan=admitted,
-            zero_retention=await sync_to_async(retention.conversation_zero_retention)(conversation),
+        stream = await submit.answer_now(
+            conversation=conversation, question=question, caller=await gate.acaller_for(user)
         )
     except locks.ConversationBusy as exc:
         return _single_error(str(exc))

@@ -3,10 +3,9 @@
 Issue 4 ("Durable write-back"; PF-J1, PF-J2). When an answer ends (conversations/generate.py
 ``_finish``), before its ``done`` event is published:
 
-1. :func:`answer_finish` holds the answer's record in Redis: ``chat:pending:{turn_id}`` (JSON,
-   the whole turn: conversations/turndata.py), listed in the conversation's index
-   ``chat:pending:conv:{conversation_id}`` (so reads can merge it, :func:`held_turns`) and in the
-   sweeper's sorted set ``chat:pending:due`` (score: when it was held or last queued, epoch s).
+1. :func:`answer_finish` holds the answer's record in Redis (the held-answer store,
+   conversations/held.py: ``chat:pending:{turn_id}``, the conversation's index that reads merge,
+   and the sweeper's due set).
 2. :func:`write_back_queue` queues the task ``turn_write_back(turn_id)`` with
    ``transaction.on_commit`` (PF-J2: a task queued inside a transaction that rolls back never
    runs). Only the turn id travels through the broker; the text stays in the record.
@@ -30,26 +29,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
 from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, transaction
-from django.utils import timezone
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from core import redis_guard
-from conversations import services, tombstones
-from core.db import run_in_db_thread
+from conversations import held, services, tombstones
 from conversations.models import Conversation, Turn
-from conversations.turndata import turn_data, turn_from_data
+from core import redis_guard
+from core.db import run_in_db_thread
 
 logger = logging.getLogger(__name__)
-
-DUE_KEY = "chat:pending:due"
 
 SYNC_FALLBACKS = Counter(
     "chat_writeback_sync_fallback",
@@ -59,173 +53,6 @@ REQUEUED = Counter(
     "chat_writeback_requeued",
     "Held answers the sweeper queued again because their write-back had not landed.",
 )
-
-
-def record_key(turn_id: UUID | str) -> str:
-    """Redis key of a held turn's record."""
-    return f"chat:pending:{turn_id}"
-
-
-def conversation_key(conversation_id: UUID | str) -> str:
-    """Redis set of the turn ids a conversation has held (not, or not yet, in PostgreSQL)."""
-    return f"chat:pending:conv:{conversation_id}"
-
-
-# --- records -------------------------------------------------------------------------------------
-
-
-def turn_record(turn: Turn, *, zero_retention: bool = False) -> dict[str, Any]:
-    """A turn as a JSON-safe record: every field (conversations/turndata.py ``turn_data``: ids
-    as strings, ``created_at`` ISO 8601, ``cost_usd`` as its exact decimal string) and
-    ``zero_retention``."""
-    return {**turn_data(turn), "zero_retention": zero_retention}
-
-
-def record_turn(record: dict[str, Any]) -> Turn:
-    """The unsaved :class:`Turn` a record describes (for reads that merge held turns)."""
-    return turn_from_data(record)
-
-
-def answer_record(
-    *,
-    conversation_id: UUID,
-    turn_id: UUID,
-    reply_to_id: UUID,
-    content: str,
-    status: str,
-    prompt_tokens: int,
-    completion_tokens: int,
-    zero_retention: bool = False,
-    replaces_id: UUID | None = None,
-    context_trimmed: int = 0,
-    pool: str = "",
-    model_version: str = "",
-    cached_tokens: int | None = None,
-    cost_usd: Decimal | None = None,
-    moderation_verdict: dict | None = None,
-    finish_reason: str = "",
-    continues_id: UUID | None = None,
-) -> dict[str, Any]:
-    """The record of an answer that finished now (tokens: counts; ``status``: Turn.Status;
-    ``replaces_id``: the answer it regenerates; ``context_trimmed``: Turn.context_trimmed;
-    ``pool`` / ``model_version`` / ``cached_tokens`` / ``cost_usd``: who answered and what it
-    cost; ``moderation_verdict``: the output gate's; ``finish_reason``: why it ended;
-    ``continues_id``: the cut-off answer it continues; Turn's fields of those names)."""
-    turn = Turn(
-        turn_id=turn_id, conversation_id=conversation_id, role=Turn.Role.ASSISTANT,
-        content=content, status=status, token_count=completion_tokens,
-        prompt_tokens=prompt_tokens, reply_to_id=reply_to_id, created_at=timezone.now(),
-        replaces_id=replaces_id, context_trimmed=context_trimmed, pool=pool,
-        model_version=model_version, cached_tokens=cached_tokens, cost_usd=cost_usd,
-        moderation_verdict=moderation_verdict or {}, finish_reason=finish_reason,
-        continues_id=continues_id,
-    )  # fmt: skip
-    return turn_record(turn, zero_retention=zero_retention)
-
-
-def _queue_hold(pipe, record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
-    """Add the commands that hold ``record`` to a (sync or asyncio) pipeline."""
-    turn_id, conversation_id = record["turn_id"], record["conversation_id"]
-    pipe.set(record_key(turn_id), json.dumps(record, ensure_ascii=False), ex=ttl_s)
-    pipe.sadd(conversation_key(conversation_id), turn_id)
-    pipe.expire(conversation_key(conversation_id), ttl_s)
-    if due:
-        pipe.zadd(DUE_KEY, {turn_id: time.time()})
-
-
-# --- Redis (through core/redis_guard.py: short timeouts, circuit breaker, counted) ----------
-
-PART = "writeback"
-_FALLBACK = "finished answers are inserted synchronously"
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def hold(record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
-    """Hold ``record`` in Redis for ``ttl_s`` seconds (synchronous). ``due``: list it for the
-    sweeper (answers awaiting write-back; never zero-retention turns). Raises RedisError
-    (``redis_guard.RedisUnavailable``) when Redis is unreachable or known to be down."""
-
-    def run(client):
-        with client.pipeline(transaction=True) as pipe:
-            _queue_hold(pipe, record, ttl_s=ttl_s, due=due)
-            pipe.execute()
-
-    redis_guard.call(PART, run, fallback=_FALLBACK)
-
-
-async def ahold(record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
-    """:func:`hold` for the event loop (the loop's asyncio client)."""
-
-    async def run(client):
-        async with client.pipeline(transaction=True) as pipe:
-            _queue_hold(pipe, record, ttl_s=ttl_s, due=due)
-            await pipe.execute()
-
-    await redis_guard.acall(PART, run, fallback=_FALLBACK)
-
-
-def record_get(turn_id: UUID | str) -> dict[str, Any] | None:
-    """The held record of ``turn_id``, or None (never held, written and released, or expired).
-    Raises RedisError when Redis is unreachable (the task retries)."""
-    raw = redis_guard.call(PART, lambda client: client.get(record_key(turn_id)))
-    return json.loads(raw) if raw else None
-
-
-def release(*, turn_id: UUID | str, conversation_id: UUID | str) -> None:
-    """Forget a held turn: its record, its index entry and its sweeper entry. Raises
-    RedisError when Redis is unreachable."""
-
-    def run(client):
-        with client.pipeline(transaction=True) as pipe:
-            pipe.delete(record_key(turn_id))
-            pipe.srem(conversation_key(conversation_id), str(turn_id))
-            pipe.zrem(DUE_KEY, str(turn_id))
-            pipe.execute()
-
-    redis_guard.call(PART, run)
-
-
-def held_turns(conversation_id: UUID | str) -> list[Turn]:
-    """The conversation's turns held in Redis and not (yet) in PostgreSQL, oldest first, as
-    unsaved :class:`Turn` objects: finished answers awaiting write-back, and every turn of a
-    zero-retention conversation still within its TTL. Reads merge these (selectors.py) so an
-    answer is visible from the moment its ``done`` event is sent. ``[]`` when Redis is down
-    (reads then show what PostgreSQL has)."""
-
-    def run(client) -> list:
-        ids = sorted(_text(i) for i in client.smembers(conversation_key(conversation_id)))
-        if not ids:
-            return []
-        raws = client.mget([record_key(i) for i in ids])
-        gone = [i for i, raw in zip(ids, raws, strict=True) if raw is None]
-        if gone:  # released or expired: tidy the index
-            client.srem(conversation_key(conversation_id), *gone)
-        return [raw for raw in raws if raw is not None]
-
-    raws = redis_guard.call(PART, run, default=[], fallback="reads show what PostgreSQL has")
-    turns = [record_turn(json.loads(raw)) for raw in raws]
-    turns.sort(key=lambda t: (t.created_at, str(t.turn_id)))
-    return turns
-
-
-def conversation_held_forget(conversation_id: UUID | str) -> None:
-    """Drop every turn a (deleted or purged) conversation holds in Redis. Never raises for
-    Redis errors: held records expire on their own, and a write-back of a conversation that is
-    gone drops its record (:func:`answer_write_back`)."""
-
-    def run(client):
-        ids = [_text(i) for i in client.smembers(conversation_key(conversation_id))]
-        with client.pipeline(transaction=True) as pipe:
-            for turn_id in ids:
-                pipe.delete(record_key(turn_id))
-                pipe.zrem(DUE_KEY, turn_id)
-            pipe.delete(conversation_key(conversation_id))
-            pipe.execute()
-
-    redis_guard.call(PART, run, default=None, fallback="held turns expire on their own")
 
 
 # --- write-back ---------------------------------------------------------------------------------
@@ -252,7 +79,7 @@ def answer_write_back(*, turn_id: UUID) -> Turn | None:
     holds when Redis forgot: the deletion locks the same row, so an insert either commits
     before it (and its turn is deleted with the conversation) or finds no row.
     """
-    record = record_get(turn_id)
+    record = held.record_get(turn_id)
     if record is None:
         return None
     conversation_id = record["conversation_id"]
@@ -260,16 +87,16 @@ def answer_write_back(*, turn_id: UUID) -> Turn | None:
         return None  # never written to PostgreSQL; the record expires on its own
     if tombstones.tombstoned(conversation_id):
         logger.info("conversation %s was deleted; dropping held answer %s", conversation_id, turn_id)
-        release(turn_id=turn_id, conversation_id=conversation_id)
+        held.release(turn_id=turn_id, conversation_id=conversation_id)
         return None
     try:
-        turn = services.answer_store(answer=record_turn(record))
+        turn = services.answer_store(answer=held.record_turn(record))
     except Conversation.DoesNotExist:
         logger.info("conversation %s is gone; dropping held answer %s", conversation_id, turn_id)
-        release(turn_id=turn_id, conversation_id=conversation_id)
+        held.release(turn_id=turn_id, conversation_id=conversation_id)
         return None
     # The record goes only once the row is committed: until then it is the answer's copy.
-    transaction.on_commit(lambda: release(turn_id=turn_id, conversation_id=conversation_id))
+    transaction.on_commit(lambda: held.release(turn_id=turn_id, conversation_id=conversation_id))
     return turn
 
 
@@ -301,14 +128,14 @@ def held_answers_requeue(*, now: float | None = None) -> int:
     cutoff = now - settings.CHAT_WRITEBACK_REQUEUE_AFTER_S
 
     def take_due(client) -> list[str]:
-        due = [_text(t) for t in client.zrangebyscore(DUE_KEY, "-inf", cutoff)]
+        due = [held.text_of(t) for t in client.zrangebyscore(held.DUE_KEY, "-inf", cutoff)]
         if not due:
             return []
-        held = client.mget([record_key(t) for t in due])
-        gone = [t for t, raw in zip(due, held, strict=True) if raw is None]
+        raws = client.mget([held.record_key(t) for t in due])
+        gone = [t for t, raw in zip(due, raws, strict=True) if raw is None]
         owners = {  # turn id -> its conversation's id, for each record still held
             t: json.loads(raw)["conversation_id"]
-            for t, raw in zip(due, held, strict=True)
+            for t, raw in zip(due, raws, strict=True)
             if raw is not None
         }
         tombstoned = [tombstones.tombstone_key(c) for c in owners.values()]
@@ -317,19 +144,19 @@ def held_answers_requeue(*, now: float | None = None) -> int:
         live = [t for t in owners if t not in deleted]
         with client.pipeline(transaction=True) as pipe:
             if gone:
-                pipe.zrem(DUE_KEY, *gone)
+                pipe.zrem(held.DUE_KEY, *gone)
             for turn_id in deleted:  # its conversation is gone: never written
-                pipe.delete(record_key(turn_id))
-                pipe.srem(conversation_key(owners[turn_id]), turn_id)
-                pipe.zrem(DUE_KEY, turn_id)
+                pipe.delete(held.record_key(turn_id))
+                pipe.srem(held.conversation_key(owners[turn_id]), turn_id)
+                pipe.zrem(held.DUE_KEY, turn_id)
             if live:  # next look in another REQUEUE_AFTER_S, not at every sweep
-                pipe.zadd(DUE_KEY, dict.fromkeys(live, now))
+                pipe.zadd(held.DUE_KEY, dict.fromkeys(live, now))
             pipe.execute()
         if deleted:
             logger.info("dropped %d held answer(s) of deleted conversations", len(deleted))
         return live
 
-    due = redis_guard.call(PART, take_due)
+    due = redis_guard.call(held.PART, take_due)
     for turn_id in due:
         turn_write_back.delay(turn_id)
     if due:
@@ -361,17 +188,17 @@ async def answer_finish(*, record: dict[str, Any]) -> str:
     """
     if record["zero_retention"]:
         try:
-            await ahold(record, ttl_s=settings.CHAT_ZDR_TTL_S, due=False)
+            await held.ahold(record, ttl_s=settings.CHAT_ZDR_TTL_S, due=False)
         except (RedisError, OSError) as exc:
             logger.warning("zero-retention answer %s not kept (Redis: %s)", record["turn_id"], exc)
             return "lost"
         return "transient"
     try:
-        await ahold(record, ttl_s=settings.CHAT_WRITEBACK_HOLD_TTL_S, due=True)
+        await held.ahold(record, ttl_s=settings.CHAT_WRITEBACK_HOLD_TTL_S, due=True)
     except (RedisError, OSError) as exc:
         SYNC_FALLBACKS.inc()  # the outage itself is logged once by redis_guard
         logger.info("Redis cannot hold answer %s (%s): inserting it now", record["turn_id"], exc)
-        await _in_thread(services.answer_store, answer=record_turn(record))
+        await _in_thread(services.answer_store, answer=held.record_turn(record))
         return "stored"
     try:
         await _in_thread(write_back_queue, turn_id=UUID(record["turn_id"]))

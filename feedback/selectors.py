@@ -11,7 +11,7 @@ from django.db.models import Count, Q
 from django.http import Http404
 
 from accounts.models import User
-from conversations import regions, writeback
+from conversations import held, regions
 from conversations.models import Conversation, Turn
 from feedback.models import Feedback
 
@@ -25,9 +25,9 @@ def feedback_turn_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
     turn = conversation.turns.filter(turn_id=turn_id).first()
     if turn is not None:
         return turn
-    for held in writeback.held_turns(conversation.conversation_id):
-        if held.turn_id == turn_id:
-            return held
+    for pending in held.held_turns(conversation.conversation_id):
+        if pending.turn_id == turn_id:
+            return pending
     raise Http404("No such answer in this conversation.")
 
 

@@ -7,8 +7,9 @@ from django.db import IntegrityError, router, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from conversations import regions, retention
+from conversations import regions
 from conversations.models import Conversation, Turn
+from conversations.selectors import conversation_zero_retention
 from feedback.metrics import feedback_count
 from feedback.models import Feedback
 
@@ -69,7 +70,7 @@ def feedback_set(
         )
     rating = rating_clean(rating)
     comment = comment_clean(comment)
-    if comment and retention.conversation_zero_retention(conversation):
+    if comment and conversation_zero_retention(conversation):
         raise ValidationError(
             "Your organisation keeps no conversation text, so a comment cannot be stored; "
             "send the rating without one.",

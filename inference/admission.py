@@ -78,12 +78,17 @@ class _Waiter:
 @dataclass(frozen=True)
 class Grant:
     """One admission: ``tag`` (the caller's label, e.g. the request id), its ``priority`` and
-    ``reserved_ok``, and ``waited_s`` seconds in the queue."""
+    ``reserved_ok``, ``waited_s`` seconds in the queue, and ``arrival`` / ``granted``: the
+    positions of its arrival and of its grant in one sequence of queue events (so request A
+    was still waiting when B arrived iff ``A.arrival < B.arrival < A.granted``: order without
+    clocks)."""
 
     tag: str
     priority: int
     reserved_ok: bool
     waited_s: float
+    arrival: int = 0
+    granted: int = 0
 
 
 class Admission:
@@ -100,7 +105,7 @@ class Admission:
         self.model_name = model_name or label
         self.grants: collections.deque[Grant] = collections.deque(maxlen=GRANT_LOG)
         self._heap: list[_Waiter] = []
-        self._arrivals = itertools.count()
+        self._sequence = itertools.count()  # arrivals and grants, in order (Grant.arrival, .granted)
         self._running = 0
         self._running_unreserved = 0  # slots held by reserved_ok=False requests
         self._waiting = 0  # live (not cancelled, not granted) waiters in the heap
@@ -170,7 +175,7 @@ class Admission:
 
     async def _acquire(self, *, priority: int, reserved_ok: bool, tag: str) -> None:
         # fcfs: everyone at one priority, so arrival alone decides.
-        key = (0 if self.mode() == "fcfs" else priority, next(self._arrivals))
+        key = (0 if self.mode() == "fcfs" else priority, next(self._sequence))
         loop = asyncio.get_running_loop()
         waiter = _Waiter(key, reserved_ok, loop.create_future(), tag, time.monotonic())
         heapq.heappush(self._heap, waiter)
@@ -234,7 +239,10 @@ class Admission:
         self._publish()
 
     def _log_grant(self, waiter: _Waiter) -> None:
-        grant = Grant(waiter.tag, waiter.key[0], waiter.reserved_ok, time.monotonic() - waiter.queued_at)
+        grant = Grant(
+            waiter.tag, waiter.key[0], waiter.reserved_ok, time.monotonic() - waiter.queued_at,
+            arrival=waiter.key[-1], granted=next(self._sequence),
+        )  # fmt: skip
         self.grants.append(grant)
         logger.info(
             "admission %s: granted %s (priority %d, reserved_ok %s) after %.3f s; %d running, %d waiting",

@@ -52,8 +52,9 @@ from django.utils import timezone
 
 from accounts.models import Organisation, User
 from accounts.services import service_user
-from conversations import regions, retention, selectors
+from conversations import regions, selectors
 from conversations.models import Conversation
+from conversations.selectors import conversation_zero_retention
 from gateway import gate
 from inference import service_client
 from inference.engine import get_engine
@@ -284,7 +285,7 @@ def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None =
     conversation = _conversation(conversation_id=conversation_id)
     if conversation is None:
         return Extraction("gone")
-    if retention.conversation_zero_retention(conversation):
+    if conversation_zero_retention(conversation):
         return Extraction("zero_retention")  # nothing of it may be kept, facts included
     owner = User.objects.filter(pk=conversation.owner_id).only("pk", "memory_enabled").first()
     if owner is None or not owner.memory_enabled:

@@ -36,7 +36,7 @@ from accounts.models import ApiKey, Membership, Organisation, User, UserSession
 from attachments.models import Attachment
 from attachments.services import attachment_storage
 from audit.selectors import audit_entries_by_actor
-from conversations import regions, writeback
+from conversations import held, regions
 from conversations.models import Conversation, Turn
 from conversations.turndata import turn_values
 from feedback.models import Feedback
@@ -151,8 +151,8 @@ def conversation_turns(db: str, conversation: Conversation) -> list[tuple[Turn, 
         .order_by("created_at", "turn_id")
     )
     known = {t.turn_id for t in stored}
-    held = [t for t in writeback.held_turns(conversation.pk) if t.turn_id not in known]
-    pairs = [(t, False) for t in stored] + [(t, True) for t in held]
+    pending = [t for t in held.held_turns(conversation.pk) if t.turn_id not in known]
+    pairs = [(t, False) for t in stored] + [(t, True) for t in pending]
     pairs.sort(key=lambda pair: (pair[0].created_at, str(pair[0].turn_id)))
     return pairs
 

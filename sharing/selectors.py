@@ -21,9 +21,10 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, User
-from conversations import regions, retention, versions
+from conversations import regions, versions
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation, Turn
+from conversations.selectors import conversation_zero_retention
 from sharing import tokens
 from sharing.models import ShareLink
 
@@ -130,7 +131,7 @@ def snapshot_get(*, token: str) -> Snapshot:
     conversation = link.conversation
     if not creator_can_read(conversation=conversation, creator_id=link.created_by_id):
         raise Http404(NOT_FOUND)
-    if retention.conversation_zero_retention(conversation):
+    if conversation_zero_retention(conversation):
         raise Http404(NOT_FOUND)
     turns = conversation_selectors.turn_list(conversation=conversation)
     exchanges = snapshot_exchanges(

@@ -13,9 +13,10 @@ from django.utils import timezone
 from accounts.models import Organisation, User
 from audit.models import Action
 from audit.services import audit_record
-from conversations import regions, retention
+from conversations import regions
 from conversations import services as conversation_services
 from conversations.models import Conversation, Turn
+from conversations.selectors import conversation_zero_retention
 from sharing import selectors, tokens
 from sharing.models import ShareLink
 
@@ -30,7 +31,7 @@ def _shareable_boundary(conversation: Conversation) -> Turn:
     """The newest turn of ``conversation``, the boundary of a snapshot taken now. Raises
     ValidationError when it cannot be shared: a zero-retention organisation's (its turns must
     not outlive ``CHAT_ZDR_TTL_S`` in Redis, let alone be published), or one with no turns."""
-    if retention.conversation_zero_retention(conversation):
+    if conversation_zero_retention(conversation):
         raise ValidationError(
             "This conversation belongs to an organisation that keeps no conversation history, "
             "so it cannot be shared.",

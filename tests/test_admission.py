@@ -94,6 +94,34 @@ async def test_priority_mode_serves_lower_priority_first_then_by_arrival(schedul
     await reqs.finish_all()
 
 
+async def test_the_grant_log_orders_arrivals_and_grants_in_one_sequence(scheduling):
+    """Grant.arrival / .granted place every arrival and grant in one order: a request that
+    overtook others is granted before them although it arrived after them."""
+    scheduling.CHAT_MAX_NUM_SEQS = 1
+    scheduling.CHAT_RESERVED_SLOTS = 0
+    admission = Admission(label="t-grant-log")
+    reqs = Requests(admission)
+
+    async def tagged(name: str, priority: int):
+        async with admission.slot(priority=priority, reserved_ok=True, tag=name):
+            await reqs.release[name].wait()
+
+    for name, priority in (("holder", 1), ("free", 1), ("paid", 0)):
+        reqs.release[name] = asyncio.Event()
+        reqs.tasks[name] = asyncio.get_running_loop().create_task(tagged(name, priority))
+        await settle()
+    for name in ("holder", "paid", "free"):
+        await reqs.finish(name)
+        await settle()
+
+    grants = {grant.tag: grant for grant in admission.grants}
+    assert [grant.tag for grant in admission.grants] == ["holder", "paid", "free"]
+    holder, free, paid = grants["holder"], grants["free"], grants["paid"]
+    assert holder.arrival < holder.granted < free.arrival < paid.arrival  # holder ran at once
+    assert free.arrival < paid.arrival < paid.granted < free.granted  # paid overtook free
+    assert (paid.priority, free.priority) == (0, 1)
+
+
 async def test_fcfs_mode_serves_by_arrival_whatever_the_priority(scheduling):
     scheduling.CHAT_SCHEDULING = "fcfs"
     scheduling.CHAT_MAX_NUM_SEQS = 1

@@ -27,7 +27,7 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts import services as account_services
-from conversations import cache, deletion, retention, services, tombstones, turnlog, turnstream, writeback
+from conversations import cache, deletion, held, retention, services, tombstones, turnlog, turnstream, writeback
 from conversations.models import Conversation, Turn
 from privacy import services as privacy_services
 from tests.test_api import api_client, new_conversation, post_json
@@ -66,11 +66,11 @@ def generating_elsewhere(conversation: Conversation, question: Turn) -> Iterator
             message = pubsub.get_message(timeout=0.05)
             if message and message["type"] == "message" and message["data"] == str(remote.answer_id):
                 remote.cancelled.set()
-                record = writeback.answer_record(
+                record = held.answer_record(
                     conversation_id=conversation.pk, turn_id=remote.answer_id, reply_to_id=question.turn_id,
                     content="par", status=Turn.Status.CANCELLED, prompt_tokens=3, completion_tokens=1,
                 )  # fmt: skip
-                writeback.hold(record, ttl_s=600, due=True)
+                held.hold(record, ttl_s=600, due=True)
                 redis.xadd(log, {"e": "done", "d": json.dumps({"status": "cancelled"})}, id="0-2")
                 redis.delete(turnlog.busy_key(conversation.pk))
                 remote.held.set()
@@ -127,10 +127,10 @@ def test_every_entrypoint_stops_the_answer_elsewhere_and_nothing_comes_back(make
     ``/v1``, the retention purge or account deletion, then the other process is told to stop
     (within 2 s), the held answer and the cache entry are gone, and running the write-back task
     for both answers and then the sweeper writes nothing: the conversation stays deleted."""
-    plain_redis().delete(writeback.DUE_KEY)
+    plain_redis().delete(held.DUE_KEY)
     conversation = services.conversation_create(owner=make_user(tier="free"))
     question = services.turn_append_user(conversation=conversation, content="hello")
-    held = a_held_answer(conversation, question)
+    record = a_held_answer(conversation, question)
     assert cache.history(conversation.pk) is not None  # a read fills the hot cache
     assert plain_redis().exists(cache.cache_key(conversation.pk))
 
@@ -140,12 +140,12 @@ def test_every_entrypoint_stops_the_answer_elsewhere_and_nothing_comes_back(make
         assert remote.held.wait(2)
 
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
-    assert writeback.record_get(held["turn_id"]) is None
+    assert held.record_get(record["turn_id"]) is None
     assert not plain_redis().exists(cache.cache_key(conversation.pk))
-    for turn_id in (held["turn_id"], str(remote.answer_id)):
+    for turn_id in (record["turn_id"], str(remote.answer_id)):
         assert writeback.turn_write_back.apply(args=[turn_id]).result is False
     assert writeback.held_answers_requeue(now=time.time() + 86400) == 0
-    assert writeback.record_get(remote.answer_id) is None
+    assert held.record_get(remote.answer_id) is None
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
     assert not Turn.objects.filter(conversation_id=conversation.pk).exists()
 
@@ -158,19 +158,19 @@ def test_an_answer_held_after_the_deletion_is_dropped_by_the_sweeper_and_the_tas
     answer held just after the deletion (it ended in another process) whose task was lost, when
     the sweeper runs, then it queues nothing and drops the late record; the write-back task run
     explicitly for either answer writes nothing; the conversation stays deleted."""
-    plain_redis().delete(writeback.DUE_KEY)
+    plain_redis().delete(held.DUE_KEY)
     conversation = services.conversation_create(owner=make_user())
     question = services.turn_append_user(conversation=conversation, content="q")
     early = a_held_answer(conversation, question)
 
     deletion.conversation_delete(conversation=conversation)
     late = a_held_answer(conversation, question, text="ended after the deletion")
-    plain_redis().zadd(writeback.DUE_KEY, {late["turn_id"]: time.time() - 3600})
+    plain_redis().zadd(held.DUE_KEY, {late["turn_id"]: time.time() - 3600})
 
-    assert writeback.record_get(early["turn_id"]) is None
+    assert held.record_get(early["turn_id"]) is None
     assert writeback.held_answers_requeue() == 0
-    assert writeback.record_get(late["turn_id"]) is None
-    assert not plain_redis().zscore(writeback.DUE_KEY, late["turn_id"])
+    assert held.record_get(late["turn_id"]) is None
+    assert not plain_redis().zscore(held.DUE_KEY, late["turn_id"])
     for record in (early, late):
         assert writeback.turn_write_back.apply(args=[record["turn_id"]]).result is False
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
@@ -190,7 +190,7 @@ def test_without_its_tombstone_the_row_check_still_refuses_a_late_answer(make_us
     result = writeback.turn_write_back.apply(args=[late["turn_id"]])
 
     assert result.successful() and result.result is False
-    assert writeback.record_get(late["turn_id"]) is None
+    assert held.record_get(late["turn_id"]) is None
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
     assert not Turn.objects.filter(turn_id=late["turn_id"]).exists()
 
@@ -200,14 +200,14 @@ def test_a_deletion_that_rolls_back_stops_nothing_and_drops_nothing(make_user):
     back leaves the conversation, its held answer and the other process's answer alone."""
     conversation = services.conversation_create(owner=make_user())
     question = services.turn_append_user(conversation=conversation, content="q")
-    held = a_held_answer(conversation, question)
+    record = a_held_answer(conversation, question)
     with generating_elsewhere(conversation, question) as remote:
         with pytest.raises(RuntimeError), transaction.atomic():
             deletion.conversation_delete(conversation=conversation)
             raise RuntimeError("rolled back")
         assert not remote.cancelled.wait(0.3)
     assert Conversation.objects.filter(pk=conversation.pk).exists()
-    assert writeback.record_get(held["turn_id"]) is not None
+    assert held.record_get(record["turn_id"]) is not None
     assert not plain_redis().exists(tombstones.tombstone_key(conversation.pk))
 
 
@@ -258,7 +258,7 @@ async def test_v1_delete_while_the_answer_is_written_here_stops_the_engine_reque
     assert events[-1][1]["status"] == "cancelled"
     assert not await Conversation.objects.filter(pk=conversation_id).aexists()
     assert not await Turn.objects.aexists()
-    assert writeback.record_get(answer_id) is None
+    assert held.record_get(answer_id) is None
     assert not plain_redis().exists(turnlog.stream_key(answer_id))
 
 
@@ -302,7 +302,7 @@ async def test_a_sync_deletion_from_another_thread_stops_the_answer_written_here
 
     assert stream.status == Turn.Status.CANCELLED
     assert not await Turn.objects.aexists()
-    assert writeback.record_get(stream.answer_id) is None
+    assert held.record_get(stream.answer_id) is None
     assert not plain_redis().exists(turnlog.stream_key(stream.answer_id))
     assert not plain_redis().exists(turnlog.question_key(stream.question_id))
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 from accounts import services as account_services
 from accounts.models import Membership, Organisation
 from chatsite import metrics
-from conversations import deletion, services, writeback
+from conversations import deletion, held, services
 from conversations.models import Conversation, Turn
 from feedback import selectors
 from feedback.models import Feedback
@@ -329,20 +329,20 @@ def test_an_answer_still_held_for_write_back_can_be_rated(make_user):
     owner = make_user("ann")
     conversation = services.conversation_create(owner=owner)
     question = services.turn_append_user(conversation=conversation, content="Hi?")
-    record = writeback.answer_record(
+    record = held.answer_record(
         conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
         content="Hello.", status="complete", prompt_tokens=5, completion_tokens=2,
         pool="frontier", model_version="v9",
     )  # fmt: skip
-    writeback.hold(record, ttl_s=60, due=False)
-    held = Turn(turn_id=uuid.UUID(record["turn_id"]))
+    held.hold(record, ttl_s=60, due=False)
+    answer = Turn(turn_id=uuid.UUID(record["turn_id"]))
     try:
-        response = rate(signed_in(owner), conversation, held, "up")
+        response = rate(signed_in(owner), conversation, answer, "up")
     finally:
-        writeback.release(turn_id=record["turn_id"], conversation_id=conversation.pk)
+        held.release(turn_id=record["turn_id"], conversation_id=conversation.pk)
 
     assert response.status_code == 200
-    assert Feedback.objects.filter(turn_id=held.turn_id, pool="frontier", model_version="v9").exists()
+    assert Feedback.objects.filter(turn_id=answer.turn_id, pool="frontier", model_version="v9").exists()
 
 
 def test_zero_retention_conversations_take_a_rating_but_no_comment(make_user):
@@ -352,23 +352,23 @@ def test_zero_retention_conversations_take_a_rating_but_no_comment(make_user):
     org = Organisation.objects.create(name="ZDR", slug="zdr", zero_retention=True)
     Membership.objects.create(organisation=org, user=owner, role="owner")
     conversation = services.conversation_create(owner=owner, org=org)
-    record = writeback.answer_record(
+    record = held.answer_record(
         conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=uuid.uuid4(),
         content="Hello.", status="complete", prompt_tokens=5, completion_tokens=2, pool="mini",
         zero_retention=True,
     )  # fmt: skip
-    writeback.hold(record, ttl_s=60, due=False)
-    held = Turn(turn_id=uuid.UUID(record["turn_id"]))
+    held.hold(record, ttl_s=60, due=False)
+    answer = Turn(turn_id=uuid.UUID(record["turn_id"]))
     client = signed_in(owner)
     try:
-        with_comment = rate(client, conversation, held, "down", "It said something odd.")
-        without = rate(client, conversation, held, "down")
+        with_comment = rate(client, conversation, answer, "down", "It said something odd.")
+        without = rate(client, conversation, answer, "down")
     finally:
-        writeback.release(turn_id=record["turn_id"], conversation_id=conversation.pk)
+        held.release(turn_id=record["turn_id"], conversation_id=conversation.pk)
 
     assert with_comment.status_code == 400 and "keeps no conversation text" in with_comment.content.decode()
     assert without.status_code == 200
-    assert rows() == [("ann", held.turn_id, "down", "")]
+    assert rows() == [("ann", answer.turn_id, "down", "")]
 
 
 def test_deleting_the_conversation_deletes_its_feedback(make_user):

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import Organisation
-from conversations import retention, services, writeback
+from conversations import held, retention, services
 from conversations.models import Conversation, Turn
 from tests.test_writeback import plain_redis
 
@@ -106,14 +106,14 @@ def test_a_purged_conversation_leaves_no_held_turns_in_redis(make_user):
     purge deletes the held record too (a purge deletes every copy)."""
     conversation = conversation_last_active(make_user(tier="free"), 31)
     question = Turn.objects.get(conversation_id=conversation.pk)
-    record = writeback.answer_record(
+    record = held.answer_record(
         conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
         content="held", status="complete", prompt_tokens=1, completion_tokens=1,
     )  # fmt: skip
-    writeback.hold(record, ttl_s=600, due=True)
+    held.hold(record, ttl_s=600, due=True)
     assert retention.conversations_purge_expired(now=NOW) == 1
-    assert writeback.record_get(record["turn_id"]) is None
-    assert not plain_redis().exists(writeback.conversation_key(conversation.pk))
+    assert held.record_get(record["turn_id"]) is None
+    assert not plain_redis().exists(held.conversation_key(conversation.pk))
 
 
 def test_beat_purges_daily_and_sweeps_held_answers_every_minute(settings):

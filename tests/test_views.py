@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient, Client
 
-from conversations import services, turnstream
+from conversations import services, turnlog, turnstream
 from conversations.models import Conversation, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -312,6 +312,15 @@ async def test_next_turn_prompt_contains_the_history(make_user, engine_double):
 # --- stop, disconnect, abandon ----------------------------------------------------------------
 
 
+async def wait_for_async(read, expected, timeout=2.0):
+    """Await ``read()`` until it returns ``expected`` (AssertionError after ``timeout`` s)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (value := await read()) != expected:
+        assert loop.time() < deadline, f"still {value!r}, not {expected!r}"
+        await asyncio.sleep(0.02)
+
+
 async def wait_for(predicate, timeout=2.0):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -418,6 +427,106 @@ async def test_generation_nobody_reads_is_aborted(make_user, engine_double, sett
     await wait_for(lambda: engine_double.aborted, timeout=2.0)
     await wait_for(lambda: not turnstream._busy)
     assert (await Turn.objects.aget(role="assistant")).status == "cancelled"
+
+
+async def test_a_reader_in_another_process_keeps_an_answer_nobody_reads_here(make_user, engine_double, settings):
+    """Given an answer whose events request a load balancer sent to another process, so nobody
+    reads it here; when that reader's mark is in Redis (turnlog.reading: what
+    follow_remote_sse holds); then the answer is not aborted after the attach timeout and
+    completes."""
+    settings.CHAT_STREAM_ATTACH_TIMEOUT_S = 0.2
+    engine_double.scripts = [["read", 0.8, " elsewhere"]]
+    client, _ = await signed_in(make_user)
+    await post_message(client, "hello?")
+    stream = next(iter(turnstream._streams.values()))
+    async with turnlog.reading(stream.answer_id):
+        await wait_for_async(lambda: turnlog.reader_present(stream.answer_id), True)
+        await wait_for(lambda: stream.finished, timeout=5)
+    assert engine_double.aborted == {}
+    await wait_for(lambda: not turnstream._busy)
+    answer = await Turn.objects.aget(role="assistant")
+    assert (answer.status, answer.content) == ("complete", "read elsewhere")
+
+
+async def test_an_answer_still_queued_in_another_process_is_followed_not_answered_again(make_user):
+    """Given an answer that another process writes but that still waits for an engine slot (its
+    conversation lock and Redis keys are set, no event yet); when a reader here asks where the
+    answer is; then it follows that process's log (it does not give up, and the page does not
+    answer the question a second time) and gets the events once they are written."""
+    user = await sync_to_async(make_user)("quinn")
+    conversation = await sync_to_async(services.conversation_create)(owner=user)
+    answer_id, question_id = uuid.uuid4(), uuid.uuid4()
+    assert await turnlog.conversation_lock(conversation.pk, answer_id)
+    writer = turnlog.TurnLogWriter(answer_id, question_id, conversation.pk)
+    await wait_for_async(lambda: turnlog.answer_for_question(question_id), answer_id)
+
+    async def nothing_stored():
+        return None
+
+    body = await turnstream.answer_sse(conversation_id=conversation.pk, answer_id=answer_id, stored=nothing_stored)
+    assert body is not None
+    chunks: list[bytes] = []
+
+    async def read():
+        async for chunk in body:
+            chunks.append(chunk)
+
+    reader = asyncio.ensure_future(read())
+    await asyncio.sleep(0.3)
+    assert await turnlog.reader_present(answer_id)  # the writer's process sees a reader
+    writer.append(1, "token", {"text": "late"})
+    writer.append(2, "done", {"status": "complete"})
+    writer.close()
+    await asyncio.wait_for(reader, 5)
+    events = parse_sse(b"".join(chunks))
+    assert [(name, data.get("text")) for name, data, _ in events] == [("token", "late"), ("done", None)]
+
+
+async def test_a_withdrawn_answers_log_ends_its_remote_readers_and_a_cancel_of_it_at_once(make_user):
+    """Given an answer another process withdrew (its log ends with ``moderation``, its
+    conversation still locked while it is stored); when a reader here follows the log and a
+    Stop here asks that process to cancel it; then the reader ends at the moderation event and
+    the cancel returns within 1 s (moderation is terminal like done and error: not after the
+    log's TTL and the cancel's full 5 s wait)."""
+    user = await sync_to_async(make_user)("wanda")
+    conversation = await sync_to_async(services.conversation_create)(owner=user)
+    answer_id = uuid.uuid4()
+    assert await turnlog.conversation_lock(conversation.pk, answer_id)
+    writer = turnlog.TurnLogWriter(answer_id, uuid.uuid4(), conversation.pk)
+    writer.append(1, "token", {"text": "one"})
+    writer.append(2, "moderation", {"retract": True, "categories": ["blocked_term"], "finish_reason": "moderation"})
+    await wait_for_async(lambda: turnlog.exists(answer_id), True)
+    loop = asyncio.get_running_loop()
+
+    started = loop.time()
+    events = [item async for item in turnlog.follow(answer_id) if item is not None]
+    assert [event for _, event, _ in events] == ["token", "moderation"]
+    assert loop.time() - started < 1.0
+
+    started = loop.time()
+    await turnlog.cancel_elsewhere(answer_id)
+    assert loop.time() - started < 1.0
+    writer.close()
+    await writer.wait_flushed()
+
+
+async def test_answering_an_unanswered_question_waits_for_another_process_holding_the_conversation(
+    make_user, engine_double
+):
+    """Given a stored question with no answer and another process holding its conversation's
+    lock; when its events are requested here; then the reader is told the conversation is busy
+    and no second answer is started (the claim is cross-process, as for a new message)."""
+    user = await sync_to_async(make_user)("rhea")
+    client = AsyncClient()
+    await client.aforce_login(user)
+    conversation = await sync_to_async(services.conversation_create)(owner=user)
+    question = await sync_to_async(services.turn_append_user)(conversation=conversation, content="hello?")
+    assert await turnlog.conversation_lock(conversation.pk, uuid.uuid4())
+    response = await client.get(f"/c/{conversation.pk}/turns/{question.turn_id}/events")
+    events = parse_sse(await read_stream(response))
+    assert [name for name, _, _ in events] == ["error"], events
+    assert engine_double.requests == []
+    assert not turnstream._busy
 
 
 # --- rename / delete ------------------------------------------------------------------------

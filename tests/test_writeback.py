@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY
 
 from core import redis_guard
 from chatsite.celery import app
-from conversations import deletion, selectors, services, writeback
+from conversations import deletion, held, selectors, services, writeback
 from conversations.models import Conversation, Turn
 from tests.processes import database_url
 from tests.test_api import api_client, new_conversation, post_json
@@ -103,11 +103,11 @@ async def one_turn(client, conversation_id: str, content: str = "hi") -> list:
 
 
 def a_held_answer(conversation: Conversation, question: Turn, text: str = "held text") -> dict:
-    record = writeback.answer_record(
+    record = held.answer_record(
         conversation_id=conversation.conversation_id, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
         content=text, status="complete", prompt_tokens=7, completion_tokens=2,
     )  # fmt: skip
-    writeback.hold(record, ttl_s=600, due=True)
+    held.hold(record, ttl_s=600, due=True)
     return record
 
 
@@ -126,7 +126,7 @@ async def test_a_finished_answer_is_written_by_the_write_back_task(make_user, en
     assert name == "done"
     assert started == ["conversations.turn_write_back"]
     assert (await Turn.objects.aget(turn_id=done["turn_id"])).content == "Hello, world."
-    assert plain_redis().get(writeback.record_key(done["turn_id"])) is None
+    assert plain_redis().get(held.record_key(done["turn_id"])) is None
 
 
 async def test_the_answer_is_held_in_redis_before_done_and_only_its_id_is_queued(make_user, engine_double):
@@ -139,7 +139,7 @@ async def test_the_answer_is_held_in_redis_before_done_and_only_its_id_is_queued
     with tasks_queued_not_run():
         events = await one_turn(client, conversation_id)
         turn_id = events[-1][1]["turn_id"]
-        record = writeback.record_get(turn_id)
+        record = held.record_get(turn_id)
         messages = broker_messages()
     assert record["content"] == "secret answer" and record["status"] == "complete"
     assert not await Turn.objects.filter(turn_id=turn_id).aexists()
@@ -171,12 +171,12 @@ async def test_the_write_back_task_run_twice_writes_one_row(make_user, engine_do
     conversation_id = await new_conversation(client)
     with tasks_queued_not_run():
         turn_id = (await one_turn(client, conversation_id))[-1][1]["turn_id"]
-        record = writeback.record_get(turn_id)
+        record = held.record_get(turn_id)
     await sync_to_async(writeback.turn_write_back.apply)(args=[turn_id])
-    await sync_to_async(writeback.hold)(record, ttl_s=600, due=True)  # as if released too late
+    await sync_to_async(held.hold)(record, ttl_s=600, due=True)  # as if released too late
     await sync_to_async(writeback.turn_write_back.apply)(args=[turn_id])
     assert await Turn.objects.filter(turn_id=turn_id).acount() == 1
-    assert writeback.record_get(turn_id) is None
+    assert held.record_get(turn_id) is None
 
 
 def test_two_deliveries_running_at_once_write_one_row(make_user):
@@ -224,13 +224,13 @@ def test_a_held_record_carries_every_field_of_its_turn():
     )  # fmt: skip
     fields = [f.attname for f in Turn._meta.concrete_fields]
 
-    record = json.loads(json.dumps(writeback.turn_record(turn, zero_retention=True)))
-    back = writeback.record_turn(record)
+    record = json.loads(json.dumps(held.turn_record(turn, zero_retention=True)))
+    back = held.record_turn(record)
     older = {k: v for k, v in record.items() if k not in ("training_eligible", "cached_tokens")}
 
     assert record["zero_retention"] is True
     assert [getattr(back, name) for name in fields] == [getattr(turn, name) for name in fields]
-    old = writeback.record_turn(older)
+    old = held.record_turn(older)
     assert (old.training_eligible, old.cached_tokens, old.content) == (True, None, "answer")
 
 
@@ -258,7 +258,7 @@ def test_a_task_queued_in_a_rolled_back_transaction_never_runs(make_user):
         writeback.write_back_queue(turn_id=uuid.UUID(record["turn_id"]))
         raise RuntimeError("roll back")
     assert started == []
-    assert writeback.record_get(record["turn_id"]) is not None  # still held, for the sweeper
+    assert held.record_get(record["turn_id"]) is not None  # still held, for the sweeper
 
     with tasks_recorded() as started, transaction.atomic():
         writeback.write_back_queue(turn_id=uuid.UUID(record["turn_id"]))
@@ -270,16 +270,16 @@ def test_the_sweeper_queues_again_an_answer_whose_task_was_lost(make_user, setti
     """Given held answers whose task never ran (lost), one held long ago and one just now, when
     the sweeper runs, then only the old one is queued (and written); the new one waits."""
     settings.CHAT_WRITEBACK_REQUEUE_AFTER_S = 120
-    plain_redis().delete(writeback.DUE_KEY)
+    plain_redis().delete(held.DUE_KEY)
     conversation = services.conversation_create(owner=make_user())
     old = a_held_answer(conversation, services.turn_append_user(conversation=conversation, content="a"))
     new = a_held_answer(conversation, services.turn_append_user(conversation=conversation, content="b"))
-    plain_redis().zadd(writeback.DUE_KEY, {old["turn_id"]: time.time() - 300})
+    plain_redis().zadd(held.DUE_KEY, {old["turn_id"]: time.time() - 300})
     queued = writeback.held_answers_requeue()
     assert queued == 1
     assert Turn.objects.filter(turn_id=old["turn_id"]).exists()
     assert not Turn.objects.filter(turn_id=new["turn_id"]).exists()
-    assert writeback.record_get(new["turn_id"]) is not None
+    assert held.record_get(new["turn_id"]) is not None
 
 
 def test_a_held_answer_of_a_deleted_conversation_is_dropped(make_user):
@@ -290,7 +290,7 @@ def test_a_held_answer_of_a_deleted_conversation_is_dropped(make_user):
     deletion.conversation_delete(conversation=conversation)
     result = writeback.turn_write_back.apply(args=[record["turn_id"]])
     assert result.successful() and result.result is False
-    assert writeback.record_get(record["turn_id"]) is None
+    assert held.record_get(record["turn_id"]) is None
     assert not Turn.objects.filter(turn_id=record["turn_id"]).exists()
 
 

@@ -17,7 +17,7 @@ import pytest
 from django.test import Client
 
 from accounts.services import api_key_create
-from conversations import deletion, writeback
+from conversations import deletion, held, writeback
 from conversations.models import Conversation, Turn
 from tests.processes import daphne_process
 from tests.test_writeback import BROKER_QUEUE, plain_redis
@@ -57,7 +57,7 @@ def test_deleting_while_another_process_streams_stops_it_within_a_second(make_us
     ``done`` / ``cancelled``: the task driving the engine was cancelled, which aborts the
     engine request), and after the write-back task (for that answer) and the sweeper are run
     explicitly, the conversation and its turns are still gone and nothing is held."""
-    plain_redis().delete(writeback.DUE_KEY)
+    plain_redis().delete(held.DUE_KEY)
     key = api_key_create(user=make_user(), name="k").raw
     headers = {"Authorization": f"Bearer {key}"}
     conversation_id = httpx.post(f"{generating_process}/v1/conversations", json={}, headers=headers).json()[
@@ -88,6 +88,6 @@ def test_deleting_while_another_process_streams_stops_it_within_a_second(make_us
     # write-back to the broker; run that task and the sweeper here, now.
     assert writeback.turn_write_back.apply(args=[answer_id]).result is False
     assert writeback.held_answers_requeue(now=time.time() + 86400) == 0
-    assert writeback.record_get(answer_id) is None
+    assert held.record_get(answer_id) is None
     assert not Conversation.objects.filter(pk=conversation_id).exists()
     assert not Turn.objects.filter(conversation_id=uuid.UUID(conversation_id)).exists()

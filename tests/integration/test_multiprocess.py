@@ -208,3 +208,45 @@ def test_gateway_without_an_engine_streams_from_another_process_and_cancel_reach
     while live.unfinished() > baseline and time.monotonic() - started < 1.0:
         time.sleep(0.02)
     assert live.unfinished() == baseline
+
+
+def test_a_withdrawn_answer_ends_its_reader_in_the_other_process_at_once(live, engine_double, make_user, settings, second_gateway):
+    """Given an answer written by process 1 and read from process 2 (its Redis log); when
+    process 1's output gate withdraws it (an organisation's blocked term); then process 2's
+    reader gets the moderation event and its stream ends within 1 s of it, and a cancel posted
+    to process 2 afterwards returns within 1 s."""
+    from accounts.models import Membership, Organisation
+
+    settings.CHAT_MODERATION_STEP_CHARS = 8
+    engine_double.scripts = [["one", " two", 0.8, " bananarama", 30.0, " never"]]
+    user = make_user("mp-withdrawn")
+    org = Organisation.objects.create(name="Acme", slug="acme-withdrawn", blocked_terms=["bananarama"])
+    Membership.objects.create(organisation=org, user=user)
+    key = api_key_create(user=user, name="k").raw
+    headers = {"Authorization": f"Bearer {key}"}
+    conversation_id = httpx.post(f"{live.url}/v1/conversations", json={}, headers=headers).json()["conversation_id"]
+    with httpx.stream("POST", f"{live.url}/v1/conversations/{conversation_id}/turns",
+                      json={"role": "user", "content": "count"}, headers=headers, timeout=30) as response:  # fmt: skip
+        turn_id = response.headers["X-Turn-Id"]
+        seen, ended_after = [], None
+        with httpx.stream(
+            "GET", f"{second_gateway}/v1/conversations/{conversation_id}/turns/{turn_id}/events",
+            headers=headers, timeout=30,
+        ) as remote:  # fmt: skip
+            assert remote.status_code == 200
+            withdrawn_at = None
+            for line in remote.iter_lines():
+                if line.startswith("event: "):
+                    seen.append(line[7:])
+                    if line == "event: moderation":
+                        withdrawn_at = time.monotonic()
+            ended_after = time.monotonic() - withdrawn_at if withdrawn_at else None
+        for _ in response.iter_lines():  # the answer's own stream ends too
+            pass
+    assert seen[-1] == "moderation" and "done" not in seen, seen
+    assert ended_after is not None and ended_after < 1.0, ended_after
+
+    started = time.monotonic()
+    cancelled = httpx.post(f"{second_gateway}/v1/conversations/{conversation_id}/cancel", headers=headers)
+    assert cancelled.status_code == 204
+    assert time.monotonic() - started < 1.0

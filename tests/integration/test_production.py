@@ -91,12 +91,15 @@ class ProdStack:
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
 
-def _create_user(username: str) -> None:
+def _create_user(username: str, **fields) -> None:
     """A user whose password the stack's processes can check: hashed with PBKDF2 (the test
-    session's own hasher list holds only the fast MD5 one, which production does not accept)."""
+    session's own hasher list holds only the fast MD5 one, which production does not accept);
+    ``fields``: other User fields (``tier="paid"``)."""
     from accounts.models import User  # noqa: PLC0415
 
-    User.objects.create(username=username, password=PBKDF2PasswordHasher().encode(PASSWORD, secrets.token_hex(8)))
+    User.objects.create(
+        username=username, password=PBKDF2PasswordHasher().encode(PASSWORD, secrets.token_hex(8)), **fields
+    )
 
 
 @contextlib.contextmanager

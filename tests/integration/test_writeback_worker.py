@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from accounts.services import api_key_create
 from chatsite.celery import app
-from conversations import retention, services, writeback
+from conversations import held, retention, services, writeback
 from conversations.models import Conversation, Turn
 from tests.processes import celery_worker_process, daphne_process
 from tests.test_writeback import conversation_row_locked, plain_redis, sessions_waiting_on_a_lock
@@ -58,12 +58,12 @@ def held_answer(make_user, text: str = "the answer") -> dict:
     """A conversation with a question and its finished answer held in Redis (not yet written)."""
     conversation = services.conversation_create(owner=make_user())
     question = services.turn_append_user(conversation=conversation, content="q")
-    record = writeback.answer_record(
+    record = held.answer_record(
         conversation_id=conversation.conversation_id, turn_id=uuid.uuid4(),
         reply_to_id=question.turn_id, content=text, status="complete",
         prompt_tokens=5, completion_tokens=2,
     )  # fmt: skip
-    writeback.hold(record, ttl_s=600, due=True)
+    held.hold(record, ttl_s=600, due=True)
     return record
 
 
@@ -90,7 +90,7 @@ def test_pf_j1_worker_killed_mid_write_writes_the_turn_exactly_once(make_user, t
     time.sleep(VISIBILITY_S)  # the killed worker's delivery is now past the visibility timeout
     with celery_worker_process(tmp_path, short) as second:
         wait_until(lambda: stored_count(record["turn_id"]), 60, "the redelivered write-back")
-        wait_until(lambda: writeback.record_get(record["turn_id"]) is None, 10, "the record's release")
+        wait_until(lambda: held.record_get(record["turn_id"]) is None, 10, "the record's release")
         time.sleep(1)  # a duplicate delivery would land now
         log = second.log()
     assert stored_count(record["turn_id"]) == 1
@@ -138,7 +138,7 @@ def test_pf_j2_a_task_queued_in_a_rolled_back_transaction_never_reaches_the_work
         wait_until(lambda: stored_count(committed["turn_id"]), 60, "the committed write-back")
         log = worker.log()
     assert stored_count(rolled_back["turn_id"]) == 0
-    assert writeback.record_get(rolled_back["turn_id"]) is not None  # still held
+    assert held.record_get(rolled_back["turn_id"]) is not None  # still held
     assert log.count("conversations.turn_write_back") >= 1
     assert rolled_back["turn_id"] not in log
 
