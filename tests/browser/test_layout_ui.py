@@ -427,7 +427,10 @@ def test_write_screenshots(live, engine_double, make_user, browser):  # noqa: F8
             context.close()
             anonymous = open_context(browser, size, scheme)
             page = anonymous.new_page()
-            for name, path in (("sign-in", "/accounts/login/"), ("shared", f"/s/{world.link.token}/")):
+            for name, path in (
+                ("sign-in", "/accounts/login/"), ("sign-up", "/accounts/signup/"),
+                ("shared", f"/s/{world.link.token}/"),
+            ):
                 page.goto(f"{live.url}{path}")
                 page.screenshot(path=out / f"{name}-{size_name}-{scheme}.png")
             anonymous.close()
