@@ -270,3 +270,25 @@ def test_rename_over_htmx_sends_the_new_tab_title(make_user):
     html = response.content.decode()
     assert html.startswith("<title>Trip to Oslo</title>")
     assert "conversation-list" in html
+
+
+def test_pages_load_only_the_scripts_they_use(make_user):
+    """Given a signed-in user, the chat page loads the SSE extension and chat.js; a settings
+    page loads neither (only htmx and the chrome's layout.js)."""
+    client, _ = signed_in(make_user)
+    chat = client.get("/").content.decode()
+    settings_page = client.get("/settings/").content.decode()
+    for page in (chat, settings_page):
+        assert "/static/chat/layout.js" in page and "/static/vendor/htmx-2.0.11.min.js" in page
+    assert "/static/chat/chat.js" in chat and "htmx-ext-sse" in chat
+    assert "/static/chat/chat.js" not in settings_page and "htmx-ext-sse" not in settings_page
+
+
+def test_collapsed_sidebar_is_drawn_collapsed_from_the_cookie(make_user):
+    """Given the sidebar cookie says collapsed, when the chat renders, then the layout carries
+    sidebar-collapsed and the button says aria-expanded=false (no flash of the sidebar)."""
+    client, _ = signed_in(make_user)
+    client.cookies["sidebar"] = "collapsed"
+    page = client.get("/").content.decode()
+    assert 'class="layout sidebar-collapsed"' in page
+    assert 'aria-expanded="false" aria-label="Conversation list"' in page

@@ -15,6 +15,9 @@
     var root = layout();
     if (!root) return;
     root.classList.toggle("drawer-open", open);
+    // While the drawer is open the page behind it takes no focus or clicks (Tab stays in it).
+    var main = root.querySelector("main");
+    if (main) main.inert = open;
     toggle().setAttribute("aria-expanded", open ? "true" : "false");
     if (open && focus) {
       var first = root.querySelector("[data-drawer] a, [data-drawer] button, [data-drawer] input");
@@ -41,6 +44,8 @@
       toggle().setAttribute("aria-expanded", root.classList.contains("drawer-open") ? "true" : "false");
     } else {
       root.classList.remove("drawer-open");
+      var main = root.querySelector("main");
+      if (main) main.inert = false;
       toggle().setAttribute("aria-expanded", root.classList.contains("sidebar-collapsed") ? "false" : "true");
     }
   }

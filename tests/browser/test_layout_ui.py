@@ -204,6 +204,7 @@ def test_drawer_opens_from_the_menu_button_and_closes_with_esc_and_the_scrim(
         page.wait_for_function("document.querySelector('nav.sidebar').getBoundingClientRect().left >= 0")
         box = drawer.bounding_box()
         assert box["x"] + box["width"] <= PHONE["width"]
+        assert page.evaluate("document.querySelector('main.chat').inert")  # Tab stays in it
 
         page.keyboard.press("Escape")
         expect(drawer).to_be_hidden()
