@@ -274,7 +274,10 @@ def test_rename_over_htmx_sends_the_new_tab_title(make_user):
 
 def test_pages_load_only_the_scripts_they_use(make_user):
     """Given a signed-in user, the chat page loads the SSE extension and chat.js; a settings
-    page loads neither (only htmx and the chrome's layout.js)."""
+    page loads neither (only htmx and the chrome's layout.js); the sign-in page, which has no
+    account menu, not layout.js either."""
+    sign_in = Client().get("/accounts/login/").content.decode()
+    assert "/static/chat/layout.js" not in sign_in and "/static/chat/chat.js" not in sign_in
     client, _ = signed_in(make_user)
     chat = client.get("/").content.decode()
     settings_page = client.get("/settings/").content.decode()
