@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 MODEL_DIR ?= var/models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-prod test test-fast bench bench-deps install model browser nginx clean
+.PHONY: run run-prod test test-fast screenshots bench bench-deps install model browser nginx clean
 
 run: install model
 	$(PY) -m chatsite.devstack run
@@ -24,6 +24,12 @@ test: install model browser nginx
 # Unit tests only (scripted engine double, no model, no browser).
 test-fast: install
 	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest -m "not real_engine and not browser" $(PYTEST_ARGS)
+
+# PNGs of the main pages at 390x844 and 1280x800, light and dark, into docs/screenshots/ (real
+# Chromium, the scripted engine double; tests/browser/test_layout_ui.py::test_write_screenshots).
+screenshots: install model browser
+	CHAT_SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(PY) -m chatsite.devstack exec -- \
+	  $(PY) -m pytest tests/browser/test_layout_ui.py -k write_screenshots -q -p no:cacheprovider
 
 # Streaming benchmark (full HTTP/SSE stack vs the bare engine, same run), the resume benchmark
 # (resume latency, concurrent open SSE streams per daphne process), the state tier (turn append,

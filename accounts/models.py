@@ -21,6 +21,14 @@ class Tier(models.TextChoices):
     ENTERPRISE = "enterprise", "Enterprise"
 
 
+class Theme(models.TextChoices):
+    """The colour scheme a user picked; ``system`` follows the browser's prefers-color-scheme."""
+
+    SYSTEM = "system", "System"
+    LIGHT = "light", "Light"
+    DARK = "dark", "Dark"
+
+
 class User(AbstractUser):
     """A person who chats. ``tier`` picks limits and model pools; ``region`` is where their
     conversations are stored (data residency)."""
@@ -40,6 +48,9 @@ class User(AbstractUser):
     # it, or an OpenID Connect provider vouched for it). OIDC sign-in joins only an account whose
     # email is verified: otherwise anyone could pre-register a victim's address with a password.
     verified_email = models.EmailField(blank=True, default="")
+    # Colour scheme of every page (templates/base.html puts it on <html data-theme>, so the page
+    # is drawn in it from the first paint).
+    theme = models.CharField(max_length=8, choices=Theme.choices, default=Theme.SYSTEM)
 
     def get_session_auth_hash(self) -> str:
         """Django's session hash (HMAC-SHA256 of the password hash) with ``session_salt``."""

@@ -1,4 +1,4 @@
-"""Writes for accounts: API keys, signed-in sessions, password events."""
+"""Writes for accounts: API keys, signed-in sessions, password events, the colour scheme."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts import throttle
-from accounts.models import ApiKey, Tier, User, UserSession
+from accounts.models import ApiKey, Theme, Tier, User, UserSession
 
 KEY_PREFIX = "sk-"  # what a key looks like: sk-<prefix>.<secret>
 PREFIX_BYTES = 6  # 12 hex chars: public id of the key
@@ -235,3 +235,15 @@ def user_password_reset_completed(*, user: User) -> None:
     user_sessions_end(user=user)
     username = user.get_username()
     transaction.on_commit(lambda: throttle.login_account_clear(username=username))
+
+
+@transaction.atomic
+def user_theme_set(*, user: User, theme: str) -> User:
+    """Store the colour scheme every page of ``user`` is drawn in: ``system`` (follow the
+    browser's prefers-color-scheme), ``light`` or ``dark``. Raises ValidationError for any other
+    value."""
+    if theme not in Theme.values:
+        raise ValidationError(f"Unknown theme {theme!r}: choose one of {', '.join(Theme.values)}.")
+    user.theme = theme
+    user.save(update_fields=["theme"])
+    return user

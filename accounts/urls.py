@@ -21,6 +21,7 @@ urlpatterns = [
         name="password_reset_confirm",
     ),
     path("accounts/reset/done/", views.password_reset_complete, name="password_reset_complete"),
+    path("settings/theme", views.theme_set, name="theme-set"),
     path("settings/sessions/", views.sessions, name="sessions"),
     path("settings/sessions/<int:session_id>/end", views.session_end, name="session-end"),
     path("settings/sessions/end-others", views.sessions_end_others, name="sessions-end-others"),

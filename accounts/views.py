@@ -3,6 +3,8 @@ API keys."""
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import login, logout, update_session_auth_hash
@@ -11,6 +13,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from accounts import selectors, services, throttle
@@ -182,6 +186,30 @@ def sessions_end_all(request: HttpRequest) -> HttpResponse:
     logout(request)
     messages.info(request, "You were signed out everywhere, on this device too.")
     return redirect("login")
+
+
+@require_POST
+@login_required
+def theme_set(request: HttpRequest) -> HttpResponse:
+    """Store the colour scheme (``theme``: system, light or dark; 400 otherwise). An htmx
+    request gets 204 with an ``HX-Trigger`` ``theme-changed`` event carrying the scheme (the page
+    switches without a reload: static/chat/layout.js); a plain form post goes back to ``next``
+    when it is a path on this site, else to the chat."""
+    theme = request.POST.get("theme", "")
+    try:
+        services.user_theme_set(user=request.user, theme=theme)
+    except ValidationError as exc:
+        return HttpResponse(exc.messages[0], status=400, content_type="text/plain")
+    if request.headers.get("HX-Request") == "true":
+        response = HttpResponse(status=204)
+        response["HX-Trigger"] = json.dumps({"theme-changed": {"theme": theme}})
+        return response
+    back = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        back = reverse("home")
+    return redirect(back)
 
 
 @login_required

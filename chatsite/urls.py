@@ -5,8 +5,10 @@ from accounts import views as account_views
 from chatsite import health
 from conversations import views
 
-# /v1 answers unknown paths in its JSON error shape (api/errors.py).
-handler404 = "api.errors.page_not_found"
+# Styled pages with a way back; /v1 paths get its JSON error shape (chatsite/error_pages.py).
+handler403 = "chatsite.error_pages.permission_denied"
+handler404 = "chatsite.error_pages.page_not_found"
+handler500 = "chatsite.error_pages.server_error"
 
 urlpatterns = [
     path("", views.home, name="home"),

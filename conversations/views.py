@@ -475,9 +475,10 @@ def conversation_rename(request: HttpRequest, conversation_id: UUID) -> HttpResp
             response["HX-Reswap"] = "innerHTML"
         return response
     if _is_htmx(request):
+        # The sidebar, and a <title> htmx puts on the tab.
         return render(
             request,
-            "chat/_sidebar.html",
+            "chat/_renamed.html",
             {
                 "conversations": selectors.conversation_list(user=request.user),
                 "conversation": conversation,

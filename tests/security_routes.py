@@ -306,6 +306,7 @@ ROUTES: list[Route] = [
     Route("memory-delete", ("POST",), OWN, lambda w: {"fact_id": w.fact.pk}),
     Route("memory-clear", ("POST",), SELF, bodies={"POST": form(confirm="yes")}),
     Route("memory-toggle", ("POST",), SELF, bodies={"POST": form(enabled="")}),
+    Route("theme-set", ("POST",), SELF, bodies={"POST": form(theme="dark")}),
     # --- workspaces ---
     Route(
         "org-list",

@@ -94,6 +94,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # {% icon %} on every template without a {% load %} (chatsite/icons.py).
+            "builtins": ["chatsite.icons"],
         },
     },
 ]

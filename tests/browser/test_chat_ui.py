@@ -135,7 +135,9 @@ def stream_state(page: Page) -> tuple[str, bool] | None:
 
 def active_content(page: Page) -> list[str]:
     """Script-capable markup in the messages and the sidebar: script/svg/iframe/object/embed
-    elements, any on* attribute, any javascript: link."""
+    elements, any on* attribute, any javascript: link. The page's own icons (``<svg
+    data-icon>`` outside any message bubble, chatsite/icons.py) are not model output; an
+    ``<svg>`` inside a bubble counts whatever it carries."""
     return page.evaluate(
         """() => {
             const bad = [];
@@ -143,7 +145,9 @@ def active_content(page: Page) -> list[str]:
                                 document.querySelector('nav.sidebar')]) {
                 for (const el of root.querySelectorAll('*')) {
                     const tag = el.tagName.toLowerCase();
-                    if (['script', 'svg', 'iframe', 'object', 'embed'].includes(tag)
+                    const ownIcon = tag === 'svg' && el.hasAttribute('data-icon')
+                        && !el.closest('.bubble');
+                    if ((['script', 'svg', 'iframe', 'object', 'embed'].includes(tag) && !ownIcon)
                         || [...el.attributes].some((a) => a.name.toLowerCase().startsWith('on'))
                         || /^\\s*javascript:/i.test(el.getAttribute('href') || '')
                         || /^\\s*javascript:/i.test(el.getAttribute('src') || '')) {
