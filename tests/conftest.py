@@ -15,6 +15,7 @@ import daphne.server  # noqa: F401, I001  isort:skip
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -208,3 +209,14 @@ def live(chat_server, transactional_db) -> Iterator[ChatServer]:
     finally:
         chat_server.drain()
         engine_module._engine = previous
+
+
+def pytest_collection_modifyitems(config, items):
+    """``make screenshots``'s writer (marked ``screenshots``) runs only when asked for
+    (``CHAT_SCREENSHOTS_DIR`` set): otherwise it is deselected, not collected as a skip."""
+    if os.environ.get("CHAT_SCREENSHOTS_DIR"):
+        return
+    kept = [item for item in items if item.get_closest_marker("screenshots") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept

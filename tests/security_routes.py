@@ -227,6 +227,7 @@ ROUTES: list[Route] = [
     Route("turn-stop", ("POST",), OWN, question),
     Route("turn-edit", ("POST",), OWN, question, bodies={"POST": CONTENT}, generates=True),
     Route("answer-regenerate", ("POST",), OWN, answer, generates=True),
+    Route("answer-continue", ("POST",), OWN, answer, generates=True),
     Route("answer-version", ("GET",), OWN, answer),
     Route("conversation-rename", ("POST",), OWN, conv, bodies={"POST": form(title="pwned")}),
     Route("conversation-delete", ("POST",), OWN, conv),

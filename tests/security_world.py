@@ -245,6 +245,7 @@ def generation_refused(monkeypatch):
 
     monkeypatch.setattr(submit, "turn_submit", busy)
     monkeypatch.setattr(submit, "answer_regenerate", busy)
+    monkeypatch.setattr(submit, "answer_continue", busy)
     monkeypatch.setattr(completions, "_admit", admit_busy)
 
 

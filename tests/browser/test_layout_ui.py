@@ -396,7 +396,7 @@ def test_tab_title_follows_the_first_message_and_a_rename(live, engine_double, m
 # --- make screenshots ----------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not os.environ.get("CHAT_SCREENSHOTS_DIR"), reason="make screenshots only")
+@pytest.mark.screenshots
 def test_write_screenshots(live, engine_double, make_user, browser):  # noqa: F811
     """``make screenshots``: PNGs of the main pages at 390x844 and 1280x800 in both schemes
     into ``CHAT_SCREENSHOTS_DIR`` (docs/screenshots/), named page-size-scheme.png."""
