@@ -38,8 +38,9 @@ screenshots: install model browser
 # TTFT under priority scheduling vs first come, first served (and with free traffic shed), and the
 # moderation gates (prompt-injection precision/recall, input-gate latency under load, TTFT/TPOT
 # with the output gate on vs off), and user memory (retrieval latency with 100,000 facts, turn TTFT
-# with memory on vs off).
-bench: install model bench-deps
+# with memory on vs off), and the chat page in Chromium (Enter -> first token painted and long
+# tasks while a 500-token answer streams, live Markdown vs a plain-text baseline).
+bench: install model browser bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.chat_bench $(BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.stream_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.state_bench
@@ -50,6 +51,7 @@ bench: install model bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.memory_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.engine_bench $(ENGINE_BENCH_ARGS)
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.browser_bench
 
 # The engine bench's llama.cpp baselines (pyproject's `bench` extra), built from source once for
 # AVX2 without native tuning (native tuning crashed with an illegal instruction on these

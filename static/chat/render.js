@@ -191,7 +191,15 @@
     for (var i = 0; i < bubbles.length; i++) decorate(bubbles[i]);
   }
 
-  document.addEventListener("DOMContentLoaded", function () { decorateAll(document); });
+  document.addEventListener("DOMContentLoaded", function () {
+    decorateAll(document);
+    // Build the renderer (markdown-it's rules, DOMPurify's hooks) while the page is idle, so
+    // the first token of the first answer does not wait for it (bench/browser_bench.py).
+    if (window.markdownit && window.DOMPurify) {
+      var warm = function () { markdown("*warm*"); };
+      if (window.requestIdleCallback) requestIdleCallback(warm, { timeout: 2000 }); else setTimeout(warm, 0);
+    }
+  });
   // Answers swapped in later (another version, a regenerated answer's fragment).
   document.addEventListener("htmx:afterSettle", function () { decorateAll(document); });
 
