@@ -156,15 +156,19 @@ async def turn_plan(
     explicit_max_tokens: bool = False,
     planned: bool = False,
     memory_query: Future | None = None,
+    continues_text: str = "",
 ) -> TurnPlan:
     """Admit an answer to ``question``: route to a pool (``model``: asked for by this request,
     checked strictly; else the conversation's ``model``), shed under load, size the completion
     budget, assemble the prompt, and take the rate limits for prompt + max_tokens. No engine work
     and nothing stored. ``planned``: ``question`` is not stored yet. ``memory_query``: the
     question's embedding for memory retrieval, started when the request arrived
-    (:func:`memory_query_start`); None: embedded during assembly. Raises gate.Refused
-    (400/403/404/429/503) - for a prompt longer than the pool's context too (400
-    context_length_exceeded)."""
+    (:func:`memory_query_start`); None: embedded during assembly. ``continues_text``: the text
+    of a cut-off answer being continued (Continue, issue 18): its tokens end the prompt, so the
+    model goes on from them, they count towards the rate limits as prompt tokens, and the
+    completion budget is what the pool's context leaves after them (at most the usual one).
+    Raises gate.Refused (400/403/404/429/503) - for a prompt longer than the pool's context too
+    (400 context_length_exceeded)."""
     route = gate.route_for(caller, model, fallback=conversation.model)
     route = await gate.shed_for(caller, route)
     budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
@@ -186,6 +190,14 @@ async def turn_plan(
         )
     except PromptTooLong as exc:
         raise gate.Refused(400, "context_length_exceeded", str(exc)) from None
+    if continues_text:
+        token_ids = token_ids + pool_engine(route.pool).encode_text(continues_text)
+        room = route.pool.max_context - len(token_ids)
+        if room < 1:
+            raise gate.Refused(
+                400, "context_length_exceeded", "This answer is as long as the model can write here."
+            )
+        budget = min(budget, room)
     decision = await gate.rate_limit(caller, prompt_tokens=len(token_ids), max_tokens=budget)
     admitted = run.Admitted(
         caller=caller, route=route, decision=decision, policy=run.policy_of(caller, system_prompt)

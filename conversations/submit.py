@@ -10,7 +10,6 @@ store the message, and start the generation (conversations/generate.py). The cha
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 
 from asgiref.sync import sync_to_async
 
@@ -22,7 +21,6 @@ from conversations.plan import ContentBlocked, memory_query_start, turn_plan
 from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
 from gateway import gate, run
-from inference.pools import pool_engine
 
 
 async def turn_submit(
@@ -145,8 +143,9 @@ async def answer_continue(
     ``continues`` = ``answer`` and the same ``reply_to``, whose text is ``answer``'s then the
     new; it stands in for ``answer`` (shown as one answer). The engine is prompted with the
     question's prompt plus ``answer``'s text, so it goes on mid-sentence; the completion budget
-    is what the pool's context leaves after that (at most the usual one). Claimed and admitted
-    as in :func:`turn_submit` (PF-P1). Raises gate.Refused (400 ``not_cut_off``) for an answer
+    is what the pool's context leaves after that (at most the usual one) and the rate limits
+    count that text as prompt tokens (:func:`turn_plan`'s ``continues_text``). Claimed and
+    admitted as in :func:`turn_submit` (PF-P1). Raises gate.Refused (400 ``not_cut_off``) for an answer
     that was not cut off, (400 ``context_length_exceeded``) when no room is left to continue,
     ConversationBusy while an answer is written, Http404 if its question is gone.
     """
@@ -159,15 +158,9 @@ async def answer_continue(
         question = await sync_to_async(selectors.user_turn_get)(
             conversation=conversation, turn_id=answer.reply_to_id
         )
-        plan = await turn_plan(conversation=conversation, caller=caller, question=question)
-        prefix_ids = pool_engine(plan.route.pool).encode_text(answer.content)
-        room = plan.route.pool.max_context - len(plan.token_ids) - len(prefix_ids)
-        if room < 1:
-            await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
-            raise gate.Refused(
-                400, "context_length_exceeded", "This answer is as long as the model can write here."
-            )
-        plan = replace(plan, token_ids=plan.token_ids + prefix_ids, max_tokens=min(plan.max_tokens, room))
+        plan = await turn_plan(
+            conversation=conversation, caller=caller, question=question, continues_text=answer.content
+        )
         stream = await _answer_start(conversation, question, plan, answer_id, continues=answer)
     return question, stream
 

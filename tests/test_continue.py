@@ -87,3 +87,32 @@ async def test_only_a_cut_off_answer_can_be_continued(make_user, engine_double):
     assert "cut off" in response.content.decode()
     assert await Turn.objects.filter(role="assistant").acount() == 1
     assert len(engine_double.requests) == 1
+
+
+async def test_continue_reserves_the_text_so_far_as_prompt_tokens(make_user, engine_double, settings, monkeypatch):
+    """Given an answer cut off at its 3-token budget, when Continue is posted for it, then the
+    rate limits are taken for the whole prompt the engine gets (the question's prompt plus the
+    cut-off text), not for the question's prompt alone: a user near their TPM limit cannot
+    overrun it by continuing a long answer."""
+    from conversations import plan as plan_module
+
+    settings.CHAT_MAX_TOKENS = 3
+    engine_double.scripts = [["They ", "help", "s ", "never"], [" a", " lot."]]
+    taken: list[tuple[int, int]] = []
+    original = plan_module.gate.rate_limit
+
+    async def spy(caller, *, prompt_tokens, max_tokens):
+        taken.append((prompt_tokens, max_tokens))
+        return await original(caller, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+
+    monkeypatch.setattr(plan_module.gate, "rate_limit", spy)
+    client, _ = await signed_in(make_user)
+    conversation_id, _ = await answered(client, "Explain")
+    cut = await Turn.objects.aget(role="assistant")
+
+    response = await client.post(f"/c/{conversation_id}/turns/{cut.turn_id}/continue", headers=HTMX)
+    await read_answer(client, response)
+
+    first_ids, second_ids = engine_double.requests[0][0], engine_double.requests[1][0]
+    assert len(second_ids) > len(first_ids)
+    assert taken == [(len(first_ids), 3), (len(second_ids), 3)]
