@@ -6,15 +6,16 @@
   sentence's (one insult in a long message is not diluted by the rest); evaluated with one
   matrix product (``ProfanityModel``, same numbers as the library's ``predict_prob``).
 - ``prompt_injection``: a scikit-learn pipeline trained in this process at first use (~0.3 s)
-  on ``moderation/data/injection_train.jsonl`` and ``everyday_train.jsonl``: TF-IDF of word 1-2-grams and character 2-5-grams
-  of the normalised text (moderation/normalise.py: Unicode, leetspeak, spelt-out letters, lines
-  joined, base64/hex/ROT13 decoded and appended, FR/ES/DE/IT/PT glossed) -> logistic
-  regression. A text of up to 600 normalised characters is scored whole; a longer one in
-  consecutive 200-400-character pieces cut at sentence ends, the score being the highest
-  piece's (an instruction buried in a long pasted document still stands out).
-  Judged on the separate, hand-written ``moderation/data/injection_eval.jsonl``
-  (``injection_eval_scores``: precision and recall) and ``everyday_eval.jsonl``
-  (``everyday_eval_scores``: the share of everyday commands that pass).
+  on ``moderation/data/injection_train.jsonl`` and ``everyday_train.jsonl`` (everyday requests
+  phrased as commands): TF-IDF of word 1-2-grams and character 2-5-grams of the normalised
+  text (moderation/normalise.py: Unicode, leetspeak, spelt-out letters, lines joined,
+  base64/hex/ROT13 decoded and appended, FR/ES/DE/IT/PT glossed) -> logistic regression. A text
+  of up to 600 normalised characters is scored whole; a longer one in consecutive
+  200-400-character pieces cut at sentence ends, the score being the highest piece's (an
+  instruction buried in a long pasted document still stands out). Judged on the separate,
+  hand-written ``moderation/data/injection_eval.jsonl`` (``injection_eval_scores``: precision and
+  recall) and ``everyday_eval.jsonl`` (``everyday_eval_scores``: the share of everyday commands
+  that pass).
 - ``blocked_term``: the policy's terms, matched on ``normalise_basic`` text at word boundaries
   (score 1.0 when any occurs, else 0.0).
 - ``system_prompt_leak`` (output only): word overlap of the answer window with the turn's
