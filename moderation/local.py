@@ -6,14 +6,16 @@
   sentence's (one insult in a long message is not diluted by the rest); evaluated with one
   matrix product (``ProfanityModel``, same numbers as the library's ``predict_prob``).
 - ``prompt_injection``: a scikit-learn pipeline trained in this process at first use (~0.3 s)
-  on ``moderation/data/injection_train.jsonl``: TF-IDF of word 1-2-grams and character 2-5-grams
-  of the normalised text (moderation/normalise.py: Unicode, leetspeak, spelt-out letters, lines
-  joined, base64/hex/ROT13 decoded and appended, FR/ES/DE/IT/PT glossed) -> logistic
-  regression. A text of up to 600 normalised characters is scored whole; a longer one in
-  consecutive 200-400-character pieces cut at sentence ends, the score being the highest
-  piece's (an instruction buried in a long pasted document still stands out).
-  Judged on the separate, hand-written ``moderation/data/injection_eval.jsonl``
-  (``injection_eval_scores``).
+  on ``moderation/data/injection_train.jsonl`` and ``everyday_train.jsonl`` (everyday requests
+  phrased as commands): TF-IDF of word 1-2-grams and character 2-5-grams of the normalised
+  text (moderation/normalise.py: Unicode, leetspeak, spelt-out letters, lines joined,
+  base64/hex/ROT13 decoded and appended, FR/ES/DE/IT/PT glossed) -> logistic regression. A text
+  of up to 600 normalised characters is scored whole; a longer one in consecutive
+  200-400-character pieces cut at sentence ends, the score being the highest piece's (an
+  instruction buried in a long pasted document still stands out). Judged on the separate,
+  hand-written ``moderation/data/injection_eval.jsonl`` (``injection_eval_scores``: precision and
+  recall) and ``everyday_eval.jsonl`` (``everyday_eval_scores``: the share of everyday commands
+  that pass).
 - ``blocked_term``: the policy's terms, matched on ``normalise_basic`` text at word boundaries
   (score 1.0 when any occurs, else 0.0).
 - ``system_prompt_leak`` (output only): word overlap of the answer window with the turn's
@@ -40,6 +42,11 @@ from moderation.verdicts import Policy, Verdict, clean_verdict, policy_for, verd
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TRAIN_PATH = DATA_DIR / "injection_train.jsonl"
 EVAL_PATH = DATA_DIR / "injection_eval.jsonl"
+# Everyday requests phrased as commands ("Say exactly...", "From now on answer in French"),
+# all harmless (issue 18): one file trained on, one held out to judge the false-alarm rate.
+EVERYDAY_TRAIN_PATH = DATA_DIR / "everyday_train.jsonl"
+EVERYDAY_EVAL_PATH = DATA_DIR / "everyday_eval.jsonl"
+TRAIN_PATHS = (TRAIN_PATH, EVERYDAY_TRAIN_PATH)
 # The injection model's name: the month its training set was written, then the set's digest.
 INJECTION_VERSION = "injection-2026-11"
 
@@ -156,19 +163,28 @@ _model_lock = threading.Lock()
 _model: InjectionClassifier | None = None
 
 
+def training_examples() -> list[Example]:
+    """Every example the injection classifier is trained on (the files of ``TRAIN_PATHS``)."""
+    return [example for path in TRAIN_PATHS for example in load_examples(path)]
+
+
 def training_digest() -> str:
-    """The first 8 hex digits of the training set's SHA-256 (part of the version string)."""
-    return hashlib.sha256(TRAIN_PATH.read_bytes()).hexdigest()[:8]
+    """The first 8 hex digits of the SHA-256 of the training files (``TRAIN_PATHS``, in order;
+    part of the version string)."""
+    digest = hashlib.sha256()
+    for path in TRAIN_PATHS:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:8]
 
 
 def injection_classifier() -> InjectionClassifier:
-    """The process-wide injection classifier, trained on ``TRAIN_PATH`` at first use (well
-    under 1 s) and kept in memory."""
+    """The process-wide injection classifier, trained on ``TRAIN_PATHS`` at first use (about
+    1 s) and kept in memory."""
     global _model
     if _model is None:
         with _model_lock:
             if _model is None:
-                _model = InjectionClassifier(load_examples(TRAIN_PATH))
+                _model = InjectionClassifier(training_examples())
     return _model
 
 
@@ -367,7 +383,35 @@ def injection_eval_scores(threshold: float | None = None) -> dict:
         "n_benign": fp + tn,
         "threshold": threshold,
         "tp": tp, "fp": fp, "fn": fn, "tn": tn,
-        "train_examples": len(load_examples(TRAIN_PATH)),
+        "train_examples": len(training_examples()),
+    }
+
+
+def everyday_eval_scores(threshold: float | None = None) -> dict:
+    """The injection classifier on the held-out everyday commands (``EVERYDAY_EVAL_PATH``, all
+    harmless, never trained on): ``{"pass_rate", "n", "passed", "threshold", "flagged":
+    [{"text", "style", "score"}]}``, ``pass_rate`` = passed / n (0..1; issue 18's bar is 0.98).
+    ``threshold`` defaults to the deployment's ``prompt_injection`` threshold. Raises
+    ValueError when the file holds an attack (label 1): it must be harmless only."""
+    if threshold is None:
+        threshold = policy_for(None).threshold("prompt_injection")
+    model = injection_classifier()
+    examples = load_examples(EVERYDAY_EVAL_PATH)
+    if any(example.label for example in examples):
+        raise ValueError(f"{EVERYDAY_EVAL_PATH.name} must hold harmless examples only")
+    flagged = []
+    for example in examples:
+        score = model.score(example.text)
+        if score >= threshold:
+            flagged.append({"text": example.text, "style": example.style,
+                            "score": round(score, 3)})
+    passed = len(examples) - len(flagged)
+    return {
+        "pass_rate": passed / len(examples) if examples else 0.0,
+        "n": len(examples),
+        "passed": passed,
+        "threshold": threshold,
+        "flagged": flagged,
     }
 
 
