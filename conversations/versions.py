@@ -218,8 +218,12 @@ def tree_build(turns: Iterable[Turn]) -> Tree:
             parent[turn.turn_id] = None
         else:  # written before the tree: after the then-last position's current version
             parent[turn.turn_id] = newest_version.get(last_original) if last_original else None
+        if parent[turn.turn_id] is OUTSIDE:
+            continue  # below a turn not given: no part of the linear reading either
         seen_first = True
-        original = original_of.get(turn.replaces_id, turn.turn_id) if turn.replaces_id else turn.turn_id
+        original = original_of.get(turn.replaces_id) if turn.replaces_id else turn.turn_id
+        if original is None:
+            continue
         original_of[turn.turn_id] = original
         newest_version[original] = turn.turn_id
         if original == turn.turn_id:
