@@ -350,10 +350,12 @@ def _summary_continues(first: Turn, through) -> bool:
     """Whether the running summary (covering the selected path down to the message written at
     ``through``) is the history before ``first``, the oldest message of a question's branch
     after ``through``: ``first``'s parent is that very message. Not for a message that edits
-    one the summary covers or that sits on another branch: the summary speaks of other turns."""
+    one the summary covers or that sits on another branch: the summary speaks of other turns.
+    A message written before branches existed (no stored parent, no edit) follows the then-last
+    message, as the summary does (conversations/versions.py, the old linear reading)."""
     parent_id = getattr(first, "parent_id", None)
     if parent_id is None:
-        return False
+        return first.replaces_id is None and first.created_at > through
     written = Turn.objects.filter(pk=parent_id).values_list("created_at", flat=True).first()
     return written == through
 
