@@ -69,6 +69,14 @@ SEARCH = {
                    "come most recently active first, in one page: `next_cursor` is null.",
 }  # fmt: skip
 
+TREE_PATH = {
+    "name": "path", "in": "query", "required": False,
+    "schema": {"enum": ["all", "selected"], "default": "all"},
+    "description": "`all`: the whole turn log, every branch and version, paged. `selected`: only "
+                   "the branch the chat page shows (each message with the answer shown, oldest "
+                   "first), in one page: `next_cursor` is null and `before` / `limit` are refused.",
+}  # fmt: skip
+
 
 def _body(model: str) -> dict:
     return {
@@ -120,6 +128,9 @@ def build_document() -> dict:
             "reply_to": {"anyOf": [UUID_PARAM, {"type": "null"}]},
             # The turn this one edits (user) or regenerates (assistant); null for an original.
             "replaces": {"anyOf": [UUID_PARAM, {"type": "null"}]},
+            # User turns: the message before it on its branch (the turn tree); null for a first
+            # message and for one written before branches existed.
+            "parent": {"anyOf": [UUID_PARAM, {"type": "null"}]},
             # Assistant turns: earlier exchanges its prompt left out or took from the summary.
             "context_trimmed": {"type": "integer", "minimum": 0},
             # Assistant turns: the pool and model version that answered, prefix-cache hits
@@ -176,6 +187,7 @@ def build_document() -> dict:
         "required": ["conversation_id", "turns", "next_cursor"],
         "properties": {
             **conversation_props,
+            "path": {"enum": ["all", "selected"]},
             "turns": {"type": "array", "items": {"$ref": REF.format(model="Turn")}},
             "next_cursor": {"type": ["string", "null"]},
         },
@@ -229,10 +241,10 @@ def build_document() -> dict:
             "parameters": [CONVERSATION_ID],
             "get": {
                 "operationId": "getConversation",
-                "parameters": PAGING,
+                "parameters": [*PAGING, TREE_PATH],
                 "responses": {
                     "200": _json(REF.format(model="ConversationHistory")),
-                    "400": _error("Bad `before` or `limit`."),
+                    "400": _error("Bad `before`, `limit` or `path` (or `before` / `limit` with `path=selected`)."),
                     "404": _error("No such conversation (or not yours)."),
                     **COMMON,
                 },

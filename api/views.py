@@ -25,6 +25,8 @@ from gateway import gate
 from moderation.gate import verdict_from_json
 
 PAGE_MAX = 100
+# GET /v1/conversations/{id}?path=: the whole log, or the branch the page shows.
+PATHS = ("all", "selected")
 CURSOR_SALT = "v1.cursor"
 
 
@@ -55,6 +57,9 @@ def _turn_json(turn: Turn) -> dict:
         "reply_to": str(turn.reply_to_id) if turn.reply_to_id else None,
         # Versions: the turn this one edits or regenerates (conversations/versions.py).
         "replaces": str(turn.replaces_id) if turn.replaces_id else None,
+        # User turns: the message before it on its branch (the turn tree; null for a first
+        # message, and for one written before branches existed).
+        "parent": str(turn.parent_id) if getattr(turn, "parent_id", None) else None,
         "context_trimmed": turn.context_trimmed,
         # Who answered and what it cost (assistant turns; null / "" on user turns).
         "pool": turn.pool,
@@ -131,7 +136,11 @@ async def conversations(request: HttpRequest) -> HttpResponse:
 @api_view("GET", "DELETE")
 async def conversation_detail(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     """``GET``: a page of turns, newest page first (``?before=<cursor>&limit=1..100``, keyset,
-    turns oldest-first within the page) -> ``{"conversation_id", ..., "turns", "next_cursor"}``.
+    turns oldest-first within the page) -> ``{"conversation_id", ..., "path", "turns",
+    "next_cursor"}``: the whole log, every branch and version (``?path=all``, the default).
+    ``?path=selected``: only the branch the chat page shows (conversations/versions.py), each
+    message with its answer shown, oldest first, in one page (``next_cursor`` null; ``before``
+    and ``limit`` are refused with it). 400 for another ``path``.
     ``DELETE``: remove the conversation and its turns for good -> 204."""
     conversation = await selectors.aconversation_get_for_user(
         conversation_id=conversation_id, user=request.api_user
@@ -139,16 +148,28 @@ async def conversation_detail(request: HttpRequest, conversation_id: UUID) -> Ht
     if request.method == "DELETE":
         await deletion.aconversation_delete(conversation=conversation)
         return HttpResponse(status=204)
-    limit = query_int(request, "limit", 50, 1, PAGE_MAX)
-    before = _cursor_load("turns", request.GET.get("before"))
-    turns, more = await sync_to_async(selectors.turn_page)(
-        conversation=conversation, before=before, limit=limit
-    )
+    path = request.GET.get("path", "all")
+    if path not in PATHS:
+        raise ApiError(400, "invalid_request", f"'path' must be one of: {', '.join(PATHS)}.")
+    if path == "selected":
+        if request.GET.get("before") or request.GET.get("limit"):
+            raise ApiError(
+                400, "invalid_request", "'before' and 'limit' cannot be combined with 'path=selected': the path is one page."
+            )
+        turns = await sync_to_async(selectors.selected_path)(conversation=conversation)
+        more = False
+    else:
+        limit = query_int(request, "limit", 50, 1, PAGE_MAX)
+        before = _cursor_load("turns", request.GET.get("before"))
+        turns, more = await sync_to_async(selectors.turn_page)(
+            conversation=conversation, before=before, limit=limit
+        )
     files = await sync_to_async(attachments_by_turn)(conversation=conversation, turn_ids=[t.turn_id for t in turns])
     oldest = turns[0] if turns else None
     return JsonResponse(
         {
             **_conversation_json(conversation),
+            "path": path,
             "turns": [
                 {**_turn_json(t), "attachments": [attachment_json(a) for a in files.get(t.turn_id, ())]}
                 for t in turns

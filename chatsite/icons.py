@@ -53,6 +53,8 @@ PATHS: dict[str, str] = {
     '<path d="M21 12H9"/>',
     "share": '<path d="M4 12v8a2 2 0 0 0 2 2h12a2 2 0 0 0 2-2v-8"/><path d="m16 6-4-4-4 4"/>'
     '<path d="M12 2v13"/>',
+    "download": '<path d="M21 15v4a2 2 0 0 1-2 2H5a2 2 0 0 1-2-2v-4"/><path d="m7 10 5 5 5-5"/>'
+    '<path d="M12 15V3"/>',
     "trash": '<path d="M3 6h18"/><path d="M19 6v14c0 1-1 2-2 2H7c-1 0-2-1-2-2V6"/>'
     '<path d="M8 6V4c0-1 1-2 2-2h4c1 0 2 1 2 2v2"/>',
     "thumbs-up": '<path d="M7 10v12"/><path d="M15 5.88 14 10h5.83a2 2 0 0 1 1.92 2.56l-2.33 8'

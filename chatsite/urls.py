@@ -37,6 +37,11 @@ urlpatterns = [
         views.answer_version,
         name="answer-version",
     ),
+    path(
+        "c/<uuid:conversation_id>/turns/<uuid:turn_id>/select",
+        views.question_select,
+        name="question-select",
+    ),
     path("c/<uuid:conversation_id>/rename", views.conversation_rename, name="conversation-rename"),
     path("c/<uuid:conversation_id>/delete", views.conversation_delete, name="conversation-delete"),
     path("search", views.conversation_search, name="conversation-search"),

@@ -45,6 +45,10 @@ class Conversation(models.Model):
     # Shared with its organisation's workspace (workspaces/): the org's current members may read
     # it (read-only); only the owner writes. Meaningless without ``org``.
     shared_with_org = models.BooleanField(default=False, db_default=False)
+    # The branch the user last looked at (conversations/versions.py): at each fork of the turn
+    # tree, the key (the parent message's id, "" for the first messages) -> the chosen child's
+    # id. Stored, so a reload and another device show the same branch.
+    branch_choices = models.JSONField(default=dict, blank=True, db_default={})
 
     class Meta:
         indexes = [
@@ -106,6 +110,17 @@ class Turn(models.Model):
     # Append-only edits: an edited user message or a regenerated answer is a new turn that
     # names the turn it replaces (the UI flips between versions); nothing is overwritten.
     replaces = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    # For a user turn: the user message before it on its branch (None: a first message, or a
+    # turn written before branches existed, whose parent conversations/versions.py derives).
+    # An edit is a sibling of the message it edits: same parent, ``replaces`` = that message.
+    parent = models.ForeignKey(
         "self",
         null=True,
         blank=True,

@@ -185,20 +185,55 @@ class Exchange:
     """A user turn and the assistant's answer to it (None while it is being generated).
 
     ``answers``: every version of the answer, oldest first (``answer`` is the newest); empty
-    when there is none (conversations/versions.py)."""
+    when there is none. ``questions``: every version of the question (its siblings in the turn
+    tree, ``question`` among them), oldest first; empty when unknown (conversations/versions.py)."""
 
     question: Turn
     answer: Turn | None
     answers: tuple[Turn, ...] = ()
+    questions: tuple[Turn, ...] = ()
 
 
 def exchange_list(*, conversation: Conversation) -> list[Exchange]:
-    """The conversation as question/answer pairs, oldest first, for rendering: one per position
-    (conversations/versions.py), with the newest version of the message and of its answer."""
-    positions = versions.positions_build(turn_list(conversation=conversation))
+    """The conversation as question/answer pairs, oldest first, for rendering: the positions of
+    the selected path of its turn tree (conversations/versions.py; ``branch_choices``), each
+    with its question's versions and the newest version of its answer."""
+    positions = versions.positions_build(
+        turn_list(conversation=conversation), conversation.branch_choices
+    )
     return [
-        Exchange(question=p.question, answer=p.answer, answers=tuple(p.answers)) for p in positions
+        Exchange(
+            question=p.question, answer=p.answer, answers=tuple(p.answers), questions=tuple(p.questions)
+        )
+        for p in positions
     ]
+
+
+def conversation_tree(*, conversation: Conversation) -> versions.Tree:
+    """The turn tree of ``conversation`` (every turn, held ones included; conversations/
+    versions.py)."""
+    return versions.tree_build(turn_list(conversation=conversation))
+
+
+def selected_path(*, conversation: Conversation) -> list[Turn]:
+    """The turns of the branch the page shows, oldest first: each position's question and the
+    answer shown (the newest version; none while one is being written)."""
+    turns: list[Turn] = []
+    for exchange in exchange_list(conversation=conversation):
+        turns.append(exchange.question)
+        if exchange.answer is not None:
+            turns.append(exchange.answer)
+    return turns
+
+
+def new_message_parent(*, conversation: Conversation, replaces: Turn | None = None) -> UUID | None:
+    """The parent a new user message gets in the turn tree: the edited message's parent for an
+    edit (``replaces``), else the last message of the selected path; None for a first message."""
+    tree = conversation_tree(conversation=conversation)
+    if replaces is not None:
+        return tree.parent_of(replaces)
+    leaf = tree.leaf(conversation.branch_choices)
+    return leaf.turn_id if leaf is not None else None
 
 
 def answer_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
@@ -240,7 +275,7 @@ def _turns_after(conversation_id: UUID, after) -> list[Turn]:
     turns = list(
         query.order_by("created_at", "turn_id").only(
             "turn_id", "conversation_id", "role", "content", "status", "reply_to_id",
-            "replaces_id", "created_at",
+            "replaces_id", "parent_id", "continues_id", "created_at",
         )
     )  # fmt: skip
     return _with_held(conversation_id, turns, keep=lambda t: after is None or t.created_at > after)
@@ -248,10 +283,14 @@ def _turns_after(conversation_id: UUID, after) -> list[Turn]:
 
 @regions.routed
 def positions_after(*, conversation_id: UUID, after) -> list[versions.Position]:
-    """The conversation's positions whose first message was written after ``after`` (a
-    datetime; None: all), each with its versions (stored and held turns; conversations/
-    versions.py), oldest first."""
-    return versions.positions_build(_turns_after(conversation_id, after))
+    """The positions of the conversation's selected path (conversations/versions.py) whose
+    question was written after ``after`` (a datetime; None: all), each with its versions
+    (stored and held turns), oldest first. [] if the conversation is gone."""
+    conversation = Conversation.objects.filter(pk=conversation_id).first()
+    if conversation is None:
+        return []
+    positions = versions.positions_build(_turns_after(conversation_id, None), conversation.branch_choices)
+    return [p for p in positions if after is None or p.question.created_at > after]
 
 
 @regions.routed
@@ -290,12 +329,10 @@ def prompt_context(
             turns = _turns_after(conversation_id, after)
         if all(t.turn_id != question.turn_id for t in turns):
             turns.append(question)
-        positions = versions.positions_build(turns)
-        index = versions.position_of(positions, question.turn_id)
-        if index is not None:
+        tree = versions.tree_build(turns)
+        chain = tree.ancestors(question.turn_id)
+        if after is None or _summary_continues(chain[0] if chain else question, after):
             break
-    if index is None:  # not a position of its own (cannot happen for a stored user turn)
-        index = len(positions)
     summarised = 0
     if after is not None:
         summarised = Turn.objects.filter(
@@ -304,36 +341,49 @@ def prompt_context(
         ).count()  # fmt: skip
     return PromptContext(
         summary=history.summary if after is not None else "",
-        exchanges=versions.prompt_exchanges(positions[:index]),
+        exchanges=versions.prompt_exchanges(tree.position(q) for q in chain),
         summarised=summarised,
     )
 
 
+def _summary_continues(first: Turn, through) -> bool:
+    """Whether the running summary (covering the selected path down to the message written at
+    ``through``) is the history before ``first``, the oldest message of a question's branch
+    after ``through``: ``first``'s parent is that very message. Not for a message that edits
+    one the summary covers or that sits on another branch: the summary speaks of other turns.
+    A message written before branches existed (no stored parent, no edit) follows the then-last
+    message, as the summary does (conversations/versions.py, the old linear reading)."""
+    parent_id = getattr(first, "parent_id", None)
+    if parent_id is None:
+        return first.replaces_id is None and first.created_at > through
+    written = Turn.objects.filter(pk=parent_id).values_list("created_at", flat=True).first()
+    return written == through
+
+
 @regions.routed
 def prompt_history(*, conversation_id: UUID, upto: Turn) -> list[dict[str, str]]:
-    """Chat messages ([{role, content}], oldest first) for answering ``upto``: every earlier
-    user turn with its stored answer (cancelled answers keep their partial text; failed ones and
-    unanswered questions are left out), then ``upto`` itself."""
+    """Chat messages ([{role, content}], oldest first) for answering ``upto``: the user turns
+    above it on its branch (conversations/versions.py) with their newest usable answers
+    (cancelled answers keep their partial text; failed ones and unanswered questions are left
+    out), then ``upto`` itself."""
     turns = list(
         Turn.objects.filter(conversation_id=conversation_id, created_at__lte=upto.created_at)
         .order_by("created_at", "turn_id")
-        .only("turn_id", "role", "content", "status", "reply_to_id", "created_at")
-    )
+        .only(
+            "turn_id", "role", "content", "status", "reply_to_id", "replaces_id", "parent_id",
+            "continues_id", "created_at",
+        )
+    )  # fmt: skip
     turns = _with_held(conversation_id, turns, keep=lambda t: t.created_at <= upto.created_at)
-    answers = {
-        t.reply_to_id: t
-        for t in turns
-        if t.role == Turn.Role.ASSISTANT and t.status != Turn.Status.FAILED and t.content
-    }
+    if all(t.turn_id != upto.turn_id for t in turns):
+        turns.append(upto)
+    tree = versions.tree_build(turns)
     messages: list[dict[str, str]] = []
-    for t in turns:
-        if t.role != Turn.Role.USER or t.turn_id == upto.turn_id:
-            continue
-        answer = answers.get(t.turn_id)
-        if answer is None:
-            continue
-        messages.append({"role": "user", "content": t.content})
-        messages.append({"role": "assistant", "content": answer.content})
+    for question, answer in versions.prompt_exchanges(
+        tree.position(q) for q in tree.ancestors(upto.turn_id)
+    ):
+        messages.append({"role": "user", "content": question})
+        messages.append({"role": "assistant", "content": answer})
     messages.append({"role": "user", "content": upto.content})
     return messages
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from accounts.models import Organisation, User
-from conversations import cache, held, regions
+from conversations import cache, held, regions, versions
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
 from workspaces.selectors import org_training_eligible
@@ -113,14 +113,18 @@ def turn_append_user(
     conversation: Conversation,
     content: str,
     replaces: Turn | None = None,
+    parent_id: UUID | None = None,
     moderation_verdict: dict | None = None,
     blocked: bool = False,
 ) -> Turn:
     """Append a user turn (committed before any generation starts) and return it.
 
-    ``replaces``: the user turn this one edits (append-only edits, conversations/versions.py):
-    the new turn takes its place in the conversation; the old one stays in the log. The caller
-    checks that it is a user turn of this conversation. ``moderation_verdict``: the input
+    ``parent_id``: the user message before it on its branch (None: a first message;
+    selectors.new_message_parent); the branch it starts or continues becomes the one shown
+    (Conversation.branch_choices, conversations/versions.py). ``replaces``: the user turn this
+    one edits (append-only edits): a sibling of it, so a new branch starts there; the old one
+    and the turns after it stay in the log. The caller checks both are user turns of this
+    conversation. ``moderation_verdict``: the input
     gate's verdict (moderation/verdicts.py ``Verdict.as_json``); ``blocked``: the gate stopped
     the message, so it is stored with status ``blocked`` and is never answered.
     The conversation row is locked for the append so two appends to one conversation are
@@ -135,22 +139,25 @@ def turn_append_user(
     }
     if conversation_zero_retention(conversation):
         return _zero_retention_user_turn(
-            conversation=conversation, text=text, replaces_id=replaces_id, **moderation
-        )
+            conversation=conversation, text=text, replaces_id=replaces_id, parent_id=parent_id,
+            **moderation,
+        )  # fmt: skip
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
     now = timezone.now()
     turn = Turn.objects.create(
         conversation=locked, role=Turn.Role.USER, content=text, created_at=now,
-        replaces_id=replaces_id, training_eligible=org_training_eligible(org_id=locked.org_id),
-        **moderation,
+        replaces_id=replaces_id, parent_id=parent_id,
+        training_eligible=org_training_eligible(org_id=locked.org_id), **moderation,
     )  # fmt: skip
     locked.last_turn_at = now
-    fields = ["last_turn_at"]
+    locked.branch_choices = {**locked.branch_choices, versions.choice_key(parent_id): str(turn.turn_id)}
+    fields = ["last_turn_at", "branch_choices"]
     if not locked.title and not blocked:  # a blocked message never names the conversation
         locked.title = title_from_message(text)
         fields.append("title")
     locked.save(update_fields=fields)
     conversation.title, conversation.last_turn_at = locked.title, locked.last_turn_at
+    conversation.branch_choices = locked.branch_choices
     return turn
 
 
@@ -159,17 +166,20 @@ def _zero_retention_user_turn(
     conversation: Conversation,
     text: str,
     replaces_id: UUID | None = None,
+    parent_id: UUID | None = None,
     moderation_verdict: dict | None = None,
     status: str = Turn.Status.COMPLETE,
 ) -> Turn:
     """A zero-retention conversation's user turn: never written to PostgreSQL (issue 4,
     Retention). Its only copy is a Redis record that expires after ``settings.CHAT_ZDR_TTL_S``
     (conversations/held.py), the history for the next turns within that window. Only the
-    conversation's ``last_turn_at`` (no content) is updated; no title is taken from the text."""
+    conversation's ``last_turn_at`` and branch choice (ids, no content) are updated; no title
+    is taken from the text."""
     now = timezone.now()
     turn = Turn(
         conversation=conversation, role=Turn.Role.USER, content=text, created_at=now,
-        replaces_id=replaces_id, moderation_verdict=moderation_verdict or {}, status=status,
+        replaces_id=replaces_id, parent_id=parent_id,
+        moderation_verdict=moderation_verdict or {}, status=status,
     )  # fmt: skip
     try:
         held.hold(
@@ -179,9 +189,27 @@ def _zero_retention_user_turn(
         )
     except (RedisError, OSError) as exc:  # answered anyway; later turns just lack it
         logger.warning("zero-retention turn %s not kept (Redis: %s)", turn.turn_id, exc)
-    Conversation.objects.filter(pk=conversation.pk).update(last_turn_at=now)
-    conversation.last_turn_at = now
+    locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+    locked.last_turn_at = now
+    locked.branch_choices = {**locked.branch_choices, versions.choice_key(parent_id): str(turn.turn_id)}
+    locked.save(update_fields=["last_turn_at", "branch_choices"])
+    conversation.last_turn_at, conversation.branch_choices = now, locked.branch_choices
     return turn
+
+
+@transaction.atomic
+@regions.atomic
+def branch_select(*, conversation: Conversation, question: Turn, parent_id: UUID | None) -> None:
+    """Show the branch of user message ``question`` from now on, on every device: store it as
+    the chosen child of its fork (``parent_id``, its parent in the turn tree; Conversation.
+    branch_choices, conversations/versions.py). The turns are untouched (append-only); the
+    caller checks that ``question`` is a user turn of ``conversation`` with that parent."""
+    locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+    locked.branch_choices = {
+        **locked.branch_choices, versions.choice_key(parent_id): str(question.turn_id)
+    }
+    locked.save(update_fields=["branch_choices"])
+    conversation.branch_choices = locked.branch_choices
 
 
 def turn_append_assistant(

@@ -59,9 +59,13 @@ async def turn_submit(
     memory_query = memory_query_start(text)
     caller = await gate.acaller_of(conversation, caller)
     async with conversation_claim(conversation_id, answer_id):
+        # Where it goes in the turn tree: after the branch shown, or beside the message it edits.
+        parent_id = await sync_to_async(selectors.new_message_parent)(
+            conversation=conversation, replaces=replaces
+        )
         draft = Turn(
             conversation_id=conversation_id, role=Turn.Role.USER, content=text,
-            replaces_id=replaces.turn_id if replaces is not None else None,
+            replaces_id=replaces.turn_id if replaces is not None else None, parent_id=parent_id,
         )  # fmt: skip
         # The input gate's classifiers run beside admission; their verdict is read after it.
         check = run.input_check_start(caller, text)
@@ -80,7 +84,7 @@ async def turn_submit(
         previous_turn_at = conversation.last_turn_at  # the append moves it
         try:
             question = await sync_to_async(services.turn_append_user)(
-                conversation=conversation, content=text, replaces=replaces,
+                conversation=conversation, content=text, replaces=replaces, parent_id=parent_id,
                 moderation_verdict=verdict.as_json() if verdict is not None else None,
                 blocked=blocked,
             )  # fmt: skip

@@ -110,8 +110,11 @@ def _summarise(summary: str, exchanges: list[tuple[str, str]], fits) -> str:
 def summary_update(*, conversation_id: UUID) -> bool:
     """Fold the conversation's older exchanges into its running summary (module docstring).
 
+    The exchanges are those of the branch the page shows (the selected path of the turn tree);
+    when the summary so far is of another branch, nothing is folded.
     Returns True if a new summary was stored, False if there was nothing to fold (or the
-    conversation is gone, zero-retention, or another run got there first). Token counts use
+    conversation is gone, zero-retention, on another branch than its summary, or another run
+    got there first). Token counts use
     the served model's chat template (``get_engine().encode_chat``: only the tokenizer is
     loaded, no engine is started). Raises ServiceCallError if the model endpoint fails, and
     ValueError if it returns an empty summary (what was stored before stays).
@@ -121,7 +124,10 @@ def summary_update(*, conversation_id: UUID) -> bool:
         return False
     through = conversation.summary_through if conversation.summary else None
     summary = conversation.summary if through is not None else ""
-    positions = selectors.positions_after(conversation_id=conversation_id, after=through)
+    path = selectors.positions_after(conversation_id=conversation_id, after=None)
+    if through is not None and all(p.question.created_at != through for p in path):
+        return False  # the summary is of another branch (conversations/versions.py): keep it
+    positions = [p for p in path if through is None or p.question.created_at > through]
     answered = [(p, p.usable_answer()) for p in positions]
     pairs = [(p, (p.question.content, a.content)) for p, a in answered if a is not None]
     encode_chat = get_engine().encode_chat
@@ -155,7 +161,7 @@ def summary_update(*, conversation_id: UUID) -> bool:
         if following is not None and fits(summary, [x for _, x in chunk] + [following]):
             continue
         new_summary = _summarise(summary, [x for _, x in chunk], fits)
-        new_through = chunk[-1][0].questions[0].created_at
+        new_through = chunk[-1][0].question.created_at
         if not services.conversation_summary_store(
             conversation_id=conversation_id,
             summary=new_summary,

@@ -6,6 +6,7 @@ registry (it lives in the event loop) or stream are ``async def``.
 
 from __future__ import annotations
 
+import dataclasses
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -38,14 +39,28 @@ def _is_htmx(request: HttpRequest) -> bool:
 
 
 def _page_context(request: HttpRequest, conversation: Conversation | None) -> dict:
-    exchanges = selectors.exchange_list(conversation=conversation) if conversation else []
     return {
         "conversation": conversation,
         "conversations": selectors.conversation_list(user=request.user),
-        "exchanges": [_exchange_context(conversation, x) for x in exchanges],
+        "exchanges": _exchanges_context(conversation),
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
         **_model_choices(request.user, conversation),
     }
+
+
+def _exchanges_context(conversation: Conversation | None, *, streaming: dict | None = None) -> list[dict]:
+    """The template contexts of the exchanges of the branch shown (templates/chat/
+    _messages.html). ``streaming``: question turn id -> the id its answer being written will
+    have (its actions appear when it is done)."""
+    if conversation is None:
+        return []
+    streaming = streaming or {}
+    contexts = []
+    for x in selectors.exchange_list(conversation=conversation):
+        if x.question.turn_id in streaming:  # the page follows its stream (done may be sent at once)
+            x = dataclasses.replace(x, answer=None, answers=())
+        contexts.append(_exchange_context(conversation, x, answer_id=streaming.get(x.question.turn_id)))
+    return contexts
 
 
 def _model_choices(user, conversation: Conversation | None) -> dict:
@@ -76,9 +91,12 @@ def _exchange_context(
     answer = exchange.answer
     if answer is not None:
         versions = _versions(exchange.answers or (answer,), answer)
+    question = exchange.question
     return {
         "conversation": conversation,
-        "question": exchange.question,
+        "question": question,
+        # ``< i/n >`` of the message among its versions (branches, conversations/versions.py).
+        "question_versions": _versions(exchange.questions, question) if question and exchange.questions else None,
         "answer": answer,
         "answer_html": markdown_to_safe_html(answer.content) if answer else "",
         # Unanswered: the page (re)attaches to the live stream, or starts it after a restart;
@@ -239,11 +257,12 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
 @require_POST
 @login_required
 async def turn_edit(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
-    """Edit user message ``turn_id``: append the new text as a new user turn that replaces it
-    (append-only; conversations/versions.py) and stream its answer. Responds with the exchange
-    fragment (htmx: it takes the old exchange's place) or redirects. 400 for an empty or
-    over-long message, 404 for a turn or conversation that is not the user's, 409 while an
-    answer is still being written; nothing is stored in those cases."""
+    """Edit user message ``turn_id``: append the new text as a new user turn beside it, which
+    starts a branch there (append-only; conversations/versions.py: the later turns stay on the
+    old branch), and stream its answer. Responds with the exchanges of the new branch (htmx:
+    they take the place of the page's, ``< n/n >`` on the edited message) or redirects. 400 for
+    an empty or over-long message, 404 for a turn or conversation that is not the user's, 409
+    while an answer is still being written; nothing is stored in those cases."""
     user = await request.auser()
     content = request.POST.get("content", "")
     try:
@@ -268,16 +287,37 @@ async def turn_edit(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
         return _error_response(request, exc.message, exc.status, exc.headers)
     if not _is_htmx(request):
         return redirect("conversation", conversation_id=conversation.conversation_id)
+    streaming = {question.turn_id: stream.answer_id} if stream is not None else {}
+    return await sync_to_async(_messages_response)(request, conversation, streaming=streaming)
+
+
+def _messages_response(request: HttpRequest, conversation: Conversation, *, streaming: dict | None = None) -> HttpResponse:
+    """The exchanges of the branch shown, as the fragment that fills ``#messages``."""
     context = {
-        **_exchange_context(
-            conversation, selectors.Exchange(question=question, answer=None),
-            answer_id=stream.answer_id if stream is not None else None,
-        ),
+        "exchanges": _exchanges_context(conversation, streaming=streaming),
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
     }
-    return HttpResponse(
-        await sync_to_async(render_to_string)("chat/_exchange.html", context, request=request)
+    return HttpResponse(render_to_string("chat/_messages.html", context, request=request))
+
+
+@require_POST
+@login_required
+def question_select(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
+    """Show the branch of user message ``turn_id`` (one version of a message, ``< i/n >``):
+    stored as the branch chosen at its fork, so a reload and another device show it too
+    (services.branch_select). Responds with the exchanges of that branch (htmx: in place of the
+    page's) or redirects. 404 if it is not a message in the user's conversation."""
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
     )
+    question = selectors.user_turn_get(conversation=conversation, turn_id=turn_id)
+    tree = selectors.conversation_tree(conversation=conversation)
+    services.branch_select(
+        conversation=conversation, question=question, parent_id=tree.parent_of(question)
+    )
+    if not _is_htmx(request):
+        return redirect("conversation", conversation_id=conversation.conversation_id)
+    return _messages_response(request, conversation)
 
 
 @require_POST

@@ -226,7 +226,7 @@ def _exchanges(*, conversation_id: UUID, after: datetime | None, through: dateti
     ``through``, oldest first; texts cut to MESSAGE_CHARS."""
     exchanges = []
     for position in selectors.positions_after(conversation_id=conversation_id, after=after):
-        if position.questions[0].created_at > through:
+        if position.question.created_at > through:
             continue  # a later period's
         answer = position.usable_answer()
         question = position.question.content[:MESSAGE_CHARS]

@@ -39,6 +39,7 @@ from audit.selectors import audit_entries_by_actor
 from conversations import held, regions
 from conversations.models import Conversation, Turn
 from conversations.turndata import turn_values
+from conversations.versions import Tree, tree_build
 from feedback.models import Feedback
 from memory.models import UserMemory
 from privacy.archive import ArchiveBuilder, Export
@@ -54,14 +55,19 @@ BATCH = 200  # conversations (and usage records) read per query
 # --- rows as JSON ---------------------------------------------------------------------------
 
 
-def turn_json(turn: Turn, *, held: bool = False) -> dict:
+def turn_json(turn: Turn, *, held: bool = False, tree: Tree | None = None) -> dict:
     """Every field of a turn (conversations/turndata.py, so a new field is exported without an
     edit here) but its conversation's id (turns are listed under their conversation), with the
-    links named ``reply_to`` / ``replaces``, and ``held``: an answer still waiting in Redis to be
-    written to the database. Values are Python's (UUID, datetime, Decimal) for the encoder."""
+    links named ``reply_to`` / ``replaces`` / ``parent`` / ``continues``, and ``held``: an answer
+    still waiting in Redis to be written to the database. ``tree``: the conversation's turn tree
+    (conversations/versions.py), which gives a user turn written before branches existed its
+    derived ``parent``. Values are Python's (UUID, datetime, Decimal) for the encoder."""
     data = turn_values(turn)
     del data["conversation_id"]
     data["reply_to"], data["replaces"] = data.pop("reply_to_id"), data.pop("replaces_id")
+    data["continues"], data["parent"] = data.pop("continues_id"), data.pop("parent_id")
+    if tree is not None and turn.role == Turn.Role.USER:
+        data["parent"] = tree.parent_of(turn)
     return {**data, "held": held}
 
 
@@ -239,7 +245,40 @@ def _conversation_item(
             org_label=org,
         ),
     )
-    item = {
+    item = conversation_json(
+        conversation, turns, org=org, attachments=attachments, links=links, ratings=ratings,
+        files=files, markdown_file=markdown,
+    )  # fmt: skip
+    if people is not None:
+        item = {"owner": owner, **item}
+    return item
+
+
+def conversation_json(
+    conversation: Conversation,
+    turns: list[tuple[Turn, bool]],
+    *,
+    org: str = "",
+    attachments: Iterable[Attachment] = (),
+    links: Iterable[ShareLink] = (),
+    ratings: Iterable[Feedback] = (),
+    files: dict | None = None,
+    markdown_file: str | None = None,
+) -> dict:
+    """A conversation as data.json holds it: its fields, every turn (:func:`conversation_turns`'
+    (turn, held) pairs; the whole tree, each user turn with its ``parent``), ``selected_path``
+    (the ids of the turns of the branch the chat page shows, oldest first), its attachments
+    (``files``: attachment id -> the file's name in the archive, None when not in one), share
+    links and ratings. Values are Python's, for the encoder."""
+    files = files or {}
+    tree = tree_build(t for t, _ in turns)
+    path = []
+    for question in tree.path(conversation.branch_choices):
+        path.append(question.turn_id)
+        answers = tree.answers.get(question.turn_id)
+        if answers:
+            path.append(answers[-1].turn_id)
+    return {
         "conversation_id": conversation.pk,
         "title": conversation.title,
         "model": conversation.model,
@@ -251,15 +290,13 @@ def _conversation_item(
         "last_turn_at": conversation.last_turn_at,
         "summary": conversation.summary,
         "summary_through": conversation.summary_through,
-        "markdown_file": markdown,
-        "turns": [turn_json(t, held=held) for t, held in turns],
-        "attachments": [attachment_json(a, files[a.attachment_id]) for a in attachments],
+        "markdown_file": markdown_file,
+        "turns": [turn_json(t, held=held, tree=tree) for t, held in turns],
+        "selected_path": path,
+        "attachments": [attachment_json(a, files.get(a.attachment_id)) for a in attachments],
         "share_links": [share_link_json(link) for link in links],
         "feedback": [feedback_json(f) for f in ratings],
     }
-    if people is not None:
-        item = {"owner": owner, **item}
-    return item
 
 
 # --- a person's export ----------------------------------------------------------------------

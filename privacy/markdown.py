@@ -1,8 +1,9 @@
 """A conversation as a Markdown file, for data exports (privacy/export.py).
 
-It reads like the chat page: each message in its current version (an edited message's newest
-text) with the answer the page shows (the newest version), oldest first. Every version, and
-everything else about each turn, is in the export's data.json.
+It reads like the chat page: the branch the page shows (conversations/versions.py: the selected
+path of the turn tree), each message in the version on that branch with the answer the page
+shows (the newest version), oldest first. The file says so, and how many other branches there
+are; every branch and version, and everything else about each turn, is in the JSON export.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from uuid import UUID
 
 from conversations.models import Conversation, Turn
-from conversations.versions import positions_build
+from conversations.versions import tree_build
 
 STATUS_NOTES = {
     Turn.Status.CANCELLED: "stopped before it finished",
@@ -44,8 +45,9 @@ def conversation_markdown(
     exports name each conversation's owner). Returns text ending in a newline.
     """
     attachment_names = attachment_names or {}
-    turns = list(turns)
-    positions = positions_build(turns)
+    tree = tree_build(turns)
+    positions = [tree.position(q) for q in tree.path(conversation.branch_choices)]
+    leaves = sum(1 for q in tree.questions if not tree.children.get(q))
     lines = [f"# {conversation.title or 'Untitled conversation'}", ""]
     facts = [
         ("Conversation", str(conversation.conversation_id)),
@@ -57,6 +59,11 @@ def conversation_markdown(
         ("Region", conversation.region),
     ]
     lines += [f"- {name}: {value}" for name, value in facts if value]
+    others = max(0, leaves - 1)
+    lines.append(
+        "- Shows: the branch selected on the chat page"
+        + (f" ({others} other branch(es) are in the JSON export)" if others else " (the only one)")
+    )
     if conversation.system_prompt:
         lines += ["", "**Instructions to the model:**", "", _body(conversation.system_prompt)]
     versions = sum(len(p.questions) - 1 + max(0, len(p.answers) - 1) for p in positions)
@@ -64,7 +71,10 @@ def conversation_markdown(
         lines += ["", f"_{versions} earlier version(s) of messages or answers are in data.json._"]
     for position in positions:
         question = position.question
-        edited = " (edited)" if len(position.questions) > 1 else ""
+        edited = (
+            f" (version {position.index + 1} of {len(position.questions)})"
+            if len(position.questions) > 1 else ""
+        )  # fmt: skip
         lines += ["", f"## You, {_when(question)}{edited}", ""]
         note = STATUS_NOTES.get(question.status)
         if note:

@@ -19,7 +19,7 @@ from django.contrib import messages
 from django.contrib.auth import logout
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -28,7 +28,13 @@ from accounts import throttle
 from accounts.request_info import client_ip
 from audit.models import Action
 from audit.services import audit_record
+from conversations.selectors import conversation_get_for_user
 from privacy import export, selectors, services
+from privacy.conversation_export import (
+    conversation_export_json,
+    conversation_export_markdown,
+    export_filename,
+)
 from privacy.forms import ConfirmForm
 from workspaces.selectors import seat_get_owning
 
@@ -51,6 +57,31 @@ def archive_response(archive: export.Export) -> StreamingHttpResponse:
     response = StreamingHttpResponse(_chunks(archive.file), content_type="application/zip")
     response["Content-Length"] = str(archive.size)
     response["Content-Disposition"] = content_disposition_header(True, archive.filename)
+    response["Cache-Control"] = "no-store"
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+# One conversation's download (privacy/conversation_export.py): extension -> content type, builder.
+CONVERSATION_FORMATS = {
+    "md": ("text/markdown; charset=utf-8", conversation_export_markdown),
+    "json": ("application/json", conversation_export_json),
+}
+
+
+@require_GET
+@login_required
+def conversation_export(request: HttpRequest, conversation_id, extension: str) -> HttpResponse:
+    """``GET /c/<id>/export.md`` (the branch the page shows) or ``.json`` (the whole tree): one
+    conversation as an attachment (privacy/conversation_export.py), never cached. Owner only:
+    404 for anyone else, as on the other conversation routes (an organisation's conversation
+    while a member); 404 for another extension."""
+    if extension not in CONVERSATION_FORMATS:
+        raise Http404("No such export format.")
+    conversation = conversation_get_for_user(conversation_id=conversation_id, user=request.user)
+    content_type, build = CONVERSATION_FORMATS[extension]
+    response = HttpResponse(build(conversation=conversation), content_type=content_type)
+    response["Content-Disposition"] = content_disposition_header(True, export_filename(conversation, extension))
     response["Cache-Control"] = "no-store"
     response["X-Content-Type-Options"] = "nosniff"
     return response

@@ -229,6 +229,8 @@ ROUTES: list[Route] = [
     Route("answer-regenerate", ("POST",), OWN, answer, generates=True),
     Route("answer-continue", ("POST",), OWN, answer, generates=True),
     Route("answer-version", ("GET",), OWN, answer),
+    Route("question-select", ("POST",), OWN, question),
+    Route("conversation-export", ("GET",), OWN, lambda w: {**conv(w), "extension": "json"}),
     Route("conversation-rename", ("POST",), OWN, conv, bodies={"POST": form(title="pwned")}),
     Route("conversation-delete", ("POST",), OWN, conv),
     # A search that alice's conversation matches: it must not show up for anyone else.

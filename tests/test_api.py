@@ -576,3 +576,78 @@ async def test_values_of_the_wrong_json_type_are_refused_not_coerced(make_user, 
     assert_error(response, 400, "invalid_request")
     assert not await Turn.objects.aexists()
     assert engine_double.requests == []
+
+
+# --- the turn tree (issue 18, part 5) -----------------------------------------------------------
+
+
+def answer_stored(conversation, question, content):
+    return services.turn_append_assistant(
+        conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
+        content=content, status="complete", prompt_tokens=3, completion_tokens=2,
+    )  # fmt: skip
+
+
+def branched_conversation(user, title="Branches"):
+    """A conversation with a branch, built through the services (no engine): q1/a1 -> q2/a2,
+    then an edit of q1 (q1'/a1') that is the branch shown. Returns (conversation, turns by
+    name: q1, a1, q2, a2, q1e, a1e)."""
+    conversation = services.conversation_create(owner=user, title=title)
+    q1 = services.turn_append_user(conversation=conversation, content="first question")
+    a1 = answer_stored(conversation, q1, "first answer")
+    q2 = services.turn_append_user(conversation=conversation, content="second question", parent_id=q1.turn_id)
+    a2 = answer_stored(conversation, q2, "second answer")
+    q1e = services.turn_append_user(conversation=conversation, content="first question, edited", replaces=q1)
+    a1e = answer_stored(conversation, q1e, "answer to the edit")
+    conversation.refresh_from_db()
+    return conversation, {"q1": q1, "a1": a1, "q2": q2, "a2": a2, "q1e": q1e, "a1e": a1e}
+
+
+async def test_path_selected_returns_only_the_branch_shown(make_user):
+    """Given a branched conversation showing the edit, when GET ?path=selected, then only the
+    edit and its answer come back (path "selected", one page); ?path=all (the default) has all
+    six turns, each user turn with its parent; after selecting the old branch, ?path=selected
+    gives q1, a1, q2, a2."""
+    client, user = await api_client(make_user)
+    conversation, t = await sync_to_async(branched_conversation)(user)
+    url = f"/v1/conversations/{conversation.pk}"
+
+    selected = (await client.get(url, {"path": "selected"})).json()
+    everything = (await client.get(url)).json()
+    await sync_to_async(services.branch_select)(conversation=conversation, question=t["q1"], parent_id=None)
+    old_branch = (await client.get(url, {"path": "selected"})).json()
+
+    assert selected["path"] == "selected" and selected["next_cursor"] is None
+    assert [x["turn_id"] for x in selected["turns"]] == [str(t["q1e"].turn_id), str(t["a1e"].turn_id)]
+    assert everything["path"] == "all" and len(everything["turns"]) == 6
+    by_id = {x["turn_id"]: x for x in everything["turns"]}
+    assert by_id[str(t["q2"].turn_id)]["parent"] == str(t["q1"].turn_id)
+    assert by_id[str(t["q1e"].turn_id)]["parent"] is None
+    assert [x["content"] for x in old_branch["turns"]] == [
+        "first question", "first answer", "second question", "second answer",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("query", ["path=newest", "path=", "path=selected&before=x", "path=selected&limit=5"])
+async def test_bad_path_values_get_400_with_a_message(make_user, query):
+    client, user = await api_client(make_user)
+    conversation, _ = await sync_to_async(branched_conversation)(user)
+
+    response = await client.get(f"/v1/conversations/{conversation.pk}?{query}")
+
+    assert_error(response, 400, "invalid_request")
+    assert "path" in response.json()["error"]["message"]
+
+
+def test_the_openapi_document_describes_the_path_parameter():
+    """The getConversation operation documents ?path= (all | selected) and the Turn schema
+    its parent, so clients can rebuild the tree."""
+    from api.openapi import build_document
+
+    document = build_document()
+    operation = document["paths"]["/v1/conversations/{conversation_id}"]["get"]
+    [path] = [p for p in operation["parameters"] if p["name"] == "path"]
+    assert path["in"] == "query" and path["schema"]["enum"] == ["all", "selected"]
+    assert "selected" in path["description"]
+    assert "parent" in document["components"]["schemas"]["Turn"]["properties"]
+    assert document["components"]["schemas"]["ConversationHistory"]["properties"]["path"]["enum"] == ["all", "selected"]

@@ -190,9 +190,11 @@ def test_data_json_holds_the_conversation_turns_link_and_rating(alice):
         ("assistant", "I will remember tangerine."),
     ]
     assert conversation["turns"][1]["prompt_tokens"] == 7
-    # Every field of a turn but its conversation's id (the links as reply_to / replaces).
+    # Every field of a turn but its conversation's id (the links as reply_to / replaces /
+    # continues / parent).
     fields = {f.attname for f in Turn._meta.concrete_fields} - {"conversation_id"}
-    renamed = (fields - {"reply_to_id", "replaces_id"}) | {"reply_to", "replaces", "held"}
+    links = {"reply_to", "replaces", "continues", "parent"}
+    renamed = (fields - {f"{name}_id" for name in links}) | links | {"held"}
     assert set(conversation["turns"][1]) == renamed
     assert conversation["turns"][1]["reply_to"] == conversation["turns"][0]["turn_id"]
     assert conversation["share_links"][0]["link_id"] == str(alice.link.pk)
@@ -223,7 +225,7 @@ def test_data_json_holds_account_settings_memory_usage_keys_and_sessions(alice):
 
 def test_every_version_is_in_data_json_and_the_markdown_shows_the_current_one(alice):
     """Given an edited question, then data.json has both versions and the Markdown file the
-    newest only (marked edited)."""
+    newest only (the branch shown, marked as version 2 of 2)."""
     services.turn_append_user(
         conversation=alice.conversation,
         content="Remember tangerine twice.",
@@ -235,7 +237,7 @@ def test_every_version_is_in_data_json_and_the_markdown_shows_the_current_one(al
     assert "Remember tangerine for me." in contents and "Remember tangerine twice." in contents
     markdown = zf.read(data_json(zf)["conversations"][0]["markdown_file"]).decode()
     assert "Remember tangerine twice." in markdown and "Remember tangerine for me." not in markdown
-    assert "(edited)" in markdown
+    assert "(version 2 of 2)" in markdown
 
 
 def test_another_users_data_never_appears(alice, bob):

@@ -83,6 +83,7 @@ MIXED = [
     Mixed("alice's question", "turn-edit", lambda w: bobs(w, turn_id=w.question.pk)),
     Mixed("alice's answer", "answer-regenerate", lambda w: bobs(w, turn_id=w.answer.pk)),
     Mixed("alice's answer", "answer-version", lambda w: bobs(w, turn_id=w.answer.pk)),
+    Mixed("alice's question", "question-select", lambda w: bobs(w, turn_id=w.question.pk)),
     Mixed("alice's answer", "answer-feedback", lambda w: bobs(w, turn_id=w.answer.pk)),
     Mixed("alice's link", "share-update", lambda w: bobs(w, link_id=w.link.pk)),
     Mixed("alice's link", "share-revoke", lambda w: bobs(w, link_id=w.link.pk)),

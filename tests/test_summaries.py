@@ -328,3 +328,56 @@ async def test_background_jobs_run_at_the_lowest_engine_priority(make_user, engi
     assert (await post_json(BearerClient(issued.raw), "/v1/chat/completions", body)).status_code == 200
     # The free user's turn runs at its pool's priority (mini: 1), the job after it.
     assert [options.priority for _, options, _ in engine_double.requests] == [7, 1]
+
+
+def seed_branch(conversation: Conversation, count: int) -> list[Turn]:
+    """Like :func:`seed`, each message stored with its parent (the one before it)."""
+    questions: list[Turn] = []
+    for i in range(count):
+        parent = questions[-1].turn_id if questions else None
+        q = services.turn_append_user(conversation=conversation, content=words(f"q{i}"), parent_id=parent)
+        services.turn_append_assistant(
+            conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=q.turn_id,
+            content=words(f"a{i}"), status="complete", prompt_tokens=10, completion_tokens=WORDS,
+        )  # fmt: skip
+        questions.append(q)
+    return questions
+
+
+def test_the_summary_is_used_only_on_the_branch_it_summarises(make_user, small_context):
+    """Given q0 -> q1 -> q2 -> q3 summarised through q2, when q3 is edited (a branch below q2),
+    then its prompt uses the summary; when q2 is edited (a branch below q1, beside what the
+    summary covers), then the summary is left out and the raw history q0, q1 is used, and so it
+    is for a message after that edit (its branch is not the one summarised)."""
+    conversation = services.conversation_create(owner=make_user())
+    questions = seed_branch(conversation, 4)
+    services.conversation_summary_store(
+        conversation_id=conversation.pk, summary="old summary", through=questions[2].created_at,
+        expected_through=None,
+    )  # fmt: skip
+    below_summary = services.turn_append_user(
+        conversation=conversation, content="q3 edited", replaces=questions[3], parent_id=questions[2].turn_id
+    )
+    beside_summary = services.turn_append_user(
+        conversation=conversation, content="q2 edited", replaces=questions[2], parent_id=questions[1].turn_id
+    )
+
+    services.turn_append_assistant(
+        conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=beside_summary.turn_id,
+        content=words("b2"), status="complete", prompt_tokens=10, completion_tokens=WORDS,
+    )  # fmt: skip
+    on_that_branch = services.turn_append_user(
+        conversation=conversation, content="q3 there", parent_id=beside_summary.turn_id
+    )
+
+    used = selectors.prompt_context(conversation_id=conversation.pk, question=below_summary)
+    unused = selectors.prompt_context(conversation_id=conversation.pk, question=beside_summary)
+    later = selectors.prompt_context(conversation_id=conversation.pk, question=on_that_branch)
+
+    assert used.summary == "old summary" and used.exchanges == []
+    assert unused.summary == ""
+    assert [q.split()[0] for q, _ in unused.exchanges] == ["q0", "q1"]
+    # A message after the edit: the summary (of q0..q2) is not its history either.
+    assert later.summary == ""
+    assert [q.split()[0] for q, _ in later.exchanges] == ["q0", "q1", "q2"]
+    assert later.exchanges[-1][1].split()[0] == "b2"

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.test import Client
+from django.test import AsyncClient, Client
 from django.utils import timezone
 
 from conversations import services, turnstream, versions
@@ -89,24 +89,63 @@ def make_turn(role, content, at, **fields) -> Turn:
     return Turn(role=role, content=content, created_at=at, conversation_id=uuid.uuid4(), **fields)
 
 
-def test_an_edit_takes_the_place_of_the_message_it_replaces():
-    """Given q1/a1, q2/a2 and later an edit of q1 answered by a1', when grouped into
-    positions, then q1's position shows the edit and its own answer, still before q2."""
+def test_an_edit_starts_a_branch_and_the_later_turns_stay_on_the_old_one():
+    """Given q1/a1, q2/a2 (q2 after q1) and later an edit of q1 (same parent: none) answered by
+    a1', when the selected path is built, then by default it is the newest branch (the edit
+    alone, shown as 2/2) and, with the first fork's choice set to q1, it is q1, a1, q2, a2."""
     t0 = timezone.now()
     q1 = make_turn("user", "q1", t0)
     a1 = make_turn("assistant", "a1", t0 + timedelta(seconds=1), reply_to_id=q1.turn_id)
-    q2 = make_turn("user", "q2", t0 + timedelta(seconds=2))
+    q2 = make_turn("user", "q2", t0 + timedelta(seconds=2), parent_id=q1.turn_id)
     a2 = make_turn("assistant", "a2", t0 + timedelta(seconds=3), reply_to_id=q2.turn_id)
     q1_edit = make_turn("user", "q1 edited", t0 + timedelta(seconds=4), replaces_id=q1.turn_id)
     a1_edit = make_turn("assistant", "a1'", t0 + timedelta(seconds=5), reply_to_id=q1_edit.turn_id)
+    turns = [a2, q1_edit, q1, a1_edit, q2, a1]
 
-    positions = versions.positions_build([a2, q1_edit, q1, a1_edit, q2, a1])
+    newest = versions.positions_build(turns)
+    old_branch = versions.positions_build(turns, {versions.ROOT: str(q1.turn_id)})
 
-    assert [(p.question.content, p.answer.content) for p in positions] == [
-        ("q1 edited", "a1'"), ("q2", "a2"),
-    ]  # fmt: skip
-    assert [q.content for q in positions[0].questions] == ["q1", "q1 edited"]
-    assert versions.prompt_exchanges(positions) == [("q1 edited", "a1'"), ("q2", "a2")]
+    assert [(p.question.content, p.answer.content) for p in newest] == [("q1 edited", "a1'")]
+    assert [q.content for q in newest[0].questions] == ["q1", "q1 edited"]
+    assert newest[0].index == 1
+    assert [(p.question.content, p.answer.content) for p in old_branch] == [("q1", "a1"), ("q2", "a2")]
+    assert old_branch[0].index == 0
+    assert versions.prompt_exchanges(old_branch) == [("q1", "a1"), ("q2", "a2")]
+
+
+def test_a_choice_deep_in_the_tree_is_kept_and_an_unknown_one_falls_back_to_the_newest():
+    """Given q1 -> q2 and q1 -> q2' (an edit of q2), when the fork below q1 chooses q2, then the
+    path is q1, q2; a choice naming no child of the fork is ignored (newest branch: q2')."""
+    t0 = timezone.now()
+    q1 = make_turn("user", "q1", t0)
+    q2 = make_turn("user", "q2", t0 + timedelta(seconds=1), parent_id=q1.turn_id)
+    q2b = make_turn("user", "q2'", t0 + timedelta(seconds=2), parent_id=q1.turn_id, replaces_id=q2.turn_id)
+
+    chosen = versions.positions_build([q1, q2, q2b], {str(q1.turn_id): str(q2.turn_id)})
+    stale = versions.positions_build([q1, q2, q2b], {str(q1.turn_id): str(uuid.uuid4())})
+
+    assert [p.question.content for p in chosen] == ["q1", "q2"]
+    assert [p.question.content for p in stale] == ["q1", "q2'"]
+    assert versions.tree_build([q1, q2, q2b]).ancestors(q2b.turn_id) == [q1]
+
+
+def test_turns_written_before_the_tree_get_their_parent_from_the_old_reading():
+    """Given old rows with no parent (q1, q2, an edit of q1, then q3), when the tree is built,
+    then q2 follows q1, the edit is q1's sibling and q3 follows q2 (the then-last position):
+    by default the path with the newest message, q1, q2, q3, with q1 shown as 1/2."""
+    t0 = timezone.now()
+    q1 = make_turn("user", "q1", t0)
+    q2 = make_turn("user", "q2", t0 + timedelta(seconds=1))
+    q1_edit = make_turn("user", "q1 edited", t0 + timedelta(seconds=2), replaces_id=q1.turn_id)
+    q3 = make_turn("user", "q3", t0 + timedelta(seconds=3))
+
+    tree = versions.tree_build([q3, q1_edit, q2, q1])
+    positions = versions.positions_build([q3, q1_edit, q2, q1])
+
+    assert tree.parent_of(q2) == q1.turn_id and tree.parent_of(q1_edit) is None
+    assert tree.parent_of(q3) == q2.turn_id
+    assert [p.question.content for p in positions] == ["q1", "q2", "q3"]
+    assert (positions[0].index, len(positions[0].questions)) == (0, 2)
 
 
 def test_the_newest_usable_answer_goes_into_prompts():
@@ -195,10 +234,11 @@ async def test_the_version_buttons_fetch_each_version_with_its_position(make_use
     assert re.search(r'class="version-prev" disabled', html)
 
 
-async def test_edit_appends_a_new_user_turn_answered_with_the_history_before_it(make_user, engine_double):
-    """Given q1/a1 and q2/a2, when q1 is edited, then a new user turn replacing q1 is stored and
-    answered from a prompt with no history (q1 came first, q2 came after it), q1 and a1 stay as
-    they were, and the page shows the edit in q1's place, before q2."""
+async def test_edit_starts_a_branch_answered_with_the_history_before_it(make_user, engine_double):
+    """Given q1/a1 and q2/a2, when q1 is edited, then a new user turn beside q1 (no parent,
+    replaces q1) is stored and answered from a prompt with no history, q1, a1, q2, a2 stay as
+    they were, and the response and the page show the edit as 2/2 without q2 (it stays on the
+    old branch); the branch is stored on the conversation."""
     engine_double.scripts = [["a1"], ["a2"], ["a1 again"]]
     prompts = spy_prompts(engine_double)
     client, _ = await signed_in(make_user)
@@ -211,16 +251,64 @@ async def test_edit_appends_a_new_user_turn_answered_with_the_history_before_it(
     )
 
     assert response.status_code == 200
+    fragment = response.content.decode()
+    assert re.search(r'class="version-index">2/2<', fragment) and "second question" not in fragment
     await read_answer(client, response)
     edit = await Turn.objects.aget(role="user", replaces_id=uuid.UUID(q1_id))
-    assert edit.content == "first question, edited"
+    assert (edit.content, edit.parent_id) == ("first question, edited", None)
     assert contents(prompts[-1]) == ["first question, edited"]
     after = await sync_to_async(snapshot)(conversation_id)
     assert {k: after[k] for k in before} == before
+    assert (await Conversation.objects.aget()).branch_choices[versions.ROOT] == str(edit.turn_id)
     page = (await client.get(f"/c/{conversation_id}/")).content.decode()
-    assert page.index("first question, edited") < page.index("second question")
-    assert '<div class="bubble plain">first question</div>' not in page  # the title keeps it
-    assert "a1 again" in page and "a2" in page
+    assert "first question, edited" in page and "a1 again" in page
+    assert "second question" not in page and ">a2<" not in page
+    assert re.search(r'class="version-index">2/2<', page)
+    assert f"/c/{conversation_id}/turns/{q1_id}/select" in page
+
+
+async def test_switching_back_shows_the_old_later_turns_and_is_stored(make_user, engine_double):
+    """Given q1 -> q2 and an edit of q1, when version 1/2 is selected, then the response shows
+    q1, a1, q2, a2 with q1 as 1/2, a fresh page load (another device) shows the same, and the
+    next message follows q2 with the old branch as its prompt."""
+    engine_double.scripts = [["a1"], ["a2"], ["a1 again"], ["a3"]]
+    prompts = spy_prompts(engine_double)
+    client, user = await signed_in(make_user)
+    conversation_id, q1_id = await answered(client, "first question")
+    await answered(client, "second question", conversation_id)
+    response = await client.post(
+        f"/c/{conversation_id}/turns/{q1_id}/edit", {"content": "first question, edited"}, headers=HTMX
+    )
+    await read_answer(client, response)
+
+    switched = await client.post(f"/c/{conversation_id}/turns/{q1_id}/select", headers=HTMX)
+
+    assert switched.status_code == 200
+    html = switched.content.decode()
+    assert "second question" in html and "a2" in html and "first question, edited" not in html
+    assert re.search(r'class="version-index">1/2<', html)
+    elsewhere = AsyncClient()
+    await elsewhere.aforce_login(user)
+    page = (await elsewhere.get(f"/c/{conversation_id}/")).content.decode()
+    assert "second question" in page and "first question, edited" not in page
+    _, q3_id = await answered(client, "third question", conversation_id)
+    q3 = await Turn.objects.aget(pk=q3_id)
+    assert q3.parent_id == (await Turn.objects.aget(content="second question")).turn_id
+    assert contents(prompts[-1]) == ["first question", "a1", "second question", "a2", "third question"]
+
+
+async def test_selecting_a_version_is_owner_only_and_needs_a_message(make_user, engine_double):
+    """Another user's select is 404 and changes nothing; an answer's id is no message (404)."""
+    owner, _ = await signed_in(make_user, "owner")
+    conversation_id, question_id = await answered(owner, "mine")
+    answer = await Turn.objects.aget(role="assistant")
+    choices = (await Conversation.objects.aget()).branch_choices
+    other, _ = await signed_in(make_user, "other")
+
+    assert (await other.post(f"/c/{conversation_id}/turns/{question_id}/select", headers=HTMX)).status_code == 404
+    assert (await owner.post(f"/c/{conversation_id}/turns/{answer.turn_id}/select", headers=HTMX)).status_code == 404
+    assert (await owner.get(f"/c/{conversation_id}/turns/{question_id}/select")).status_code == 405
+    assert (await Conversation.objects.aget()).branch_choices == choices
 
 
 async def test_the_next_prompt_uses_the_newest_version_of_each_position(make_user, engine_double):

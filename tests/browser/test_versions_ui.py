@@ -1,6 +1,7 @@
 """Versions in a real browser (headless Debian Chromium, Playwright): Regenerate streams a new
 answer shown as `< 2/2 >` and the arrows flip between the stored versions (real engine); Edit
-puts the edited message and its new answer in the old one's place; Regenerate is offered on the
+puts the edited message and its new answer in the old one's place and starts a branch whose
+`< 1/2 >` brings the old later turns back, kept across a reload; Regenerate is offered on the
 last answer only (engine double). Fixtures and helpers come from test_chat_ui.py."""
 
 from __future__ import annotations
@@ -91,6 +92,58 @@ def test_edit_puts_the_edited_message_and_a_new_answer_in_its_place(
     expect(page.locator("#messages article.user > .bubble")).to_have_text("edited question")
     original = Turn.objects.get(role="user", content="original question")
     assert Turn.objects.get(role="user", content="edited question").replaces_id == original.turn_id
+
+
+QUESTION_VERSION = "#messages article.user .question-versions .version-index"
+
+
+def test_edit_starts_a_branch_and_the_old_one_comes_back_after_a_reload(
+    live, engine_double, make_user, new_page  # noqa: F811
+):
+    """Given two answered messages, when the first is edited, then the page shows the edit as
+    2/2 with its new answer and without the second exchange (it stays on the old branch); `<`
+    shows 1/2 with the old later turns; a reload (the branch is stored) still shows them; `>`
+    goes back to the edit."""
+    engine_double.scripts = [["First answer."], ["Second answer."], ["Answer to the edit."]]
+    make_user("bran")
+    page = new_page()
+    ui_login(page, live.url, "bran")
+    send(page, "first question")
+    expect(page.locator(f"{ANSWER}.complete")).to_have_count(1)
+    send(page, "second question")
+    expect(page.locator(f"{ANSWER}.complete")).to_have_count(2)
+    expect(page.locator(QUESTION_VERSION)).to_have_count(0)  # one version: no `< 1/1 >`
+
+    first = page.locator("#messages .exchange").first
+    first.locator("details.edit summary").click()
+    first.locator("details.edit textarea").fill("first question, edited")
+    # The conversation is free a moment after `done` (its lock goes once the event log is
+    # flushed); until then an edit is refused with 409 and nothing stored, so send it again.
+    for _ in range(50):
+        with page.expect_response(lambda r: r.url.endswith("/edit")) as edited:
+            first.locator("details.edit button[type=submit]").click()
+        if edited.value.status != 409:
+            break
+        page.wait_for_timeout(100)
+    assert edited.value.status == 200
+
+    expect(page.locator(f"{ANSWER}.complete .bubble")).to_have_text("Answer to the edit.", timeout=20_000)
+    expect(page.locator("#messages .exchange")).to_have_count(1)
+    expect(page.locator(QUESTION_VERSION)).to_have_text("2/2")
+    expect(page.locator("#messages article.user > .bubble")).to_have_text("first question, edited")
+
+    page.click("#messages article.user .question-versions button.version-prev")
+
+    expect(page.locator(QUESTION_VERSION)).to_have_text("1/2")
+    expect(page.locator("#messages article.user > .bubble")).to_have_text(["first question", "second question"])
+    expect(page.locator(f"{ANSWER} .bubble")).to_have_text(["First answer.", "Second answer."])
+    page.reload()
+    expect(page.locator("#messages article.user > .bubble")).to_have_text(["first question", "second question"])
+    expect(page.locator(QUESTION_VERSION)).to_have_text("1/2")
+
+    page.click("#messages article.user .question-versions button.version-next")
+    expect(page.locator(QUESTION_VERSION)).to_have_text("2/2")
+    expect(page.locator(f"{ANSWER} .bubble")).to_have_text(["Answer to the edit."])
 
 
 def test_regenerate_is_offered_on_the_last_answer_only(live, engine_double, make_user, new_page):  # noqa: F811

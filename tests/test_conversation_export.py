@@ -1,0 +1,129 @@
+"""Per-conversation export (issue 18, part 11): Markdown of the branch shown, JSON of the whole
+tree, owner only, as attachments (privacy/conversation_export.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from accounts.models import Organisation
+from conversations import services
+from tests.test_api import branched_conversation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_markdown_is_the_branch_shown_and_says_so(make_user):
+    """Given a conversation whose edit of q1 is the branch shown, when its Markdown is
+    downloaded, then it is an attachment named after the title holding the edit and its answer,
+    not q2 (the other branch), and it says it shows the selected branch of two."""
+    user = make_user("owner")
+    conversation, _ = branched_conversation(user, title="Tangerine plans")
+
+    response = signed_in(user).get(f"/c/{conversation.pk}/export.md")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/markdown")
+    disposition = response["Content-Disposition"]
+    assert disposition.startswith("attachment;") and "chat-tangerine-plans-" in disposition
+    assert disposition.rstrip('"').endswith(".md")
+    text = response.content.decode()
+    assert text.startswith("# Tangerine plans\n")
+    assert "first question, edited" in text and "answer to the edit" in text
+    assert "second question" not in text and "(version 2 of 2)" in text
+    assert "the branch selected on the chat page (1 other branch(es) are in the JSON export)" in text
+
+
+def test_markdown_follows_the_branch_switched_to(make_user):
+    user = make_user("owner")
+    conversation, t = branched_conversation(user)
+    services.branch_select(conversation=conversation, question=t["q1"], parent_id=None)
+
+    text = signed_in(user).get(f"/c/{conversation.pk}/export.md").content.decode()
+
+    assert "second question" in text and "second answer" in text
+    assert "first question, edited" not in text and "(version 1 of 2)" in text
+
+
+def test_json_carries_the_whole_tree_with_parents_and_the_selected_path(make_user):
+    """Then the JSON (an attachment, scope "tree") has all six turns with the turn fields of
+    the account export, each user turn's parent, each answer's reply_to, and selected_path =
+    the edit and its answer."""
+    user = make_user("owner")
+    conversation, t = branched_conversation(user)
+
+    response = signed_in(user).get(f"/c/{conversation.pk}/export.json")
+
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    assert response["Content-Disposition"].rstrip('"').endswith(".json")
+    assert response["Cache-Control"] == "no-store"
+    data = json.loads(response.content)
+    assert (data["format"], data["kind"], data["scope"]) == ("chatsite-export", "conversation", "tree")
+    item = data["conversation"]
+    assert item["conversation_id"] == str(conversation.pk) and item["title"] == "Branches"
+    turns = {x["turn_id"]: x for x in item["turns"]}
+    assert len(turns) == 6
+    assert turns[str(t["q2"].turn_id)]["parent"] == str(t["q1"].turn_id)
+    assert turns[str(t["q1e"].turn_id)]["parent"] is None
+    assert turns[str(t["q1e"].turn_id)]["replaces"] == str(t["q1"].turn_id)
+    assert turns[str(t["a2"].turn_id)]["reply_to"] == str(t["q2"].turn_id)
+    assert turns[str(t["a2"].turn_id)]["prompt_tokens"] == 3
+    assert item["selected_path"] == [str(t["q1e"].turn_id), str(t["a1e"].turn_id)]
+    assert "share_links" not in item
+
+
+def test_old_rows_get_their_derived_parent_in_the_json(make_user):
+    """Given turns written before the tree (no stored parent), then the JSON names the parent
+    the tree derives (q2 follows q1)."""
+    user = make_user("owner")
+    conversation = services.conversation_create(owner=user)
+    q1 = services.turn_append_user(conversation=conversation, content="one")
+    q2 = services.turn_append_user(conversation=conversation, content="two")  # no parent: old style
+
+    data = json.loads(signed_in(user).get(f"/c/{conversation.pk}/export.json").content)
+
+    parents = {x["turn_id"]: x["parent"] for x in data["conversation"]["turns"]}
+    assert q2.parent_id is None and parents[str(q2.turn_id)] == str(q1.turn_id)
+
+
+@pytest.mark.parametrize("extension", ["md", "json"])
+def test_only_the_owner_can_export(make_user, extension):
+    """Another user, an anonymous visitor and an unknown id get no export (404, sign-in)."""
+    owner = make_user("owner")
+    conversation, _ = branched_conversation(owner)
+    other = make_user("other")
+
+    assert signed_in(other).get(f"/c/{conversation.pk}/export.{extension}").status_code == 404
+    assert Client().get(f"/c/{conversation.pk}/export.{extension}").status_code == 302
+    missing = "00000000-0000-4000-8000-000000000000"
+    assert signed_in(owner).get(f"/c/{missing}/export.{extension}").status_code == 404
+
+
+def test_an_unknown_format_is_404_and_the_menu_links_both(make_user):
+    user = make_user("owner")
+    conversation, _ = branched_conversation(user)
+    client = signed_in(user)
+
+    assert client.get(f"/c/{conversation.pk}/export.pdf").status_code == 404
+    page = client.get(f"/c/{conversation.pk}/").content.decode()
+    assert f'href="/c/{conversation.pk}/export.md" download' in page
+    assert f'href="/c/{conversation.pk}/export.json" download' in page
+
+
+def test_a_removed_members_org_conversation_is_not_exported(make_user):
+    """An organisation's conversation is the organisation's: its owner exports it only while
+    a member (conversation_get_for_user)."""
+    user = make_user("owner")
+    org = Organisation.objects.create(name="Acme", slug="acme")
+    conversation = services.conversation_create(owner=user, org=None)
+    type(conversation).objects.filter(pk=conversation.pk).update(org=org)
+
+    assert signed_in(user).get(f"/c/{conversation.pk}/export.json").status_code == 404
