@@ -22,12 +22,14 @@ from tests.browser.test_chat_ui import (  # noqa: F401
     send,
 )
 from tests.browser.test_layout_ui import PHONE
+from tests.browser.test_versions_ui import QUESTION_VERSION
 from tests.conftest import PASSWORD
 
 pytestmark = [pytest.mark.browser, pytest.mark.real_engine]
 
 CAP = 24  # tokens per answer: the first answer is cut off, Continue goes on
 PROMPT = "Write a long story about a dragon who learns to bake bread."
+EDITED = "Write a long story about a cat who learns to sail."
 
 
 def visible_text(page) -> str:
@@ -38,7 +40,7 @@ def words(text: str) -> str:
     return re.sub(r"[\W_]+", "", text)
 
 
-def test_phone_journey_with_the_real_model_cut_off_continue_dark_and_sign_out(
+def test_phone_journey_with_the_real_model_cut_off_continue_branch_dark_and_sign_out(
     live, make_user, browser, settings  # noqa: F811
 ):
     """Given a user on a 390x844 phone in the dark scheme and the real model with a 24-token
@@ -47,8 +49,10 @@ def test_phone_journey_with_the_real_model_cut_off_continue_dark_and_sign_out(
     says "Cut off at 24 tokens." with a Continue button, Continue streams onto the end of the
     same answer (one answer, its text a continuation of the cut-off one, the note gone), the
     page never scrolls sideways, the stored turns are a cut-off answer and a continuation whose
-    render is what the page shows, the drawer lists the conversation by its title, the page is
-    dark, and Sign out in the account menu signs them out."""
+    render is what the page shows; editing the question starts a branch (2/2, its own answer)
+    and `<` brings back the continued answer, which a reload keeps; the drawer lists the
+    conversation by its title, the page is dark, and Sign out in the account menu signs them
+    out."""
     settings.CHAT_MAX_TOKENS = CAP
     make_user("journey")
     context = browser.new_context(viewport=PHONE, color_scheme="dark")
@@ -114,6 +118,24 @@ def test_phone_journey_with_the_real_model_cut_off_continue_dark_and_sign_out(
         expect(page.locator(ANSWER)).to_have_count(1)
         assert words(visible_text(page)) == words(whole)
         assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+
+        # Edit the question: a branch with its own answer; the old one is a click (and a
+        # reload) away.
+        exchange = page.locator("#messages .exchange").first
+        exchange.locator("details.edit summary").click()
+        exchange.locator("details.edit textarea").fill(EDITED)
+        with page.expect_response(lambda r: r.url.endswith("/edit")) as edited:
+            exchange.locator("details.edit button[type=submit]").click()
+        assert edited.value.status == 200
+        expect(page.locator(f"{ANSWER}.complete")).to_have_count(1, timeout=60_000)
+        expect(page.locator(QUESTION_VERSION)).to_have_text("2/2")
+        expect(page.locator("#messages article.user > .bubble")).to_have_text(EDITED)
+        assert words(visible_text(page)) != words(whole)
+        page.click("#messages article.user .question-versions button.version-prev")
+        expect(page.locator(QUESTION_VERSION)).to_have_text("1/2")
+        page.reload()
+        expect(page.locator(QUESTION_VERSION)).to_have_text("1/2")
+        assert words(visible_text(page)) == words(whole)
 
         page.locator("#sidebar-toggle").click()
         expect(page.locator("nav.sidebar li.current a")).to_have_text(title_from_message(PROMPT))
