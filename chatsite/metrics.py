@@ -92,17 +92,27 @@ IDEMPOTENCY_LOCAL = Counter(
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 
+# ``version``: the pool's model version that served the request, so a canary (CHAT_CANARIES,
+# another version of the same pool) is compared with the stable version it would replace
+# (issue 19 part 6; the admin's "Canary" page shows the same from the stored turns).
 TTFT = Histogram(
     "chat_ttft_seconds",
-    "Time to first token (seconds from the request, admission wait included), by pool and tier.",
-    ["pool", "tier"],
+    "Time to first token (seconds from the request, admission wait included), by pool, model "
+    "version and tier.",
+    ["pool", "version", "tier"],
     buckets=TTFT_BUCKETS,
 )
 TPOT = Histogram(
     "chat_tpot_seconds",
-    "Time per output token after the first (seconds), by pool and tier.",
-    ["pool", "tier"],
+    "Time per output token after the first (seconds), by pool, model version and tier.",
+    ["pool", "version", "tier"],
     buckets=TPOT_BUCKETS,
+)
+ENGINE_REQUESTS = Counter(
+    "chat_engine_requests",
+    "Engine requests by pool, model version and outcome (ok: the engine finished it; "
+    "cancelled: the caller stopped it; error: the engine failed it).",
+    ["pool", "version", "outcome"],
 )
 TOKENS = Counter(
     "chat_tokens",

@@ -167,6 +167,8 @@ def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
         moderation_verdict=verdict.as_json() if verdict is not None else None,
         finish_reason=answer.finish_reason or "",
         continues_id=stream.continues_id,
+        ttft_ms=answer.ttft_ms,
+        tpot_ms=answer.tpot_ms,
     )
 
 

@@ -160,6 +160,13 @@ class Turn(models.Model):
     # at the completion budget), "cancelled", "moderation", "error"; blank on user turns and on
     # rows older than the field (their status tells the rest).
     finish_reason = models.CharField(max_length=16, blank=True, default="", db_default="")
+    # For an assistant turn: its latency as the turn pipeline measured it (gateway/run.py
+    # Answer), milliseconds: TTFT from the start of generation (admission wait included) to
+    # the first text, TPOT (last text - first) / (completion tokens - 1); None where not
+    # measured (no text, one token, or written before issue 19). The admin's canary page
+    # compares model versions by them.
+    ttft_ms = models.FloatField(null=True, blank=True)
+    tpot_ms = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

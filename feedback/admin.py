@@ -94,7 +94,32 @@ class FeedbackAdmin(RegionalAdmin):
             self.admin_site.admin_view(self.summary_view),
             name="feedback_feedback_summary",
         )
-        return [summary, *super().get_urls()]
+        canary = path(
+            "canary/",
+            self.admin_site.admin_view(self.canary_view),
+            name="feedback_feedback_canary",
+        )
+        return [summary, canary, *super().get_urls()]
+
+    def canary_view(self, request):
+        """Judge a canary (issue 19 part 6): per pool and model version, answers, error rate,
+        TTFT and TPOT p50/p99 and the thumbs, every region summed, the stable version beside
+        the canary that would replace it; ``?days=N`` as on the summary page (default: the
+        last 7 days)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        days = request.GET.get("days", "7")
+        window = next((w for w in SUMMARY_WINDOWS if str(w[0]) == days), SUMMARY_WINDOWS[-1])
+        since = timezone.now() - dt.timedelta(days=window[0]) if window[0] else None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Canary: model versions side by side",
+            "rows": selectors.version_health(since=since),
+            "windows": [(w[0], w[1], w is window) for w in SUMMARY_WINDOWS],
+            "window_label": window[1],
+        }
+        return TemplateResponse(request, "feedback/admin_canary.html", context)
 
     def summary_view(self, request):
         """Thumbs up / down per pool and model version, every region summed; ``?days=N`` counts

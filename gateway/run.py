@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -106,6 +107,26 @@ class Answer:
     finish_reason: str | None = None
     verdict: Verdict | None = None
     flagged: Verdict | None = None
+    # time.perf_counter() seconds: made (generation starts), first and last text delta.
+    started_at: float = field(default_factory=time.perf_counter)
+    first_text_at: float | None = None
+    last_text_at: float | None = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Milliseconds from the start of generation (admission wait included) to the first
+        text; None before any text."""
+        if self.first_text_at is None:
+            return None
+        return round((self.first_text_at - self.started_at) * 1000, 2)
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Milliseconds per output token after the first: (last text - first text) /
+        (completion tokens - 1), as bench/harness.py ``tpot``; None below two tokens."""
+        if self.first_text_at is None or self.last_text_at is None or self.tally.completion_tokens < 2:
+            return None
+        return round((self.last_text_at - self.first_text_at) * 1000 / (self.tally.completion_tokens - 1), 3)
 
     @property
     def text(self) -> str:
@@ -222,6 +243,9 @@ async def generate(
                         tally.add(delta)
                         answer.finish_reason = delta.finish_reason or answer.finish_reason
                         if delta.text:
+                            answer.last_text_at = time.perf_counter()
+                            if answer.first_text_at is None:
+                                answer.first_text_at = answer.last_text_at
                             answer.parts.append(delta.text)
                             yield delta.text
                             if output_gate is not None:

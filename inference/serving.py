@@ -43,7 +43,7 @@ from django.conf import settings
 
 from chatsite import metrics
 from inference.admission import Admission, admission_for
-from inference.engine import Delta, GenerationOptions
+from inference.engine import Delta, EngineUnavailable, GenerationOptions
 from inference.pools import Pool, pool_engine
 
 if TYPE_CHECKING:
@@ -99,7 +99,8 @@ async def pool_generate(
     cancelling the task aborts the request in the engine (the engine's ``generate`` does) and
     frees the slot; a task cancelled while it waits for a slot leaves the queue.
 
-    Metrics, labelled ``pool`` = ``route.pool.name`` and ``tier``:
+    Metrics, labelled ``pool`` = ``route.pool.name``, ``version`` = its model version and
+    ``tier``:
 
     - ``chat_ttft_seconds``: call -> first delta with text (queue wait and prefill included);
     - ``chat_tpot_seconds``: (last token time - first token time) / (completion tokens - 1),
@@ -107,7 +108,9 @@ async def pool_generate(
     - ``chat_tokens_total{kind}``: prompt, cached, completion tokens, once per request from its
       last delta (also for cancelled or failed requests: what the engine got through, PF-R5;
       nothing for a request that produced no delta at all);
-    - ``chat_prefix_cache_queries_total`` / ``_hits_total``: prompt tokens / cached tokens.
+    - ``chat_prefix_cache_queries_total`` / ``_hits_total``: prompt tokens / cached tokens;
+    - ``chat_engine_requests_total{pool, version, outcome}``: ok, cancelled or error, once per
+      request that got a slot.
 
     Raises EngineUnavailable (from the engine) when the engine cannot start or dies.
     """
@@ -129,6 +132,7 @@ async def pool_generate(
         )
     )
     async with slot:
+        outcome = "cancelled"  # until the engine finishes it (closed or cancelled early)
         try:
             async for delta in engine.generate(prompt_token_ids, run_options, request_id):
                 if delta.cached_tokens > delta.prompt_tokens:
@@ -137,15 +141,22 @@ async def pool_generate(
                     last_at = time.perf_counter()
                     if first_at is None:
                         first_at = last_at
-                        metrics.TTFT.labels(pool=pool.name, tier=tier).observe(first_at - started)
+                        metrics.TTFT.labels(pool=pool.name, version=pool.version, tier=tier).observe(
+                            first_at - started
+                        )
                 last = delta
                 yield delta
+            outcome = "ok"
+        except EngineUnavailable:
+            outcome = "error"
+            raise
         finally:
             if last is not None:
                 _record_usage(pool.name, tier, last)
             if first_at is not None and last is not None and last.completion_tokens >= 2:
                 tpot = (last_at - first_at) / (last.completion_tokens - 1)
-                metrics.TPOT.labels(pool=pool.name, tier=tier).observe(tpot)
+                metrics.TPOT.labels(pool=pool.name, version=pool.version, tier=tier).observe(tpot)
+            metrics.ENGINE_REQUESTS.labels(pool=pool.name, version=pool.version, outcome=outcome).inc()
 
 
 def _clamped(delta: Delta, request_id: str) -> Delta:

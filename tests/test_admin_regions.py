@@ -103,6 +103,11 @@ def test_feedback_counts_sum_every_region(report):
     assert report["summary_counts"] == [["mini", "v1", 1, 1]]
 
 
+def test_the_canary_page_sums_every_region(report):
+    """Three answers of mini@v1 (one in eu-west, two in us-east) and their two ratings."""
+    assert report["canary_rows"] == [["mini", "v1", 3, 1, 1]]
+
+
 def test_deleting_a_conversation_in_the_admin_removes_it_and_its_rows_from_its_region(report, servers):
     conversation_id = report["deleted_conversation"]
 
@@ -236,6 +241,8 @@ def _drive() -> dict:  # noqa: PLR0915 - one scripted session, step by step
 
     summary = client.get("/admin/feedback/feedback/summary/")
     report["summary_counts"] = [[c.pool, c.model_version, c.up, c.down] for c in summary.context["counts"]]
+    canary = client.get("/admin/feedback/feedback/canary/", {"days": "all"})
+    report["canary_rows"] = [[r.pool, r.model_version, r.answers, r.up, r.down] for r in canary.context["rows"]]
 
     report["deleted_conversation"] = str(sam_conversation.pk)
     report["delete_status"] = client.post(

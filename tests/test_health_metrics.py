@@ -66,8 +66,10 @@ async def test_metrics_exposes_the_ttft_and_tpot_histograms_by_pool_and_tier(eng
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     body = response.content.decode()
-    assert 'chat_ttft_seconds_bucket{le="0.8",pool="frontier",tier="enterprise"}' in body
-    assert 'chat_tpot_seconds_count{pool="frontier",tier="enterprise"}' in body
+    v = pool.version
+    assert f'chat_ttft_seconds_bucket{{le="0.8",pool="frontier",tier="enterprise",version="{v}"}}' in body
+    assert f'chat_tpot_seconds_count{{pool="frontier",tier="enterprise",version="{v}"}}' in body
+    assert f'chat_engine_requests_total{{outcome="ok",pool="frontier",version="{v}"}}' in body
     assert 'chat_tokens_total{kind="completion",pool="frontier",tier="enterprise"}' in body
     for family in (
         "chat_admission_waiting", "chat_prefix_cache_hits_total", "chat_shed_total",

@@ -57,29 +57,60 @@ class Counts:
         ]
 
 
-async def test_ttft_and_tpot_are_recorded_by_pool_and_tier(engine_double, scheduling):
+async def test_ttft_and_tpot_are_recorded_by_pool_model_version_and_tier(engine_double, scheduling):
     engine_double.scripts = [["Hel", 0.05, "lo", 0.05, " there"]]
-    labels = {"pool": "frontier", "tier": "paid"}
+    version = pool_set().get("frontier").version
+    labels = {"pool": "frontier", "version": version, "tier": "paid"}
     counts = Counts(
         ("chat_ttft_seconds_count", labels),
         ("chat_tpot_seconds_count", labels),
         ("chat_tpot_seconds_sum", labels),
-        ("chat_ttft_seconds_count", {"pool": "mini", "tier": "paid"}),
+        ("chat_ttft_seconds_count", {"pool": "mini", "version": pool_set().get("mini").version, "tier": "paid"}),
+        ("chat_ttft_seconds_count", {**labels, "version": "another-version"}),
+        ("chat_engine_requests_total", {"pool": "frontier", "version": version, "outcome": "ok"}),
     )
 
     assert await drain(route_to("frontier"), "t1", tier="paid") == "Hello there"
 
-    ttfts, tpots, tpot_sum, other = counts.deltas()
-    assert (ttfts, tpots, other) == (1, 1, 0)
+    ttfts, tpots, tpot_sum, other, other_version, ok = counts.deltas()
+    assert (ttfts, tpots, other, other_version, ok) == (1, 1, 0, 0, 1)
     # (last - first token time) / (3 tokens - 1): two 50 ms gaps -> ~50 ms per token.
     assert 0.045 <= tpot_sum <= 0.2
+
+
+async def test_engine_requests_are_counted_by_outcome_and_model_version(engine_double, scheduling):
+    """A request the engine finishes counts as ok, one the caller closes early as cancelled,
+    one the engine fails as error, each under its pool's model version."""
+    import contextlib
+
+    version = pool_set().get("mini").version
+    outcomes = ("ok", "cancelled", "error")
+    counts = Counts(*[
+        ("chat_engine_requests_total", {"pool": "mini", "version": version, "outcome": o}) for o in outcomes
+    ])  # fmt: skip
+    engine_double.scripts = [
+        ["a", "b"],
+        ["first", 5.0, "never"],
+        ["x", EngineUnavailable("engine died")],
+    ]
+    assert await drain(route_to("mini"), "o1", tier="free") == "ab"
+    async with contextlib.aclosing(
+        pool_generate(route_to("mini"), [1, 2], GenerationOptions(), "o2", tier="free")
+    ) as deltas:
+        async for delta in deltas:
+            assert delta.text == "first"
+            break  # the caller stops here: closing aborts the request
+    with pytest.raises(EngineUnavailable):
+        await drain(route_to("mini"), "o3", tier="free")
+
+    assert counts.deltas() == [1, 1, 1]
 
 
 async def test_ttft_counts_the_admission_wait_and_skips_empty_deltas(engine_double, scheduling):
     """TTFT runs from the call, so time queued for a slot counts; an empty first delta is not
     a first token."""
     engine_double.scripts = [["", 0.05, "late"]]
-    labels = {"pool": "mini", "tier": "free"}
+    labels = {"pool": "mini", "version": pool_set().get("mini").version, "tier": "free"}
     counts = Counts(("chat_ttft_seconds_sum", labels), ("chat_ttft_seconds_count", labels))
     admission = admission_for(engine_double)
     holder = admission.slot(priority=0, reserved_ok=True)
