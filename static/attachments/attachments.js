@@ -107,11 +107,12 @@
   document.addEventListener("click", function (e) {
     var button = e.target.closest && e.target.closest("#composer [data-remove-file]");
     if (!button) return;
-    var input = fileInput(button.form);
+    var form = button.form;
+    var input = fileInput(form);
     var files = picked(input).slice();
     files.splice(Number(button.getAttribute("data-remove-file")), 1);
     setFiles(input, files);
-    var box = button.form.querySelector("textarea");
+    var box = form.querySelector("textarea");
     if (box) box.focus(); // the removed chip took the focus with it
   });
 
