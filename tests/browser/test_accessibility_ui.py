@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page
 
-from tests.browser.test_chat_ui import browser  # noqa: F401 - fixture
+from tests.browser.test_chat_ui import ANSWER, browser, new_page, send, ui_login  # noqa: F401 - fixtures
 from tests.browser.test_layout_ui import SCHEMES, SIZES, World, open_context, page_of
 
 pytestmark = pytest.mark.browser
@@ -102,3 +102,55 @@ def test_every_page_has_no_serious_or_critical_axe_violations(
                     context.close()
     assert problems == [], "\n".join(problems)
     assert errors == []
+
+
+# Where the focus is after each Tab: the element, whether it is after the previous one in the
+# document, and whether it is drawn with a visible outline.
+FOCUS_PROBE = """(previous) => {
+    const el = document.activeElement;
+    const style = getComputedStyle(el);
+    const outlined = style.outlineStyle !== 'none' && parseFloat(style.outlineWidth) >= 1;
+    const after = !window.__lastFocus || !!(window.__lastFocus.compareDocumentPosition(el) & Node.DOCUMENT_POSITION_FOLLOWING);
+    window.__lastFocus = el;
+    return {name: el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') + (el.className ? '.' + el.className : ''),
+            outlined, after, composer: el.matches('#composer textarea')};
+}"""
+
+
+def test_tab_moves_through_the_chat_in_document_order_with_a_visible_focus_ring(
+    live, engine_double, make_user, new_page  # noqa: F811
+):
+    """Given a conversation's page at 1280x800, when the user presses Tab from the top, each
+    stop comes after the previous one in the page (no positive tabindex reorders them), each
+    is drawn with a focus outline, and the message box is reached."""
+    make_user("tabitha")
+    page = new_page()
+    ui_login(page, live.url, "tabitha")
+    send(page, "hello")
+    page.locator(f"{ANSWER}.complete").wait_for()
+    stops = []
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        stop = page.evaluate(FOCUS_PROBE)
+        stops.append(stop)
+        if stop["composer"]:
+            break
+    assert stops[-1]["composer"], [s["name"] for s in stops]
+    assert [s["name"] for s in stops if not s["after"]] == []
+    assert [s["name"] for s in stops if not s["outlined"]] == []
+
+
+def test_the_streaming_answer_is_announced_politely(live, engine_double, make_user, new_page):  # noqa: F811
+    """Given an answer being written, its text is inside an aria-live="polite" region (read
+    out as it grows, without interrupting)."""
+    engine_double.scripts.append(["Writing ", 3.0, "slowly."])
+    make_user("polly")
+    page = new_page()
+    ui_login(page, live.url, "polly")
+    send(page, "hello")
+    page.wait_for_selector(f"{ANSWER}.streaming [data-stream-text]:has-text('Writing')")
+    live_value = page.eval_on_selector(
+        f"{ANSWER}.streaming [data-stream-text]",
+        "el => { const r = el.closest('[aria-live]'); return r && r.getAttribute('aria-live'); }",
+    )
+    assert live_value == "polite"
