@@ -14,7 +14,7 @@
   var SVG = "http://www.w3.org/2000/svg";
 
   function sizeText(bytes) {
-    if (bytes < 1024) return bytes + " bytes";
+    if (bytes < 1024) return bytes + (bytes === 1 ? " byte" : " bytes");
     if (bytes < 1024 * 1024) return (bytes / 1024).toFixed(1) + " KB";
     return (bytes / (1024 * 1024)).toFixed(1) + " MB";
   }
