@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 MODEL_DIR ?= var/models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-prod test test-fast screenshots bench bench-deps install model browser nginx clean
+.PHONY: run run-prod test test-fast screenshots bench bench-deps install model browser nginx node-tools clean
 
 run: install model
 	$(PY) -m chatsite.devstack run
@@ -18,7 +18,7 @@ run: install model
 run-prod: install model nginx
 	$(PY) -m chatsite.prodstack run
 
-test: install model browser nginx
+test: install model browser nginx node-tools
 	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # Unit tests only (scripted engine double, no model, no browser).
@@ -101,6 +101,18 @@ $(MODEL_DIR)/.converted-from.json: | $(STAMP)
 # Headless Chromium for the browser tests, from Debian's packages (never a downloaded build).
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+# Test-only JavaScript (axe-core for tests/browser/test_accessibility_ui.py), pinned in
+# package-lock.json, into node_modules/ at the root: outside static/, never served. Once per
+# lock file (the stamp); npm and Node from Debian's packages if missing.
+NODE_STAMP := node_modules/.installed
+
+node-tools: $(NODE_STAMP)
+
+$(NODE_STAMP): package.json package-lock.json
+	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
+	npm ci --no-audit --no-fund --ignore-scripts
+	touch $(NODE_STAMP)
 
 # nginx for the reverse-proxy tests (tests/integration/test_nginx.py), from Debian's packages.
 # The tests run their own nginx on a loopback port; the packaged service that Debian's postinst

@@ -30,6 +30,11 @@
     line.hidden = false;
   }
 
+  // The composer (static/chat/composer.js) turns Stop back into Send.
+  function ended(article) {
+    document.dispatchEvent(new CustomEvent("chat:stream-end", { detail: { article: article } }));
+  }
+
   function finish(article, source, payload) {
     source.close();
     article.classList.remove("streaming");
@@ -66,6 +71,7 @@
         else note.remove();
       }
     }
+    ended(article);
   }
 
   function fail(article, source, message) {
@@ -81,6 +87,7 @@
       note.textContent = message || "The answer failed. Send your message again.";
       note.classList.add("error");
     }
+    ended(article);
   }
 
   document.addEventListener("htmx:sseOpen", function (evt) {

@@ -89,6 +89,10 @@
   // Every `pre > code` in `root` gets highlighting, a language label and a Copy button, once.
   function decorate(root) {
     if (!root) return;
+    // Code blocks and tables scroll sideways inside the answer: focusable, so the arrow keys
+    // scroll them too (WCAG 2.1.1; axe-core's scrollable-region-focusable).
+    var scrollers = root.querySelectorAll("pre, table");
+    for (var s = 0; s < scrollers.length; s++) scrollers[s].tabIndex = 0;
     var blocks = root.querySelectorAll("pre > code");
     for (var i = 0; i < blocks.length; i++) {
       var code = blocks[i];
