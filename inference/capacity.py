@@ -285,8 +285,9 @@ def streams_per_gateway_from(stream_bench: dict) -> int | None:
 
 def plot_sweep(sweep: list[dict], path: Path, *, tpot_p99_ms: float = TPOT_P99_TARGET_MS,
                slots: int | None = None, title: str = "") -> Path:
-    """Write a PNG at ``path``: TPOT p99 (ms, left axis, with the target as a dashed line) and
-    aggregate tokens/s (right axis) against concurrency, as measured in ``sweep`` (rows as
+    """Write a PNG at ``path``: TPOT p99 (ms, left axis, with the target as a dashed line and
+    each level's TTFT p99 written beside it) and aggregate tokens/s (right axis) against
+    concurrency, as measured in ``sweep`` (rows as
     :func:`slots_where_targets_hold` reads them); ``slots``, if given, marked. Returns
     ``path``. Raises CapacityError for an empty sweep."""
     if not sweep:
@@ -302,13 +303,19 @@ def plot_sweep(sweep: list[dict], path: Path, *, tpot_p99_ms: float = TPOT_P99_T
     try:
         left.plot(x, [r.get("tpot_p99_ms") for r in rows], "o-", color="tab:red",
                   label="TPOT p99 (ms)")  # fmt: skip
+        for r in rows:  # TTFT p99 beside each point: the other target a level must hold
+            if r.get("tpot_p99_ms") is not None and r.get("ttft_p99_ms") is not None:
+                left.annotate(f"TTFT p99 {r['ttft_p99_ms'] / 1000:.2f} s",
+                              (r["concurrency"], r["tpot_p99_ms"]), textcoords="offset points",
+                              xytext=(0, 7), ha="center", fontsize=7, color="dimgray")
         left.axhline(tpot_p99_ms, color="tab:red", linestyle="--", linewidth=1,
                      label=f"TPOT p99 target ({tpot_p99_ms:g} ms)")  # fmt: skip
         left.set_xlabel("concurrent streams")
         left.set_ylabel("TPOT p99 (ms)", color="tab:red")
         left.set_xscale("log", base=2)
         left.set_xticks(x, [str(n) for n in x])
-        left.set_ylim(bottom=0)
+        tpots = [r["tpot_p99_ms"] for r in rows if r.get("tpot_p99_ms") is not None]
+        left.set_ylim(0, max(tpots + [tpot_p99_ms]) * 1.3)  # room for the labels and legend
         right = left.twinx()
         right.plot(x, [r.get("tokens_per_s") for r in rows], "s-", color="tab:blue",
                    label="tokens/s (all streams)")  # fmt: skip

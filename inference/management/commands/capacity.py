@@ -98,12 +98,8 @@ class Command(BaseCommand):
                 if not sweep:
                     raise CapacityError(f"--plot needs a measured sweep; {o['engine_bench']} has "
                                         "none (python -m bench.engine_bench --parts sweep)")
-                plotted = capacity.plot_sweep(
-                    sweep, o["plot"], tpot_p99_ms=o["tpot_p99_ms"],
-                    slots=capacity.slots_where_targets_hold(
-                        sweep, tpot_p99_ms=o["tpot_p99_ms"], ttft_p99_ms=o["ttft_p99_ms"]
-                    ) and node.slots if node.measured else None,
-                )  # fmt: skip
+                plotted = capacity.plot_sweep(sweep, o["plot"], tpot_p99_ms=o["tpot_p99_ms"],
+                                              slots=node.slots if node.measured else None)
         except CapacityError as exc:
             raise CommandError(str(exc)) from exc
         if o["json"]:
@@ -148,7 +144,9 @@ class Command(BaseCommand):
         streams = capacity.streams_per_gateway_from(bench)
         if streams is None:
             return None, f"not sized: no stream count passed in {o['stream_bench']}"
-        return streams, f"measured: {o['stream_bench']} largest_n_passing"
+        tried = (bench.get("args") or {}).get("streams")
+        floor = f", the most it tried ({tried:,}): a floor" if tried == streams else ""
+        return streams, f"measured: {o['stream_bench']} largest_n_passing{floor}"
 
     def _show(self, r: capacity.Sizing, o, streams_source: str, plotted) -> None:
         w, node = r.workload, r.node
@@ -212,7 +210,7 @@ class Command(BaseCommand):
         say(f"  Redis memory      = {_bytes(r.redis_bytes)} (before Redis's own overhead and "
             "replicas)")
         say("")
-        gateways = "gateways not sized" if r.gateways is None else f"{r.gateways:,} gateway processes"
+        gateways = "gateways not sized" if r.gateways is None else f"{r.gateways:,} gateway process{'es' if r.gateways != 1 else ''}"
         say(f"=> {r.engine_nodes:,} decode nodes, {gateways}, "
             f"{_n(r.postgres_writes_per_s)} PostgreSQL rows/s, {_bytes(r.redis_bytes)} of Redis")
         if plotted:
