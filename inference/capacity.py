@@ -131,6 +131,18 @@ def exact(value: float | str | Fraction) -> Fraction:
     return value if isinstance(value, Fraction) else Fraction(str(value))
 
 
+def sweep_check(sweep, *, source: str) -> list[dict]:
+    """``sweep`` if it is a list of rows each with a positive integer ``concurrency``; raises
+    CapacityError naming ``source`` otherwise (a JSON from another version of the bench)."""
+    if not isinstance(sweep, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("concurrency"), int) and r["concurrency"] > 0
+        for r in sweep
+    ):
+        raise CapacityError(f"{source}'s sweep is not a list of rows with a positive integer "
+                            "concurrency: run python -m bench.engine_bench --parts sweep again")
+    return sweep
+
+
 def slots_where_targets_hold(sweep: list[dict], *, tpot_p99_ms: float = TPOT_P99_TARGET_MS,
                              ttft_p99_ms: float = TTFT_P99_TARGET_MS) -> dict | None:
     """The engine bench sweep's row (``{"concurrency", "tokens_per_s", "tpot_p99_ms",
@@ -154,6 +166,7 @@ def node_from_sweep(sweep: list[dict], *, source: str, tpot_p99_ms: float = TPOT
     if not sweep:
         raise CapacityError(f"{source} has no sweep: run python -m bench.engine_bench --parts "
                             "sweep, or give --decode-tokens-per-s and --slots-per-node")  # fmt: skip
+    sweep_check(sweep, source=source)
     row = slots_where_targets_hold(sweep, tpot_p99_ms=tpot_p99_ms, ttft_p99_ms=ttft_p99_ms)
     if row is None:
         seen = ", ".join(f"{r['concurrency']}: TPOT p99 {r.get('tpot_p99_ms')} ms, TTFT p99 "
@@ -280,7 +293,10 @@ def streams_per_gateway_from(stream_bench: dict) -> int | None:
     ``largest_n_passing`` (the most resume streams one process held healthy); None if none
     passed."""
     value = stream_bench.get("largest_n_passing")
-    return int(value) if value else None
+    if value is not None and (not isinstance(value, int) or value < 0):
+        raise CapacityError(f"the stream bench's largest_n_passing is {value!r}, not a count: "
+                            "run python -m bench.stream_bench again or give --streams-per-gateway")
+    return value or None
 
 
 def plot_sweep(sweep: list[dict], path: Path, *, tpot_p99_ms: float = TPOT_P99_TARGET_MS,
@@ -292,6 +308,7 @@ def plot_sweep(sweep: list[dict], path: Path, *, tpot_p99_ms: float = TPOT_P99_T
     ``path``. Raises CapacityError for an empty sweep."""
     if not sweep:
         raise CapacityError("nothing to plot: the engine bench JSON has no sweep")
+    sweep_check(sweep, source="the engine bench JSON")
     import matplotlib  # noqa: PLC0415 - heavy, and only this function needs it
 
     matplotlib.use("Agg")

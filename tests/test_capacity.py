@@ -229,6 +229,29 @@ def test_a_machine_where_no_level_holds_the_targets_is_a_command_error(tmp_path)
                     "--completion-tokens", "10", "--engine-bench", str(engine))
 
 
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ({"sweep": [{"tokens_per_s": 10}]}, "positive integer concurrency"),
+        ({"sweep": {"1": {}}}, "positive integer concurrency"),
+        ("not json", "not readable JSON"),
+    ],
+)
+def test_a_malformed_engine_bench_json_is_a_command_error(tmp_path, content, message):
+    engine = tmp_path / "odd.json"
+    engine.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(CommandError, match=message):
+        run_command("--users", "10", "--turns-per-minute", "1", "--prompt-tokens", "10",
+                    "--completion-tokens", "10", "--engine-bench", str(engine))
+
+
+def test_a_turn_rate_that_is_not_a_number_is_a_command_error(bench_files):
+    engine, _ = bench_files
+    with pytest.raises(CommandError, match="is not a number"):
+        run_command("--users", "10", "--turns-per-minute", "1/0", "--prompt-tokens", "10",
+                    "--completion-tokens", "10", "--engine-bench", str(engine))
+
+
 def test_the_plot_is_a_png_of_the_sweep(bench_files, tmp_path):
     engine, stream = bench_files
     path = tmp_path / "plots" / "sweep.png"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from fractions import Fraction
 from pathlib import Path
@@ -39,6 +40,14 @@ def _read_json(path: Path, what: str) -> dict | None:
                            "or pass another path") from exc  # fmt: skip
 
 
+def _fraction(text: str) -> Fraction:
+    """An argparse type: a decimal or a ratio ("0.5", "1/3") as an exact fraction."""
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
+
+
 class Command(BaseCommand):
     help = (
         "Size a deployment (engine nodes, gateway processes, PostgreSQL writes/s, Redis memory) "
@@ -49,11 +58,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         bench = Path(settings.VAR_DIR) / "bench"
         parser.add_argument("--users", type=int, required=True, help="concurrent users")
-        parser.add_argument("--turns-per-minute", type=Fraction, required=True,
+        parser.add_argument("--turns-per-minute", type=_fraction, required=True,
                             help="turns per user per minute (e.g. 1, 0.5)")
         parser.add_argument("--prompt-tokens", type=int, required=True)
         parser.add_argument("--completion-tokens", type=int, required=True)
-        parser.add_argument("--decode-tokens-per-s", type=Fraction, default=None,
+        parser.add_argument("--decode-tokens-per-s", type=_fraction, default=None,
                             help="per decode stream (slot); with --slots-per-node, instead of "
                             "the measured machine")
         parser.add_argument("--slots-per-node", type=int, default=None,
@@ -164,6 +173,9 @@ class Command(BaseCommand):
                 f"(TPOT p99 {m['tpot_p99_ms']} ms, TTFT p99 {m['ttft_p99_ms']} ms, "
                 f"{_n(m['tokens_per_s'], 1)} tokens/s over all streams = "
                 f"{_n(node.stream_tokens_per_s, 2)} per stream)")
+            if m.get("disturbed"):
+                say("  note: the bench flagged that level as disturbed (other processes used the "
+                    "CPUs meanwhile): run it again on a quiet machine for a firmer number")
             if m.get("prompt_tokens_mean") and abs(m["prompt_tokens_mean"] - w.prompt_tokens) > 100:
                 say(f"  note: the sweep's prompts were ~{m['prompt_tokens_mean']:.0f} tokens, not "
                     f"{w.prompt_tokens}: longer prompts take longer to prefill (TTFT)")
