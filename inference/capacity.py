@@ -138,13 +138,19 @@ def sweep_check(sweep, *, source: str) -> list[dict]:
         isinstance(r, dict) and isinstance(r.get("concurrency"), int) and r["concurrency"] > 0
         for r in sweep
     ):
-        raise CapacityError(f"{source}'s sweep is not a list of rows with a positive integer "
-                            "concurrency: run python -m bench.engine_bench --parts sweep again")
+        raise CapacityError(
+            f"{source}'s sweep is not a list of rows with a positive integer "
+            "concurrency: run python -m bench.engine_bench --parts sweep again"
+        )
     return sweep
 
 
-def slots_where_targets_hold(sweep: list[dict], *, tpot_p99_ms: float = TPOT_P99_TARGET_MS,
-                             ttft_p99_ms: float = TTFT_P99_TARGET_MS) -> dict | None:
+def slots_where_targets_hold(
+    sweep: list[dict],
+    *,
+    tpot_p99_ms: float = TPOT_P99_TARGET_MS,
+    ttft_p99_ms: float = TTFT_P99_TARGET_MS,
+) -> dict | None:
     """The engine bench sweep's row (``{"concurrency", "tokens_per_s", "tpot_p99_ms",
     "ttft_p99_ms", ...}``, bench/engine_runs.py ``sweep_row``) with the largest concurrency
     whose TPOT p99 <= ``tpot_p99_ms`` and TTFT p99 <= ``ttft_p99_ms`` (ms) and no failed turn;
@@ -158,8 +164,13 @@ def slots_where_targets_hold(sweep: list[dict], *, tpot_p99_ms: float = TPOT_P99
     return max(holding, key=lambda row: row["concurrency"], default=None)
 
 
-def node_from_sweep(sweep: list[dict], *, source: str, tpot_p99_ms: float = TPOT_P99_TARGET_MS,
-                    ttft_p99_ms: float = TTFT_P99_TARGET_MS) -> EngineNode:
+def node_from_sweep(
+    sweep: list[dict],
+    *,
+    source: str,
+    tpot_p99_ms: float = TPOT_P99_TARGET_MS,
+    ttft_p99_ms: float = TTFT_P99_TARGET_MS,
+) -> EngineNode:
     """The measured machine as an :class:`EngineNode`: slots = the largest concurrency where
     the targets hold (:func:`slots_where_targets_hold`), per-stream rate = its aggregate
     tokens/s / slots. Raises CapacityError when the sweep is empty or no level holds them."""
@@ -237,9 +248,15 @@ class Sizing:
         return out
 
 
-def size(workload: Workload, node: EngineNode, *, streams_per_gateway: int | None,
-         stream_ttl_s: float, ttft_allowance_s: float = TTFT_P99_TARGET_MS / 1000,
-         writeback_s: float = 5) -> Sizing:
+def size(
+    workload: Workload,
+    node: EngineNode,
+    *,
+    streams_per_gateway: int | None,
+    stream_ttl_s: float,
+    ttft_allowance_s: float = TTFT_P99_TARGET_MS / 1000,
+    writeback_s: float = 5,
+) -> Sizing:
     """Size the fleet for ``workload`` on ``node``s.
 
     - engines: turns/s x (completion tokens / per-stream tokens/s) decoding streams, / slots,
@@ -294,13 +311,21 @@ def streams_per_gateway_from(stream_bench: dict) -> int | None:
     passed."""
     value = stream_bench.get("largest_n_passing")
     if value is not None and (not isinstance(value, int) or value < 0):
-        raise CapacityError(f"the stream bench's largest_n_passing is {value!r}, not a count: "
-                            "run python -m bench.stream_bench again or give --streams-per-gateway")
+        raise CapacityError(
+            f"the stream bench's largest_n_passing is {value!r}, not a count: "
+            "run python -m bench.stream_bench again or give --streams-per-gateway"
+        )
     return value or None
 
 
-def plot_sweep(sweep: list[dict], path: Path, *, tpot_p99_ms: float = TPOT_P99_TARGET_MS,
-               slots: int | None = None, title: str = "") -> Path:
+def plot_sweep(
+    sweep: list[dict],
+    path: Path,
+    *,
+    tpot_p99_ms: float = TPOT_P99_TARGET_MS,
+    slots: int | None = None,
+    title: str = "",
+) -> Path:
     """Write a PNG at ``path``: TPOT p99 (ms, left axis, with the target as a dashed line and
     each level's TTFT p99 written beside it) and aggregate tokens/s (right axis) against
     concurrency, as measured in ``sweep`` (rows as
@@ -322,9 +347,15 @@ def plot_sweep(sweep: list[dict], path: Path, *, tpot_p99_ms: float = TPOT_P99_T
                   label="TPOT p99 (ms)")  # fmt: skip
         for r in rows:  # TTFT p99 beside each point: the other target a level must hold
             if r.get("tpot_p99_ms") is not None and r.get("ttft_p99_ms") is not None:
-                left.annotate(f"TTFT p99 {r['ttft_p99_ms'] / 1000:.2f} s",
-                              (r["concurrency"], r["tpot_p99_ms"]), textcoords="offset points",
-                              xytext=(0, 7), ha="center", fontsize=7, color="dimgray")
+                left.annotate(
+                    f"TTFT p99 {r['ttft_p99_ms'] / 1000:.2f} s",
+                    (r["concurrency"], r["tpot_p99_ms"]),
+                    textcoords="offset points",
+                    xytext=(0, 7),
+                    ha="center",
+                    fontsize=7,
+                    color="dimgray",
+                )
         left.axhline(tpot_p99_ms, color="tab:red", linestyle="--", linewidth=1,
                      label=f"TPOT p99 target ({tpot_p99_ms:g} ms)")  # fmt: skip
         left.set_xlabel("concurrent streams")

@@ -26,8 +26,9 @@ DESIGN_ARGS = [
 ]  # fmt: skip
 
 
-def row(concurrency: int, tokens_per_s: float, tpot_p99_ms: float, ttft_p99_ms: float,
-        errors: int = 0) -> dict:
+def row(
+    concurrency: int, tokens_per_s: float, tpot_p99_ms: float, ttft_p99_ms: float, errors: int = 0
+) -> dict:
     return {"concurrency": concurrency, "tokens_per_s": tokens_per_s, "tpot_p50_ms": tpot_p99_ms,
             "tpot_p99_ms": tpot_p99_ms, "ttft_p50_ms": ttft_p99_ms, "ttft_p99_ms": ttft_p99_ms,
             "turns": 2 * concurrency, "errors": errors, "prompt_tokens_mean": 200}  # fmt: skip
@@ -93,8 +94,10 @@ def test_slots_are_the_largest_concurrency_where_both_targets_hold():
     assert capacity.slots_where_targets_hold(SWEEP)["concurrency"] == 4
     assert capacity.slots_where_targets_hold(SWEEP, ttft_p99_ms=2000)["concurrency"] == 4
     assert capacity.slots_where_targets_hold(SWEEP, tpot_p99_ms=100)["concurrency"] == 4
-    assert capacity.slots_where_targets_hold(SWEEP, tpot_p99_ms=100,
-                                             ttft_p99_ms=1000)["concurrency"] == 8
+    assert (
+        capacity.slots_where_targets_hold(SWEEP, tpot_p99_ms=100, ttft_p99_ms=1000)["concurrency"]
+        == 8
+    )
     assert capacity.slots_where_targets_hold(SWEEP, ttft_p99_ms=200) is None
 
 
@@ -202,8 +205,18 @@ def test_the_command_sizes_the_measured_machine_from_the_bench_json(bench_files)
 
 def test_without_engine_inputs_or_a_bench_json_the_command_says_what_to_run(tmp_path):
     with pytest.raises(CommandError, match="bench.engine_bench --parts sweep"):
-        run_command("--users", "10", "--turns-per-minute", "1", "--prompt-tokens", "10",
-                    "--completion-tokens", "10", "--engine-bench", str(tmp_path / "none.json"))
+        run_command(
+            "--users",
+            "10",
+            "--turns-per-minute",
+            "1",
+            "--prompt-tokens",
+            "10",
+            "--completion-tokens",
+            "10",
+            "--engine-bench",
+            str(tmp_path / "none.json"),
+        )
 
 
 def test_half_a_node_description_is_refused(bench_files):
@@ -217,16 +230,36 @@ def test_half_a_node_description_is_refused(bench_files):
 def test_zero_users_is_a_command_error(bench_files):
     engine, _ = bench_files
     with pytest.raises(CommandError, match="--users must be a positive"):
-        run_command("--users", "0", "--turns-per-minute", "1", "--prompt-tokens", "10",
-                    "--completion-tokens", "10", "--engine-bench", str(engine))
+        run_command(
+            "--users",
+            "0",
+            "--turns-per-minute",
+            "1",
+            "--prompt-tokens",
+            "10",
+            "--completion-tokens",
+            "10",
+            "--engine-bench",
+            str(engine),
+        )
 
 
 def test_a_machine_where_no_level_holds_the_targets_is_a_command_error(tmp_path):
     engine = tmp_path / "slow.json"
     engine.write_text(json.dumps({"sweep": [row(1, 5.0, 200, 3000)]}))
     with pytest.raises(CommandError, match="cannot serve the targets"):
-        run_command("--users", "10", "--turns-per-minute", "1", "--prompt-tokens", "10",
-                    "--completion-tokens", "10", "--engine-bench", str(engine))
+        run_command(
+            "--users",
+            "10",
+            "--turns-per-minute",
+            "1",
+            "--prompt-tokens",
+            "10",
+            "--completion-tokens",
+            "10",
+            "--engine-bench",
+            str(engine),
+        )
 
 
 @pytest.mark.parametrize(
@@ -241,15 +274,35 @@ def test_a_malformed_engine_bench_json_is_a_command_error(tmp_path, content, mes
     engine = tmp_path / "odd.json"
     engine.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(CommandError, match=message):
-        run_command("--users", "10", "--turns-per-minute", "1", "--prompt-tokens", "10",
-                    "--completion-tokens", "10", "--engine-bench", str(engine))
+        run_command(
+            "--users",
+            "10",
+            "--turns-per-minute",
+            "1",
+            "--prompt-tokens",
+            "10",
+            "--completion-tokens",
+            "10",
+            "--engine-bench",
+            str(engine),
+        )
 
 
 def test_a_turn_rate_that_is_not_a_number_is_a_command_error(bench_files):
     engine, _ = bench_files
     with pytest.raises(CommandError, match="is not a number"):
-        run_command("--users", "10", "--turns-per-minute", "1/0", "--prompt-tokens", "10",
-                    "--completion-tokens", "10", "--engine-bench", str(engine))
+        run_command(
+            "--users",
+            "10",
+            "--turns-per-minute",
+            "1/0",
+            "--prompt-tokens",
+            "10",
+            "--completion-tokens",
+            "10",
+            "--engine-bench",
+            str(engine),
+        )
 
 
 def test_the_plot_is_a_png_of_the_sweep(bench_files, tmp_path):
@@ -266,10 +319,10 @@ def test_the_plot_is_a_png_of_the_sweep(bench_files, tmp_path):
     idat = b""
     pos = 8
     while pos < len(data):
-        length = struct.unpack(">I", data[pos:pos + 4])[0]
-        kind = data[pos + 4:pos + 8]
+        length = struct.unpack(">I", data[pos : pos + 4])[0]
+        kind = data[pos + 4 : pos + 8]
         if kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
+            idat += data[pos + 8 : pos + 8 + length]
         pos += 12 + length
     pixels = zlib.decompress(idat)
     assert len(set(pixels)) > 10
@@ -315,8 +368,9 @@ async def test_redis_bytes_per_event_match_a_real_turn_log():
     got = {}
     for events in (100, 800):
         measured = await _log_bytes(events)
-        modelled = (events + capacity.LOG_EXTRA_EVENTS_PER_TURN) * capacity.LOG_BYTES_PER_EVENT \
-            + capacity.LOG_BYTES_PER_TURN
+        modelled = (
+            events + capacity.LOG_EXTRA_EVENTS_PER_TURN
+        ) * capacity.LOG_BYTES_PER_EVENT + capacity.LOG_BYTES_PER_TURN
         print(f"turn log of {events} token events: measured {measured} B, modelled {modelled} B")
         got[events] = (measured, modelled)
     for events, (measured, modelled) in got.items():
@@ -342,8 +396,10 @@ def test_held_answer_bytes_match_real_held_records():
         try:
             measured = grown / len(records)
             modelled = capacity.HELD_BYTES_PER_ANSWER + tokens * capacity.TEXT_BYTES_PER_TOKEN
-            print(f"held answer of {tokens} tokens ({len(content)} B of text): measured "
-                  f"{measured:.0f} B, modelled {modelled} B")
+            print(
+                f"held answer of {tokens} tokens ({len(content)} B of text): measured "
+                f"{measured:.0f} B, modelled {modelled} B"
+            )
             assert 0.75 <= modelled / measured <= 1.25, (tokens, measured, modelled)
         finally:
             for record in records:
