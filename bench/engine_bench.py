@@ -25,6 +25,13 @@ Parts (``--parts``, comma-separated; default all):
   Aggregate output tokens/s = completion tokens of all turns / (last turn's end - first turn's
   start); TTFT p99 over all turns. Targets: tokens/s >= 3x llama.cpp's in the same run, TTFT
   p99 <= 2 s.
+- **sweep**: the engine's throughput against concurrency, for fleet sizing (``python manage.py
+  capacity``, inference/capacity.py): at each of ``--sweep-levels`` (1,2,4,8,16) that many users
+  at once through the full stack, each ``--sweep-turns`` (2) turns back to back, ~200-token
+  prompts (other messages than the single part's), answers capped at ``--sweep-answer-tokens``
+  (64). Written as the JSON's ``sweep`` list: ``concurrency``, ``tokens_per_s``,
+  ``tpot_p50_ms``, ``tpot_p99_ms``, ``ttft_p50_ms``, ``ttft_p99_ms`` per level (about a
+  minute and a half on 2 cores, so it is in the default set). No target of its own.
 - **llama**: the same two workloads against llama.cpp on the shipped GGUF through its
   OpenAI-compatible streaming chat API: ``llama_cpp.server`` (llama-cpp-python, the ``bench``
   extra), and llama.cpp's own parallel ``llama-server`` when it is on PATH or ``var/bin``
@@ -65,11 +72,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.clients import Api, AsyncApi
-from bench.engine_runs import measure, measure_single, run_sequential
+from bench.engine_runs import measure, measure_single, measure_sweep, run_sequential
 from bench.engine_workload import (
     SINGLE_PROMPT_TOKENS,
     single_plans,
     single_prompts,
+    sweep_plans,
     tokenizer_counter,
     workload,
 )
@@ -90,7 +98,8 @@ TPOT_SINGLE_TARGET_S = 0.020
 THROUGHPUT_RATIO_TARGET = 3.0
 TTFT_P99_CONCURRENT_TARGET_S = 2.0
 READY_TARGET_S = 90.0
-PARTS = ("ready", "single", "concurrent", "llama", "quality")
+PARTS = ("ready", "single", "concurrent", "sweep", "llama", "quality")
+SWEEP_PROMPT_SEED = 300  # not the single part's (200): no prefix cache hits on its prompts
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,7 +129,8 @@ def ready_part(port: int | None = None, timeout_s: float = 600) -> dict:
     return {"ready_s": ready_s, "log_tail": None if ready_s else tail}
 
 
-def full_stack_parts(args, parts: set[str], count_tokens, plans, prompts) -> dict:
+def full_stack_parts(args, parts: set[str], count_tokens, plans, prompts,
+                     sweep_prompts=()) -> dict:
     from django.conf import settings  # noqa: PLC0415
 
     out: dict = {}
@@ -150,6 +160,13 @@ def full_stack_parts(args, parts: set[str], count_tokens, plans, prompts) -> dic
             if "concurrent" in parts:
                 out["concurrent"] = measure(client, plans, "concurrent", args.wait_load,
                                             args.wait_max_s)  # fmt: skip
+            if "sweep" in parts:
+                out["sweep"] = measure_sweep(
+                    client, args.sweep_levels,
+                    lambda n: sweep_plans(n, args.sweep_turns, sweep_prompts,
+                                          args.sweep_answer_tokens),
+                    args.wait_load, args.wait_max_s,
+                )  # fmt: skip
             out["engine"] = {
                 "tuning": server.engine.tuning.describe() if server.engine.tuning else None,
                 "args": {k: str(v) for k, v in server.engine.engine_args_kwargs().items()},
@@ -233,6 +250,22 @@ def report(result: dict, args) -> dict:
     for name, r in llama.items():
         if r.get("error"):
             print(f"   {name}: failed: {r['error'][:200]}")
+    sweep = ours.get("sweep")
+    if sweep:
+        print()
+        print(f"f. Sweep: n users at once, {args.sweep_turns} turns each back to back, "
+              f"~{SINGLE_PROMPT_TOKENS}-token prompts, answers capped at "
+              f"{args.sweep_answer_tokens} (python manage.py capacity reads it)")  # fmt: skip
+        header = (f"   {'users':>5} | {'tok/s':>7} | {'TPOT p50 ms':>11} | {'TPOT p99 ms':>11} | "
+                  f"{'TTFT p50 ms':>11} | {'TTFT p99 ms':>11} | {'errors':>6} | {'load':>4}")
+        print(header)
+        print("   " + "-" * (len(header) - 3))
+        for row in sweep:
+            print(f"   {row['concurrency']:>5} | {row['tokens_per_s'] or 0:>7.1f} | "
+                  f"{row['tpot_p50_ms'] or 0:>11.2f} | {row['tpot_p99_ms'] or 0:>11.2f} | "
+                  f"{row['ttft_p50_ms'] or 0:>11.1f} | {row['ttft_p99_ms'] or 0:>11.1f} | "
+                  f"{row['errors']:>6} | {row['loadavg_1m_before'] or 0:>4.1f}"
+                  + ("  (disturbed)" if row["disturbed"] else ""))  # fmt: skip
 
     single = ours.get("single")
     if single:
@@ -325,12 +358,17 @@ def run(args) -> int:
     prompts = single_prompts(args.single_turns + 2, count_tokens, chat_overhead(system_prompt))
     prompts = prompts[2:] + prompts[:2]  # the last two are the warm-up's
     plans = workload(args.seed, args.users, args.turns_per_user, count_tokens)
+    sweep_prompts = []
+    if "sweep" in parts:
+        sweep_prompts = single_prompts(max(args.sweep_levels) * args.sweep_turns, count_tokens,
+                                       chat_overhead(system_prompt), seed=SWEEP_PROMPT_SEED)
     result: dict = {}
     if "ready" in parts:
         wait_for_quiet(args.wait_load, args.wait_max_s)
         result["ready"] = ready_part()
-    if parts & {"single", "concurrent"}:
-        result["full"] = full_stack_parts(args, parts, count_tokens, plans, prompts)
+    if parts & {"single", "concurrent", "sweep"}:
+        result["full"] = full_stack_parts(args, parts, count_tokens, plans, prompts,
+                                          sweep_prompts)
     if "llama" in parts:
         result["llama"] = llama_part(args, parts & {"single", "concurrent"} or
                                      {"single", "concurrent"}, plans, prompts, system_prompt)
@@ -345,7 +383,9 @@ def run(args) -> int:
         "config": {
             "parts": sorted(parts), "users": args.users, "turns_per_user": args.turns_per_user,
             "seed": args.seed, "single_turns": args.single_turns,
-            "answer_tokens": args.answer_tokens, "model_path": str(settings.CHAT_MODEL_PATH),
+            "answer_tokens": args.answer_tokens, "sweep_levels": args.sweep_levels,
+            "sweep_turns": args.sweep_turns, "sweep_answer_tokens": args.sweep_answer_tokens,
+            "model_path": str(settings.CHAT_MODEL_PATH),
             "engine_env": {k: v for k, v in os.environ.items()
                            if k.startswith(("CHAT_ENGINE_", "VLLM_CPU_", "CHAT_MAX_NUM_SEQS",
                                             "CHAT_KV_CACHE"))},
@@ -354,6 +394,8 @@ def run(args) -> int:
         },  # fmt: skip
         "total_s": total_s,
         **result,
+        # Top level, where python manage.py capacity (inference/capacity.py) reads it.
+        "sweep": result.get("full", {}).pop("sweep", None),
         **summary,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -362,7 +404,7 @@ def run(args) -> int:
     errors = sum(
         (s or {}).get("errors", 0)
         for s in [result.get("full", {}).get("single"), result.get("full", {}).get("concurrent")]
-    )
+    ) + sum(row["errors"] for row in payload["sweep"] or [])
     if errors:
         return 2
     return 1 if args.strict and not summary["overall_pass"] else 0
@@ -380,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--turns-per-user", type=int, default=2)
     parser.add_argument("--seed", type=int, default=9)
+    parser.add_argument("--sweep-levels", type=lambda s: [int(n) for n in s.split(",") if n],
+                        default=[1, 2, 4, 8, 16], help="the sweep's concurrency levels")
+    parser.add_argument("--sweep-turns", type=int, default=2, help="turns per user per level")
+    parser.add_argument("--sweep-answer-tokens", type=int, default=64)
     parser.add_argument("--quality-variant", default="w8a8",
                         help="quantised variant the quality part compares when "
                         "CHAT_ENGINE_QUANTIZATION is not set")
@@ -395,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.parts) - set(PARTS)
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
+    if not args.sweep_levels or min(args.sweep_levels) < 1 or args.sweep_turns < 1:
+        parser.error("--sweep-levels must be positive integers and --sweep-turns >= 1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
     import django  # noqa: PLC0415
 

@@ -155,3 +155,39 @@ def measure_single(client, plans, wait_load, wait_max_s):
         + (f"; {summary['errors']} errors ({summary['first_error']})" if summary["errors"] else "")
         + ("  (disturbed)" if summary["disturbed"] else ""))  # fmt: skip
     return summary
+
+
+def sweep_row(concurrency: int, summary: dict) -> dict:
+    """One level of the concurrency sweep from :func:`measure`'s summary: aggregate output
+    tokens/s and per-stream TPOT p50/p99 and TTFT p50/p99 in ms (None where nothing was
+    measured), with the turns, errors and whether the machine was disturbed. The shape
+    ``python manage.py capacity`` reads (inference/capacity.py)."""
+
+    def in_ms(key: str) -> float | None:
+        value = summary.get(key)
+        return None if value is None else round(value * 1000, 2)
+
+    return {
+        "concurrency": concurrency,
+        "tokens_per_s": summary["tokens_per_s"],
+        "tpot_p50_ms": in_ms("tpot_p50_s"),
+        "tpot_p99_ms": in_ms("tpot_p99_s"),
+        "ttft_p50_ms": in_ms("ttft_p50_s"),
+        "ttft_p99_ms": in_ms("ttft_p99_s"),
+        "prompt_tokens_mean": summary["prompt_tokens_mean"],
+        "turns": summary["turns"],
+        "errors": summary["errors"],
+        "completion_tokens": summary["completion_tokens"],
+        "wall_s": summary["wall_s"],
+        "loadavg_1m_before": summary.get("loadavg_1m_before"),
+        "disturbed": summary.get("disturbed"),
+    }
+
+
+def measure_sweep(client, levels: list[int], plans_for, wait_load, wait_max_s) -> list[dict]:
+    """The concurrency sweep: for each level ``n`` in ``levels``, the workload ``plans_for(n)``
+    measured by :func:`measure` -> a list of :func:`sweep_row` dicts, in ``levels``' order."""
+    return [
+        sweep_row(n, measure(client, plans_for(n), f"sweep-{n}", wait_load, wait_max_s))
+        for n in levels
+    ]

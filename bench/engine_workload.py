@@ -83,11 +83,12 @@ def workload(seed: int, users: int, turns_per_user: int, count_tokens,
     return plans
 
 
-def single_prompts(n: int, count_tokens, system_tokens: int) -> list[str]:
+def single_prompts(n: int, count_tokens, system_tokens: int, seed: int = 200) -> list[str]:
     """``n`` different user messages; with the system prompt and the chat template each prompt
     is about SINGLE_PROMPT_TOKENS tokens (``system_tokens``: what the system prompt and the
-    template add)."""
-    rng = random.Random(200)
+    template add). ``seed``: another seed gives other messages (no prefix cache hits on the
+    single part's)."""
+    rng = random.Random(seed)
     return [message(rng, SINGLE_PROMPT_TOKENS - system_tokens, count_tokens) for _ in range(n)]
 
 
@@ -96,6 +97,23 @@ def single_plans(prompts: list[str], answer_tokens: int) -> list[UserPlan]:
     so they are chained as turns of separate conversations by :func:`run_sequential`)."""
     return [UserPlan(user=i, arrival_s=0.0, turns=(Turn(i, 0, p, answer_tokens, 0.0),))
             for i, p in enumerate(prompts)]  # fmt: skip
+
+
+def sweep_plans(concurrency: int, turns: int, prompts: list[str],
+                answer_tokens: int) -> list[UserPlan]:
+    """The sweep's level ``concurrency``: that many users arriving at once, each a conversation
+    of ``turns`` turns back to back (no think time), every answer capped at ``answer_tokens``;
+    user ``u``'s turn ``k`` asks ``prompts[(u * turns + k) % len(prompts)]``, so the streams
+    in flight stay at ``concurrency`` and differ in content. Deterministic."""
+    if concurrency < 1 or turns < 1 or not prompts:
+        raise ValueError("sweep_plans: concurrency and turns must be >= 1, prompts non-empty")
+    return [
+        UserPlan(user=u, arrival_s=0.0, turns=tuple(
+            Turn(u, k, prompts[(u * turns + k) % len(prompts)], answer_tokens, 0.0)
+            for k in range(turns)
+        ))
+        for u in range(concurrency)
+    ]  # fmt: skip
 
 
 def tokenizer_counter():
