@@ -231,6 +231,10 @@ ROUTES: list[Route] = [
     Route("answer-version", ("GET",), OWN, answer),
     Route("conversation-rename", ("POST",), OWN, conv, bodies={"POST": form(title="pwned")}),
     Route("conversation-delete", ("POST",), OWN, conv),
+    Route(
+        "conversation-instructions", ("POST",), OWN, conv, bodies={"POST": form(system_prompt="pwned")}
+    ),
+    Route("conversation-discard", ("POST",), OWN, conv),
     # A search that alice's conversation matches: it must not show up for anyone else.
     Route("conversation-search", ("GET",), SELF, query="q=axolotl"),
     Route("conversation-workspace", ("POST",), OWN, conv, bodies={"POST": form(shared="0")}),
@@ -308,6 +312,9 @@ ROUTES: list[Route] = [
     Route("memory-clear", ("POST",), SELF, bodies={"POST": form(confirm="yes")}),
     Route("memory-toggle", ("POST",), SELF, bodies={"POST": form(enabled="")}),
     Route("theme-set", ("POST",), SELF, bodies={"POST": form(theme="dark")}),
+    Route(
+        "custom-instructions-set", ("POST",), SELF, bodies={"POST": form(custom_instructions="pwned")}
+    ),
     # --- workspaces ---
     Route(
         "org-list",
