@@ -51,6 +51,9 @@ class User(AbstractUser):
     # Colour scheme of every page (templates/base.html puts it on <html data-theme>, so the page
     # is drawn in it from the first paint).
     theme = models.CharField(max_length=8, choices=Theme.choices, default=Theme.SYSTEM)
+    # Custom instructions (issue 18): applied to every chat of this user, after the site's
+    # prompt and before the memory block (inference/prompts.py system_message); blank: none.
+    custom_instructions = models.TextField(blank=True, default="", db_default="")
 
     def get_session_auth_hash(self) -> str:
         """Django's session hash (HMAC-SHA256 of the password hash) with ``session_salt``."""

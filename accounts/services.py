@@ -247,3 +247,27 @@ def user_theme_set(*, user: User, theme: str) -> User:
     user.theme = theme
     user.save(update_fields=["theme"])
     return user
+
+
+# The longest custom instructions (characters): ChatGPT's limit for each of its two boxes.
+CUSTOM_INSTRUCTIONS_MAX_CHARS = 1500
+
+
+@transaction.atomic
+def user_custom_instructions_set(*, user: User, text: str) -> User:
+    """Store ``user``'s custom instructions, applied to every chat of theirs from its next turn
+    (after the site's prompt, before the memory block: inference/prompts.py system_message).
+    Stripped; blank clears them. Raises ValidationError for over
+    ``CUSTOM_INSTRUCTIONS_MAX_CHARS`` characters (code ``too_long``) or a NUL (code ``nul``)."""
+    text = (text or "").replace("\r\n", "\n").strip()
+    if "\x00" in text:
+        raise ValidationError("Custom instructions cannot contain the NUL character.", code="nul")
+    if len(text) > CUSTOM_INSTRUCTIONS_MAX_CHARS:
+        raise ValidationError(
+            f"Custom instructions can be at most {CUSTOM_INSTRUCTIONS_MAX_CHARS:,} characters "
+            f"(these are {len(text):,}).",
+            code="too_long",
+        )
+    user.custom_instructions = text
+    user.save(update_fields=["custom_instructions"])
+    return user

@@ -190,6 +190,28 @@ def sessions_end_all(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @login_required
+def custom_instructions_set(request: HttpRequest) -> HttpResponse:
+    """Store the user's custom instructions (``custom_instructions``; blank clears them),
+    applied to every chat from its next turn (services.user_custom_instructions_set). htmx gets
+    the form's status line; a plain form post goes back to the settings page with a message.
+    400 with the reason for text over services.CUSTOM_INSTRUCTIONS_MAX_CHARS or holding NUL."""
+    try:
+        services.user_custom_instructions_set(
+            user=request.user, text=request.POST.get("custom_instructions", "")
+        )
+    except ValidationError as exc:
+        return HttpResponse(exc.messages[0], status=400, content_type="text/plain")
+    saved = "Saved: used from the next message in every chat."
+    if not request.user.custom_instructions:
+        saved = "Cleared."
+    if request.headers.get("HX-Request") == "true":
+        return HttpResponse(saved, content_type="text/plain")
+    messages.success(request, saved)
+    return redirect("settings")
+
+
+@require_POST
+@login_required
 def theme_set(request: HttpRequest) -> HttpResponse:
     """Store the colour scheme (``theme``: system, light or dark; 400 otherwise). An htmx
     request gets 204 with an ``HX-Trigger`` ``theme-changed`` event carrying the scheme (the page

@@ -28,6 +28,8 @@ PATHS: dict[str, str] = {
     "plus": '<path d="M5 12h14"/><path d="M12 5v14"/>',
     "x": '<path d="M18 6 6 18"/><path d="m6 6 12 12"/>',
     "check": '<path d="M20 6 9 17l-5-5"/>',
+    "clock": '<circle cx="12" cy="12" r="10"/><path d="M12 6v6l4 2"/>',
+    "message-square": '<path d="M21 15a2 2 0 0 1-2 2H7l-4 4V5a2 2 0 0 1 2-2h14a2 2 0 0 1 2 2z"/>',
     "chevron-down": '<path d="m6 9 6 6 6-6"/>',
     "arrow-left": '<path d="m12 19-7-7 7-7"/><path d="M19 12H5"/>',
     "sun": '<circle cx="12" cy="12" r="4"/><path d="M12 2v2"/><path d="M12 20v2"/>'

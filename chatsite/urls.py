@@ -44,6 +44,14 @@ urlpatterns = [
     ),
     path("c/<uuid:conversation_id>/rename", views.conversation_rename, name="conversation-rename"),
     path("c/<uuid:conversation_id>/delete", views.conversation_delete, name="conversation-delete"),
+    path(
+        "c/<uuid:conversation_id>/instructions",
+        views.conversation_instructions,
+        name="conversation-instructions",
+    ),
+    path(
+        "c/<uuid:conversation_id>/discard", views.conversation_discard, name="conversation-discard"
+    ),
     path("search", views.conversation_search, name="conversation-search"),
     path("settings/api-keys/", account_views.api_keys, name="api-keys"),
     path("settings/api-keys/<int:key_id>/revoke", account_views.api_key_revoke, name="api-key-revoke"),

@@ -96,8 +96,9 @@ class History:
     ``turns``: at most N (``settings.CHAT_HOT_CACHE_TURNS``), oldest first, unsaved Turn
     objects when cached. ``through``: every turn written up to this moment is either in ``turns``
     or older than all of them. ``complete``: ``turns`` is the whole conversation.
-    ``source``: "cache" or "postgres". ``org_id``: the conversation's organisation, when read
-    from PostgreSQL (the cache does not keep it).
+    ``source``: "cache" or "postgres". ``org_id``: the conversation's organisation, and
+    ``temporary``: whether it is a temporary chat, when read from PostgreSQL (the cache does
+    not keep them).
     """
 
     conversation_id: UUID
@@ -109,6 +110,7 @@ class History:
     turns: list[Turn] = field(default_factory=list)
     source: str = "cache"
     org_id: int | None = None
+    temporary: bool = False
 
     def holds(self, turn_id: UUID) -> bool:
         """Whether turn ``turn_id`` is among ``turns``."""
@@ -264,7 +266,10 @@ def history_load(conversation_id: UUID) -> History | None:
     is read and the History is marked partial, so every caller reads the turns itself."""
     conversation = (
         Conversation.objects.filter(pk=conversation_id)
-        .only("owner_id", "org_id", "summary", "summary_through", "created_at", "last_turn_at")
+        .only(
+            "owner_id", "org_id", "temporary", "summary", "summary_through", "created_at",
+            "last_turn_at",
+        )
         .first()
     )
     if conversation is None:
@@ -299,11 +304,16 @@ def history_load(conversation_id: UUID) -> History | None:
         turns=turns,
         source="postgres",
         org_id=conversation.org_id,
+        temporary=conversation.temporary,
     )
 
 
 def _refill(history: History) -> None:
-    """Create the entry from ``history`` unless one exists (a newer writer's wins)."""
+    """Create the entry from ``history`` unless one exists (a newer writer's wins). A
+    zero-retention conversation's never is (selectors.conversation_zero_retention's two cases,
+    read here without importing the selectors): its turns may not outlive CHAT_ZDR_TTL_S."""
+    if history.temporary:
+        return
     if history.org_id is not None:
         from accounts.models import Organisation  # noqa: PLC0415
 

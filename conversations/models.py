@@ -33,7 +33,8 @@ class Conversation(models.Model):
     )
     title = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200)
-    # Instructions for the model in this conversation; blank: settings.CHAT_SYSTEM_PROMPT.
+    # Instructions for the model in this conversation, after the site's prompt, the owner's
+    # custom instructions and the memory block (inference/prompts.py system_message); blank: none.
     system_prompt = models.TextField(blank=True)
     region = models.CharField(max_length=32)
     created_at = models.DateTimeField(default=timezone.now)
@@ -49,6 +50,10 @@ class Conversation(models.Model):
     # tree, the key (the parent message's id, "" for the first messages) -> the chosen child's
     # id. Stored, so a reload and another device show the same branch.
     branch_choices = models.JSONField(default=dict, blank=True, db_default={})
+    # A temporary chat (issue 18): zero-retention at the user's choice (selectors.
+    # conversation_zero_retention), never listed, deleted when its page goes away or
+    # settings.CHAT_ZDR_TTL_S after its last turn (retention.temporary_chats_purge_expired).
+    temporary = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         indexes = [

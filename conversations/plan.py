@@ -23,7 +23,7 @@ from conversations import selectors, summaries
 from conversations.models import Turn
 from gateway import gate, run
 from inference.pools import pool_engine
-from inference.prompts import PromptTooLong, prompt_assemble
+from inference.prompts import PromptTooLong, prompt_assemble, system_message
 from inference.router import Route
 from moderation.verdicts import Verdict
 
@@ -74,10 +74,20 @@ class ContentBlocked(gate.Refused):
         self.verdict = verdict
 
 
-def _system_prompt(conversation, route: Route) -> str:
-    """The system prompt a turn of ``conversation`` is answered with (the pool's preamble, then
-    the conversation's instructions or the default)."""
-    return gate.with_preamble(route, conversation.system_prompt or settings.CHAT_SYSTEM_PROMPT)
+def _system_prompt(route: Route) -> str:
+    """The first, most widely shared part of every turn's system message: the pool's preamble,
+    then the site's prompt (settings.CHAT_SYSTEM_PROMPT). The owner's custom instructions, the
+    memory block and the conversation's own prompt follow it (inference/prompts.py
+    ``system_message``, in DESIGN.md's order)."""
+    return gate.with_preamble(route, settings.CHAT_SYSTEM_PROMPT)
+
+
+def _confidential_prompt(system_prompt: str, conversation) -> str:
+    """The instructions the output gate's leak check guards (moderation/local.py
+    ``leak_score``): the site's and the pool's, and the conversation's own. The owner's custom
+    instructions are not among them: they are the reader's own words, and repeating them back
+    to their author discloses nothing."""
+    return "\n\n".join(p for p in (system_prompt, conversation.system_prompt.strip()) if p)
 
 
 def _prompt_prepare(
@@ -99,19 +109,28 @@ def _prompt_prepare(
     completion budget, context_trimmed, want_summary). Raises PromptTooLong,
     Conversation.DoesNotExist."""
     owner = conversation.owner if conversation is not None else None
+    # Read with the turn (the conversation and its owner are loaded per request): a change to
+    # either applies from the next turn.
+    instructions = {
+        "custom_instructions": getattr(owner, "custom_instructions", "") or "",
+        "conversation_prompt": conversation.system_prompt if conversation is not None else "",
+    }
     context = selectors.prompt_context(
         conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at
     )
     engine = pool_engine(route.pool)
-    # Stable first, changing last (inference/prompts.py): system, memory, summary, turns.
+    # Stable first, changing last (inference/prompts.py): preamble and site prompt, custom
+    # instructions, memory, the conversation's prompt, summary, turns.
     fitted = prompt_assemble(
         system_prompt=system_prompt,
+        **instructions,
         memory=_memory(owner, question.content, engine, memory_query) if owner is not None else "",
         summary=context.summary,
         exchanges=context.exchanges,
         # Attached files (attachments/prompt.py) go into the question, within the budget.
         question=question_with_files(
-            question, system_prompt=system_prompt, engine=engine, budget=route.pool.max_context - max_tokens
+            question, system_prompt=system_message(system_prompt, **instructions), engine=engine,
+            budget=route.pool.max_context - max_tokens,
         ),
         encode_chat=engine.encode_chat,
         max_model_len=route.pool.max_context,
@@ -172,7 +191,7 @@ async def turn_plan(
     route = gate.route_for(caller, model, fallback=conversation.model)
     route = await gate.shed_for(caller, route)
     budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
-    system_prompt = _system_prompt(conversation, route)
+    system_prompt = _system_prompt(route)
     try:
         # On the request's own thread and connection (thread-sensitive), not the shared
         # executor: a request waiting there would hold its connection meanwhile, and a burst of
@@ -199,9 +218,8 @@ async def turn_plan(
             )
         budget = min(budget, room)
     decision = await gate.rate_limit(caller, prompt_tokens=len(token_ids), max_tokens=budget)
-    admitted = run.Admitted(
-        caller=caller, route=route, decision=decision, policy=run.policy_of(caller, system_prompt)
-    )
+    policy = run.policy_of(caller, _confidential_prompt(system_prompt, conversation))
+    admitted = run.Admitted(caller=caller, route=route, decision=decision, policy=policy)
     return TurnPlan(
         admitted=admitted, token_ids=token_ids, max_tokens=budget, context_trimmed=trimmed,
         want_summary=want_summary,

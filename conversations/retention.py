@@ -8,7 +8,11 @@ Issue 4 ("Retention"). Periods, in days after a conversation's last turn:
   organisation's tier's value in ``settings.CHAT_RETENTION_DAYS_BY_TIER``;
 - any other conversation: its owner's tier's value there.
 
-``None`` means kept. The daily beat task ``conversations.conversations_purge_expired`` deletes
+``None`` means kept. A temporary chat (``Conversation.temporary``, issue 18) goes sooner:
+``settings.CHAT_ZDR_TTL_S`` seconds after its last turn (:func:`temporary_chats_purge_expired`,
+beat every ``CHAT_TEMPORARY_PURGE_S``), when its page has not already deleted it
+(views.conversation_discard, the ``pagehide`` beacon). The daily beat task
+``conversations.conversations_purge_expired`` deletes
 what is past its period (:func:`conversations_purge_expired`).
 
 Accounts and organisations live in the global (default) database and conversations in their
@@ -104,6 +108,29 @@ def conversations_purge_expired(*, now: datetime | None = None) -> int:
     if purged:
         logger.info("retention: purged %d conversation(s)", purged)
     return purged
+
+
+def temporary_chats_purge_expired(*, now: datetime | None = None) -> int:
+    """Delete every temporary chat whose last turn (or, with none, its creation: the
+    ``last_turn_at`` default) is more than ``settings.CHAT_ZDR_TTL_S`` seconds before ``now``
+    (default: the current time), in every region's database, through the deletion service.
+    By then its turns' only copies in Redis have expired too, so this removes the empty row
+    that is left. Returns how many were deleted; safe to run at any time and more than once."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.CHAT_ZDR_TTL_S)
+    purged = 0
+    for alias in regions.region_dbs():
+        query = Conversation.objects.using(alias).filter(temporary=True, last_turn_at__lt=cutoff)
+        purged += len(deletion.conversations_delete(conversations=query).conversation_ids)
+    if purged:
+        logger.info("retention: deleted %d temporary chat(s)", purged)
+    return purged
+
+
+@shared_task(name="conversations.temporary_chats_purge_expired", acks_late=True)
+def temporary_chats_purge_expired_task() -> int:
+    """Celery beat, every ``CHAT_TEMPORARY_PURGE_S``: :func:`temporary_chats_purge_expired`."""
+    return temporary_chats_purge_expired()
 
 
 @shared_task(name="conversations.conversations_purge_expired", acks_late=True)

@@ -22,9 +22,11 @@ def conversation_zero_retention(conversation: Conversation) -> bool:
     turns are never written to PostgreSQL and their transient copies expire within
     ``settings.CHAT_ZDR_TTL_S`` seconds). Decided from the conversation, which names its owner
     and organisation: today a zero-retention organisation (``Organisation.zero_retention``; one
-    indexed query when the conversation has one, none otherwise); a user's temporary chat is
-    decided here too. Every writer asks this function (services, write-back, summaries, memory,
-    attachments, sharing, feedback)."""
+    indexed query when the conversation has one, none otherwise), or the owner's temporary chat
+    (``Conversation.temporary``, issue 18: no query). Every writer asks this function (services,
+    write-back, summaries, memory, attachments, sharing, feedback)."""
+    if conversation.temporary:
+        return True
     if conversation.org_id is None:
         return False
     return Organisation.objects.filter(pk=conversation.org_id, zero_retention=True).exists()
@@ -33,10 +35,11 @@ def conversation_zero_retention(conversation: Conversation) -> bool:
 def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
     """The user's conversations, most recently active first (from every region's database,
     merged: conversations/regions.py; lazy, but the call reads the user's memberships, so
-    call it from sync code). An organisation's conversations only while the user is a member."""
+    call it from sync code). An organisation's conversations only while the user is a member.
+    Temporary chats are never listed (they are in no history)."""
     return regions.merged(
         [
-            objects.filter(owner=user)
+            objects.filter(owner=user, temporary=False)
             .filter(Q(org__isnull=True) | Q(org_id__in=_member_org_ids(user)))
             .order_by("-last_turn_at", "-created_at")
             for objects in regions.managers(Conversation, user=user)
@@ -399,10 +402,11 @@ def conversation_page(
     """A page of the user's conversations, newest created first, strictly before the keyset
     ``before`` = (created_at, conversation_id). Returns (page, whether more follow). No OFFSET:
     the cost does not grow with the page number, and appends never shift a page. With several
-    regional databases each gives its first ``limit + 1`` and the pages are merged."""
+    regional databases each gives its first ``limit + 1`` and the pages are merged. Temporary
+    chats are not listed (as in :func:`conversation_list`)."""
     pieces = []
     for objects in regions.managers(Conversation, user=user):
-        query = objects.filter(owner=user)
+        query = objects.filter(owner=user, temporary=False)
         if before is not None:
             query = query.filter(_keyset_before("created_at", "conversation_id", before))
         pieces.append(query.order_by("-created_at", "-conversation_id")[: limit + 1])
@@ -501,6 +505,7 @@ def conversation_search(*, user: User, q: str, limit: int = 20) -> list[Conversa
     ``q`` is web-search syntax (PostgreSQL ``websearch_to_tsquery``: words, "quoted phrases",
     ``or``, ``-word``), matched with English stemming ("running" finds "runs"); a title also
     matches if it contains ``q`` as typed (case-insensitive), so partly typed words find titles.
+    Temporary chats are never found (they are in no history, and store no text to match).
     Turn text is matched through the GIN index turn_content_fts on every partition. A blank
     ``q`` matches nothing ([]). Raises ValidationError for a bad ``q`` (see
     :func:`search_query_clean`).
@@ -521,7 +526,7 @@ def conversation_search(*, user: User, q: str, limit: int = 20) -> list[Conversa
     orgs = _member_org_ids(user)
     found = regions.merged(
         [
-            objects.filter(owner=user)
+            objects.filter(owner=user, temporary=False)
             .filter(Q(org__isnull=True) | Q(org_id__in=orgs))
             .annotate(title_document=SearchVector("title", config=SEARCH_CONFIG))
             .filter(

@@ -66,6 +66,7 @@ def conversation_create(
     title: str = "",
     system_prompt: str = "",
     org: Organisation | None = None,
+    temporary: bool = False,
 ) -> Conversation:
     """Create an empty conversation for ``owner`` in its home region's database: the
     organisation's region when it belongs to one (``org``, else the owner's first organisation),
@@ -75,6 +76,9 @@ def conversation_create(
     name, which means the tier's default pool; inference/pools.py). Whether the owner's tier may
     use it is checked per turn (gateway/gate.py), so a tier change never strands a
     conversation.
+    ``system_prompt``: the conversation's own instructions (:func:`system_prompt_clean`).
+    ``temporary``: a temporary chat (kept nowhere at rest: selectors.conversation_zero_retention;
+    never listed; deleted when its page goes or CHAT_ZDR_TTL_S after its last turn).
     Raises ValidationError if ``model`` is given and names no pool or model here, if the owner
     is not a member of ``org``, or (RegionUnavailable) if the home region has no database here.
     """
@@ -87,9 +91,44 @@ def conversation_create(
         org=org,
         title=title,
         model=model or settings.CHAT_MODEL_NAME,
-        system_prompt=(system_prompt or "").strip(),
+        system_prompt=system_prompt_clean(system_prompt),
         region=region,
+        temporary=temporary,
     )
+
+
+# The longest conversation prompt (characters), as POST /v1/conversations allows (api/schemas.py).
+SYSTEM_PROMPT_MAX_CHARS = 8000
+
+
+def system_prompt_clean(text: str | None) -> str:
+    """A conversation's own instructions, stripped (blank: none). Raises ValidationError for a
+    text over ``SYSTEM_PROMPT_MAX_CHARS`` characters (code ``too_long``) or holding NUL
+    (PostgreSQL text cannot store U+0000; code ``nul``)."""
+    text = (text or "").strip()
+    if "\x00" in text:
+        raise ValidationError("Instructions cannot contain the NUL character.", code="nul")
+    if len(text) > SYSTEM_PROMPT_MAX_CHARS:
+        raise ValidationError(
+            f"Instructions can be at most {SYSTEM_PROMPT_MAX_CHARS:,} characters "
+            f"(these are {len(text):,}).",
+            code="too_long",
+        )
+    return text
+
+
+@regions.routed
+def conversation_system_prompt_set(
+    *, conversation: Conversation, system_prompt: str
+) -> Conversation:
+    """Set the conversation's own instructions (:func:`system_prompt_clean`; blank clears
+    them). They go into the prompt from the next turn, after the memory block, so the cached
+    prefix before them (site prompt, custom instructions, memory) stays valid. Raises
+    ValidationError; nothing is stored then."""
+    text = system_prompt_clean(system_prompt)
+    Conversation.objects.filter(pk=conversation.pk).update(system_prompt=text)
+    conversation.system_prompt = text
+    return conversation
 
 
 @transaction.atomic

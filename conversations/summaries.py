@@ -137,11 +137,16 @@ def summary_update(*, conversation_id: UUID) -> bool:
     summariser_pool = gate.route_for(gate.caller_for(service_user())).pool
     budget = turn_pool.max_context - min(settings.CHAT_MAX_TOKENS, turn_pool.max_tokens)
     keep_budget = int(budget * settings.CHAT_SUMMARY_KEEP_FRACTION)
-    system_prompt = conversation.system_prompt or settings.CHAT_SYSTEM_PROMPT
+    # The instructions as a turn's prompt has them (conversations/plan.py), memory aside.
+    instructions = {
+        "system_prompt": settings.CHAT_SYSTEM_PROMPT,
+        "custom_instructions": conversation.owner.custom_instructions,
+        "conversation_prompt": conversation.system_prompt,
+    }
 
     def recent_fit(k: int) -> bool:
         recent = [x for _, x in pairs[len(pairs) - k :]] if k else []
-        messages = chat_messages(system_prompt=system_prompt, summary=summary, exchanges=recent)
+        messages = chat_messages(**instructions, summary=summary, exchanges=recent)
         return len(encode_chat(messages)) <= keep_budget
 
     keep = largest_fitting(len(pairs), recent_fit)

@@ -44,6 +44,7 @@ def _page_context(request: HttpRequest, conversation: Conversation | None) -> di
         "conversations": selectors.conversation_list(user=request.user),
         "exchanges": _exchanges_context(conversation),
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+        "system_prompt_max": services.SYSTEM_PROMPT_MAX_CHARS,
         **_model_choices(request.user, conversation),
     }
 
@@ -181,13 +182,16 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     """Store the user's message and start answering it.
 
     Responds with the question/answer fragment whose answer bubble opens the event stream
-    (htmx), or redirects to the conversation (plain form post). 400 for an empty or over-long
+    (htmx), or redirects to the conversation (plain form post). ``temporary`` (1/on/true) on a
+    new chat makes it a temporary chat (services.conversation_create). 400 for an empty or over-long
     message, 404 for a conversation that is not the user's, 409 while an answer is still being
     written; nothing is stored in any of those cases.
     """
     user = await request.auser()
     content = request.POST.get("content", "")
     model = request.POST.get("model") or None
+    # The new-chat page's "Temporary chat" switch; only a new conversation takes it.
+    temporary = conversation_id is None and request.POST.get("temporary") in ("1", "on", "true")
     try:
         services.message_clean(content)
         services.model_check(model)
@@ -205,7 +209,9 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         except gate.Refused as exc:
             return _error_response(request, exc.message, exc.status, exc.headers)
         try:
-            conversation = await sync_to_async(services.conversation_create)(owner=user, model=model)
+            conversation = await sync_to_async(services.conversation_create)(
+                owner=user, model=model, temporary=temporary
+            )
         except ValidationError as exc:  # e.g. the home region has no database here
             return _error_response(request, exc.messages[0], 400)
         created = True
@@ -241,6 +247,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         ),
         "created": created,
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+        "system_prompt_max": services.SYSTEM_PROMPT_MAX_CHARS,
         **await sync_to_async(_model_choices)(user, conversation),
     }
     if created:
@@ -570,3 +577,50 @@ async def conversation_delete(request: HttpRequest, conversation_id: UUID) -> Ht
         response["HX-Redirect"] = reverse("home")
         return response
     return redirect("home")
+
+
+@require_POST
+@login_required
+def conversation_instructions(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Set the conversation's own instructions (``system_prompt``; blank clears them), used
+    from its next turn. Responds with the dialog's status line (htmx) or redirects. 400 with
+    the reason for text over services.SYSTEM_PROMPT_MAX_CHARS or holding NUL; 404 for a
+    conversation that is not the user's (a workspace reader cannot change it)."""
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    try:
+        services.conversation_system_prompt_set(
+            conversation=conversation, system_prompt=request.POST.get("system_prompt", "")
+        )
+    except ValidationError as exc:
+        return HttpResponse(exc.messages[0], status=400, content_type="text/plain")
+    if _is_htmx(request):
+        message = "Saved: used from your next message."
+        if not conversation.system_prompt:
+            message = "Cleared."
+        return HttpResponse(message, content_type="text/plain")
+    return redirect("conversation", conversation_id=conversation.conversation_id)
+
+
+@require_POST
+@login_required
+async def conversation_discard(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Delete a temporary chat as its page goes away (static/chat/temporary.js sends this with
+    ``navigator.sendBeacon`` on ``pagehide``, the CSRF token in the body): 204. Everything of it
+    goes through the deletion service, an answer still being written is stopped. 400 for a chat
+    that is not temporary (a stray beacon never deletes a kept conversation), 404 for one that
+    is not the user's."""
+    user = await request.auser()
+    conversation = await selectors.aconversation_get_for_user(
+        conversation_id=conversation_id, user=user
+    )
+    if not conversation.temporary:
+        return HttpResponse(
+            "Only a temporary chat is discarded when its page closes; delete this conversation "
+            "from its menu.",
+            status=400,
+            content_type="text/plain",
+        )
+    await deletion.aconversation_delete(conversation=conversation)
+    return HttpResponse(status=204)

@@ -1,4 +1,4 @@
-"""Prompt assembly: system prompt, memory, summary and history fitted into the context window."""
+"""Prompt assembly: instructions, memory, summary and history fitted into the context window."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def prompt_fit(
 
 # --- Prompt assembly for conversations (issue 4, "Context assembly and summarisation") ---------
 
+CUSTOM_INSTRUCTIONS_HEADING = "The user's instructions for every conversation:"
 MEMORY_HEADING = "What you know about the user:"
+CONVERSATION_PROMPT_HEADING = "Instructions for this conversation:"
 SUMMARY_HEADING = "Summary of the earlier conversation:"
 
 
@@ -96,19 +98,34 @@ class AssembledPrompt:
         return len(self.token_ids) / self.budget if self.budget > 0 else 1.0
 
 
-def system_message(system_prompt: str, memory: str = "", summary: str = "") -> str:
-    """The one system message: the instructions, then the user-memory block, then the running
-    summary. This order puts what changes least first, so consecutive turns share the longest
-    token prefix and vLLM's prefix cache reuses its KV blocks (automatic prefix caching hashes
-    whole blocks from the start of the prompt: any change invalidates everything after it).
+def system_message(
+    system_prompt: str,
+    memory: str = "",
+    summary: str = "",
+    *,
+    custom_instructions: str = "",
+    conversation_prompt: str = "",
+) -> str:
+    """The one system message, in the order DESIGN.md ("Memory in the prompt") gives:
+    ``system_prompt`` (the pool's preamble, then the site's prompt), the user's
+    ``custom_instructions`` (the same in every chat of theirs), the user-memory block, the
+    conversation's own ``conversation_prompt``, then the running summary. What changes least
+    comes first, so consecutive turns - and a user's new chats - share the longest token
+    prefix and vLLM's prefix cache reuses its KV blocks (automatic prefix caching hashes whole
+    blocks from the start of the prompt: a change invalidates only what comes after it).
+    Each part after the first carries a heading; blank parts are left out.
 
-    One system message rather than three: many chat templates accept a single system message
+    One system message rather than several: many chat templates accept a single system message
     only, and ChatML-style ones render it the same way."""
     parts = [system_prompt.strip()] if system_prompt.strip() else []
-    if memory.strip():
-        parts.append(f"{MEMORY_HEADING}\n{memory.strip()}")
-    if summary.strip():
-        parts.append(f"{SUMMARY_HEADING}\n{summary.strip()}")
+    for heading, text in (
+        (CUSTOM_INSTRUCTIONS_HEADING, custom_instructions),
+        (MEMORY_HEADING, memory),
+        (CONVERSATION_PROMPT_HEADING, conversation_prompt),
+        (SUMMARY_HEADING, summary),
+    ):
+        if text.strip():
+            parts.append(f"{heading}\n{text.strip()}")
     return "\n\n".join(parts)
 
 
@@ -119,11 +136,16 @@ def chat_messages(
     summary: str = "",
     exchanges: Sequence[tuple[str, str]] = (),
     question: str | None = None,
+    custom_instructions: str = "",
+    conversation_prompt: str = "",
 ) -> list[dict[str, str]]:
     """Chat messages in the assembly's order: the system message (:func:`system_message`; left
     out when empty), each (user, assistant) exchange oldest first, then ``question`` as the
     last user message (None: no question, e.g. to count the tokens of a history)."""
-    system = system_message(system_prompt, memory, summary)
+    system = system_message(
+        system_prompt, memory, summary,
+        custom_instructions=custom_instructions, conversation_prompt=conversation_prompt,
+    )  # fmt: skip
     messages = [{"role": "system", "content": system}] if system else []
     for user, assistant in exchanges:
         messages.append({"role": "user", "content": user})
@@ -157,14 +179,18 @@ def prompt_assemble(
     max_tokens: int,
     memory: str = "",
     summary: str = "",
+    custom_instructions: str = "",
+    conversation_prompt: str = "",
 ) -> AssembledPrompt:
     """Assemble a conversation's prompt within ``budget = max_model_len - max_tokens`` tokens.
 
-    Filled in this order (issue 4): the system prompt (never trimmed), the user-memory block,
+    Filled in this order (issue 4): the instructions (never trimmed: ``system_prompt``, the
+    user's ``custom_instructions`` and the ``conversation_prompt``), the user-memory block,
     the running summary, then the most recent whole exchanges (``exchanges``: (user, assistant)
     texts, oldest first, after the part the summary covers); the oldest exchanges are dropped
     first, never half an exchange. ``question`` (the new user message) always goes in, last.
-    Memory or summary is left out only if it does not fit even with no exchange at all.
+    Memory or summary is left out only if it does not fit even with no exchange at all. In the
+    system message the parts stand in :func:`system_message`'s order (prefix-cache friendly).
 
     If the system prompt and the question alone exceed the budget, the completion budget
     shrinks (down to ``MIN_ANSWER_TOKENS``) so the question is still answered; if even that does
@@ -172,6 +198,10 @@ def prompt_assemble(
     candidate prompt is templated and tokenized by ``encode_chat`` (O(log n) calls).
     """
     budget = max_model_len - max_tokens
+    instructions = {
+        "custom_instructions": custom_instructions,
+        "conversation_prompt": conversation_prompt,
+    }
 
     def encode(*, memory_in: bool, summary_in: bool, keep: int) -> list[int]:
         kept = list(exchanges[len(exchanges) - keep :]) if keep else []
@@ -182,6 +212,7 @@ def prompt_assemble(
                 summary=summary if summary_in else "",
                 exchanges=kept,
                 question=question,
+                **instructions,
             )
         )
 
@@ -193,7 +224,7 @@ def prompt_assemble(
                 f"This message is {len(base):,} tokens long with the instructions; the model's "
                 f"context holds {max_model_len:,}. Shorten the message."
             )
-        messages = chat_messages(system_prompt=system_prompt, question=question)
+        messages = chat_messages(system_prompt=system_prompt, question=question, **instructions)
         return AssembledPrompt(
             token_ids=base, messages=messages, kept_exchanges=0,
             dropped_exchanges=len(exchanges), used_memory=False, used_summary=False,
@@ -215,6 +246,7 @@ def prompt_assemble(
         summary=summary if use_summary else "",
         exchanges=list(exchanges[len(exchanges) - keep :]) if keep else [],
         question=question,
+        **instructions,
     )
     return AssembledPrompt(
         token_ids=token_ids, messages=messages, kept_exchanges=keep,

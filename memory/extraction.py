@@ -361,7 +361,8 @@ def memory_sweep(*, now: datetime | None = None, limit: int | None = None) -> li
     at least ``CHAT_MEMORY_IDLE_S`` ago and within ``CHAT_MEMORY_SWEEP_LOOKBACK_S`` (default 7
     days) before that, not covered by their marker, not leased, not queued in the last
     ``CHAT_MEMORY_REQUEUE_AFTER_S`` (default: the larger of the lease and the broker's
-    visibility timeout), owner with memory on, outside zero-retention organisations; at most
+    visibility timeout), owner with memory on, outside zero-retention organisations and not a
+    temporary chat; at most
     ``limit`` (``CHAT_MEMORY_SWEEP_LIMIT``, default 500) per region database, oldest first.
     Returns the conversation ids queued. A failure to queue one is logged (the next sweep
     retries it)."""
@@ -381,6 +382,7 @@ def memory_sweep(*, now: datetime | None = None, limit: int | None = None) -> li
             Conversation.objects.using(alias)
             .filter(last_turn_at__lte=idle_since, last_turn_at__gt=oldest)
             .exclude(org_id__in=zero_retention)
+            .exclude(temporary=True)
             .order_by("last_turn_at")
             .values_list("conversation_id", "owner_id", "last_turn_at")[: limit * 2]
         )

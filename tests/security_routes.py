@@ -233,6 +233,10 @@ ROUTES: list[Route] = [
     Route("conversation-export", ("GET",), OWN, lambda w: {**conv(w), "extension": "json"}),
     Route("conversation-rename", ("POST",), OWN, conv, bodies={"POST": form(title="pwned")}),
     Route("conversation-delete", ("POST",), OWN, conv),
+    Route(
+        "conversation-instructions", ("POST",), OWN, conv, bodies={"POST": form(system_prompt="pwned")}
+    ),
+    Route("conversation-discard", ("POST",), OWN, conv),
     # A search that alice's conversation matches: it must not show up for anyone else.
     Route("conversation-search", ("GET",), SELF, query="q=axolotl"),
     Route("conversation-workspace", ("POST",), OWN, conv, bodies={"POST": form(shared="0")}),
@@ -310,6 +314,9 @@ ROUTES: list[Route] = [
     Route("memory-clear", ("POST",), SELF, bodies={"POST": form(confirm="yes")}),
     Route("memory-toggle", ("POST",), SELF, bodies={"POST": form(enabled="")}),
     Route("theme-set", ("POST",), SELF, bodies={"POST": form(theme="dark")}),
+    Route(
+        "custom-instructions-set", ("POST",), SELF, bodies={"POST": form(custom_instructions="pwned")}
+    ),
     # --- workspaces ---
     Route(
         "org-list",

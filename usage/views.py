@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from accounts.services import CUSTOM_INSTRUCTIONS_MAX_CHARS
 from usage import selectors
 from usage.charts import daily_bar_chart
 
@@ -66,8 +67,9 @@ def org_usage_page(request: HttpRequest, slug: str) -> HttpResponse:
 @require_GET
 @login_required
 def account_settings(request: HttpRequest) -> HttpResponse:
-    """The user's tier, the models (pools) it allows with their prices and ceilings, the rate
-    limits that apply, and links to API keys and usage."""
+    """The user's custom instructions (a form: accounts.views.custom_instructions_set), tier,
+    the models (pools) it allows with their prices and ceilings, the rate limits that apply,
+    and links to API keys and usage."""
     user = request.user
     pools = selectors.pools_for_user(user=user)
     # Whether every pool on offer runs the same model: then the page says so plainly (the
@@ -78,5 +80,6 @@ def account_settings(request: HttpRequest) -> HttpResponse:
         "one_model": pools[0].model if len(served) == 1 and pools else "",
         "limits": selectors.rate_limits_for_user(user=user),
         "orgs": selectors.orgs_administered(user=user),
+        "custom_instructions_max": CUSTOM_INSTRUCTIONS_MAX_CHARS,
     }
     return render(request, "accounts/settings.html", context)

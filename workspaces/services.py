@@ -512,6 +512,10 @@ def conversation_share_set(*, conversation: Conversation, user: User, shared: bo
             "share it with.",
             code="no_org",
         )
+    if shared and conversation.temporary:
+        raise ValidationError(
+            "A temporary chat is not kept, so it cannot be shared.", code="temporary"
+        )
     if (
         shared
         and not Membership.objects.filter(

@@ -482,6 +482,13 @@ CELERY_BEAT_SCHEDULE["conversations.conversations_purge_expired"] = {
     "task": "conversations.conversations_purge_expired",
     "schedule": crontab(hour=3, minute=17),  # daily, off the hour
 }
+# Temporary chats (issue 18) are deleted CHAT_ZDR_TTL_S after their last turn, looked for this
+# often (so one lasts at most CHAT_ZDR_TTL_S + CHAT_TEMPORARY_PURGE_S after it).
+CHAT_TEMPORARY_PURGE_S = env_int("CHAT_TEMPORARY_PURGE_S", 60)
+CELERY_BEAT_SCHEDULE["conversations.temporary_chats_purge_expired"] = {
+    "task": "conversations.temporary_chats_purge_expired",
+    "schedule": float(CHAT_TEMPORARY_PURGE_S),
+}
 
 # --- Turn log partitions (conversations/partitions.py) ---
 # Monthly partitions of conversations_turn are created this many months ahead of the current
