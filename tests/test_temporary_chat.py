@@ -67,6 +67,7 @@ async def test_the_switch_makes_a_temporary_chat_that_is_answered_and_stores_no_
 async def test_without_the_switch_a_new_chat_is_kept(make_user, engine_double):
     client, _ = await signed_in(make_user)
     response = await client.post("/chat/turns", {"content": "hello"}, headers=HTMX)
+    await read_stream(await client.get(events_url_of(response)))  # no answer left running
     conversation = await Conversation.objects.aget(pk=response["HX-Push-Url"].split("/")[2])
     assert not conversation.temporary
     assert "data-temporary-discard" not in response.content.decode()
