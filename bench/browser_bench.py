@@ -231,7 +231,8 @@ def one_run(context, base: str, mode: str, timeout_s: float) -> dict:
         page.close()
     if b.get("longtasksUnsupported"):
         raise RuntimeError(f"this Chromium has no Long Tasks API: {b['longtasksUnsupported']}")
-    window = [d for start, d in b["longtasks"] if b["t0"] <= start <= b["done"]]
+    tasks = [(start, d) for start, d in b["longtasks"] if b["t0"] <= start <= b["done"]]
+    window = [d for _, d in tasks]
     return {
         "mode": mode,
         "first_paint_ms": round(b["painted"] - b["t0"], 2),
@@ -239,6 +240,9 @@ def one_run(context, base: str, mode: str, timeout_s: float) -> dict:
         "stream_ms": round(b["done"] - b["t0"], 1),
         "longtasks": len(window),
         "longtask_ms": round(sum(window), 1),
+        # When each long task started (ms after Enter) and how long it took, to tell a task
+        # at the first token or at `done` from one mid-stream.
+        "longtask_at_ms": [[round(start - b["t0"], 1), round(d, 1)] for start, d in tasks],
     }
 
 
