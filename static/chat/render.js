@@ -176,9 +176,37 @@
     });
   }
 
+  // Render `text` into `bubble`, touching only what changed: the top-level blocks of the last
+  // paint that render the same (a finished paragraph, table or code block) stay as they are,
+  // decorations included; the rest is replaced. A streaming answer grows at its end, so a frame
+  // costs the last block's DOM, not the whole answer's (bench/browser_bench.py's long tasks).
   function paint(bubble, text) {
-    bubble.innerHTML = markdown(text);
+    var template = document.createElement("template");
+    template.innerHTML = markdown(text);
+    var fresh = Array.prototype.slice.call(template.content.childNodes);
+    var kept = bubble.__chatBlocks;
+    if (!kept || bubble.childNodes.length === 0) {
+      bubble.textContent = "";
+      kept = [];
+    }
+    var keys = fresh.map(function (node) { return node.nodeType === 1 ? node.outerHTML : node.textContent; });
+    var same = 0;
+    while (same < kept.length && same < fresh.length && kept[same].key === keys[same]) same++;
+    for (var i = same; i < kept.length; i++) kept[i].node.remove();
+    kept = kept.slice(0, same);
+    for (var j = same; j < fresh.length; j++) {
+      bubble.appendChild(fresh[j]);
+      kept.push({ key: keys[j], node: fresh[j] });
+    }
     decorate(bubble);
+    // decorate() wraps a code block's <pre> in a div: keep that wrapper as the block's node.
+    for (var k = same; k < kept.length; k++) {
+      var node = kept[k].node;
+      if (node.parentNode !== bubble && node.parentNode && node.parentNode.classList.contains("code-block")) {
+        kept[k].node = node.parentNode;
+      }
+    }
+    bubble.__chatBlocks = kept;
   }
 
   // The answer is stored: the server's sanitised HTML replaces the live render in the same task
@@ -186,6 +214,7 @@
   function settle(bubble, html) {
     if (bubble.__chatFrame) cancelAnimationFrame(bubble.__chatFrame);
     bubble.__chatFrame = 0;
+    bubble.__chatBlocks = null;
     bubble.innerHTML = html; // sanitised on the server
     decorate(bubble);
   }

@@ -334,3 +334,33 @@ def test_continue_appends_to_the_same_answer_and_it_stays_one_answer(live, engin
     expect(page.locator(ANSWER)).to_have_count(1)
     expect(page.locator(f"{ANSWER} .bubble")).to_have_text("They helps a lot more.")
     expect(page.locator(f"{ANSWER} button.continue")).to_have_count(0)
+
+
+def test_painting_as_the_text_grows_gives_the_dom_of_one_paint_of_the_whole(live, engine_double, make_user, page):
+    """render.js's paint keeps the blocks that render the same between frames; painting the
+    answer prefix by prefix (a paragraph that becomes a heading, a table, a list, a code fence
+    that opens before it closes) must end with exactly the DOM one paint of the whole text
+    gives (decorated code blocks included), and every step's DOM must equal a fresh paint of
+    that step's text."""
+    make_user("pia")
+    ui_login(page, live.url, "pia")
+    text = "".join(RICH_DELTAS) + CODE_CLOSE + "\n\nTitle\n===\n\n- a\n\n- b\n"
+    mismatches = page.evaluate(
+        """(text) => {
+            const grow = document.createElement('div'), bad = [];
+            for (let n = 1; n <= text.length; n += 3) {
+                const part = text.slice(0, n);
+                window.chatRender.paint(grow, part);
+                const once = document.createElement('div');
+                window.chatRender.paint(once, part);
+                if (grow.innerHTML !== once.innerHTML) bad.push(n);
+            }
+            window.chatRender.paint(grow, text);
+            const once = document.createElement('div');
+            window.chatRender.paint(once, text);
+            if (grow.innerHTML !== once.innerHTML) bad.push(text.length);
+            return bad;
+        }""",
+        text,
+    )
+    assert mismatches == []
