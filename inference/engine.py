@@ -176,7 +176,9 @@ class VllmEngine:
         tuning = self.tuning or EngineTuning()
         tuning.apply_process_env()
         args = AsyncEngineArgs(**self.engine_args_kwargs())
-        logger.info("starting vLLM engine for %s (%s)", args.model, tuning.describe(self.model_path))
+        logger.info(
+            "starting vLLM engine for %s (%s)", args.model, tuning.describe(self.model_path)
+        )
         # Built in a worker thread: construction waits ~25 s for the EngineCore handshake, and
         # the server's event loop must keep serving (readiness probes, other streams) meanwhile.
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
@@ -224,6 +226,9 @@ class VllmEngine:
             kwargs["max_num_batched_tokens"] = tuning.max_batched_tokens
         if tuning.speculative:
             kwargs["speculative_config"] = dict(tuning.speculative)
+        ir_op_priority = tuning.ir_op_priority()
+        if ir_op_priority:
+            kwargs["ir_op_priority"] = ir_op_priority
         if tuning.compile_sizes and not tuning.eager:
             kwargs["compilation_config"] = {"compile_sizes": list(tuning.compile_sizes)}
         return kwargs
@@ -298,7 +303,9 @@ class VllmEngine:
         self._active.add(request_id)
         try:
             async for output in self._llm.generate(
-                {"prompt_token_ids": prompt_token_ids}, params, request_id,
+                {"prompt_token_ids": prompt_token_ids},
+                params,
+                request_id,
                 priority=options.priority,
             ):
                 completion = output.outputs[0]

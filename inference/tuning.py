@@ -44,6 +44,8 @@ class EngineTuning:
       :data:`QUANTIZED_VARIANTS`, served from the folder ``inference/quantize.py`` writes beside
       the model.
     - ``prefix_caching``: vLLM's automatic prefix caching.
+    - ``cpu_kernels``: vLLM's C kernels for RMSNorm on the CPU instead of the PyTorch-native
+      composition (inference/vllm_plugin.py; :meth:`ir_op_priority`).
     """
 
     eager: bool = True
@@ -56,6 +58,7 @@ class EngineTuning:
     quantization: str = ""
     prefix_caching: bool = True
     compile_sizes: tuple[int, ...] = ()
+    cpu_kernels: bool = True
 
     @classmethod
     def from_settings(cls) -> EngineTuning:
@@ -74,8 +77,10 @@ class EngineTuning:
             raise bad("CHAT_ENGINE_BLOCK_SIZE", block_size,
                       "0 (vLLM's default, 128) or a positive multiple of 32 tokens")  # fmt: skip
         bind = str(getattr(settings, "CHAT_ENGINE_THREADS_BIND", "")).strip()
-        if bind and bind not in ("auto", "nobind") and not re.fullmatch(
-            r"\d+(-\d+)?(,\d+(-\d+)?)*", bind
+        if (
+            bind
+            and bind not in ("auto", "nobind")
+            and not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", bind)
         ):
             raise bad("CHAT_ENGINE_THREADS_BIND", bind,
                       "empty, auto, nobind or CPU ids such as 0-1 or 0,1")  # fmt: skip
@@ -107,6 +112,7 @@ class EngineTuning:
             quantization=quantization,
             prefix_caching=bool(getattr(settings, "CHAT_ENGINE_PREFIX_CACHING", True)),
             compile_sizes=tuple(sizes),
+            cpu_kernels=bool(getattr(settings, "CHAT_ENGINE_CPU_KERNELS", True)),
         )
 
     def resolved_dtype(self) -> str:
@@ -160,6 +166,21 @@ class EngineTuning:
             )
         return str(path)
 
+    def ir_op_priority(self) -> dict[str, list[str]] | None:
+        """vLLM's ``ir_op_priority`` engine argument: the plugin's CPU RMSNorm kernels first,
+        vLLM's platform default (``native``) after them, or None (vLLM's defaults) when
+        ``cpu_kernels`` is off or the plugin could not register them in this process (not a CPU
+        platform, a vLLM without the kernels; naming an unregistered provider would fail the
+        engine's start, vllm/ir/op.py ``_filter_priority_impls``)."""
+        if not self.cpu_kernels:
+            return None
+        from inference import vllm_plugin  # noqa: PLC0415 - imports vLLM
+
+        vllm_plugin.register()  # the entry point does it in vLLM's processes; here too, first
+        if not vllm_plugin.registered():
+            return None
+        return {op: [vllm_plugin.PROVIDER] for op in vllm_plugin.OPS}
+
     def apply_process_env(self) -> None:
         """Set vLLM's CPU thread-binding variables in this process's environment (the engine's
         spawned processes inherit it); unset settings leave vLLM's defaults alone."""
@@ -186,6 +207,8 @@ class EngineTuning:
             parts.append(f"speculative {self.speculative.get('method')}")
         if not self.prefix_caching:
             parts.append("no prefix caching")
+        if not self.cpu_kernels:
+            parts.append("native norms")
         return ", ".join(parts)
 
 

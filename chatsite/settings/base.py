@@ -753,6 +753,9 @@ CHAT_ENGINE_SPECULATIVE = os.environ.get("CHAT_ENGINE_SPECULATIVE", "off")
 # raised TTFT 206 -> 260 ms, and was ~3x slower on an AVX2-only EPYC.
 CHAT_ENGINE_QUANTIZATION = os.environ.get("CHAT_ENGINE_QUANTIZATION", "")
 CHAT_ENGINE_PREFIX_CACHING = env_bool("CHAT_ENGINE_PREFIX_CACHING", True)
+# vLLM's own C kernels for RMSNorm on the CPU (inference/vllm_plugin.py; vLLM 0.32 registers them
+# for GPUs only and runs ~8 PyTorch ops per norm on the CPU instead). Off only to measure it.
+CHAT_ENGINE_CPU_KERNELS = env_bool("CHAT_ENGINE_CPU_KERNELS", True)
 
 # --- Privacy and the audit log (issue 10; privacy/, audit/) ------------------------------------
 # Admin bulk actions ("Delete selected", "Revoke the selected API keys", ...) go into the audit
