@@ -149,6 +149,12 @@ class Admission:
         self._limit = None if limit is None else int(limit)
         self._dispatch()
 
+    def reset_cap(self) -> None:
+        """Forget the adaptive cap: fully open (the ceiling) until the limiter's next decision
+        (after a configuration change; the engine bench starts each phase so)."""
+        self._limiter = TpotLimiter(initial=self.slots)
+        self._dispatch()
+
     @staticmethod
     def adaptive() -> bool:
         """``settings.CHAT_ADMISSION_ADAPTIVE``: whether the cap follows measured TPOT."""
