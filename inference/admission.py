@@ -164,14 +164,20 @@ class Admission:
         """One TPOT sample of a stream holding a slot (seconds per token over its last few
         tokens, inference/serving.py). With :meth:`adaptive` on, the limiter may move the cap
         (counted in ``chat_admission_limit_changes_total{engine, direction}``, logged at
-        INFO); raising it admits waiters at once. Off: ignored. Raises ValueError when the
-        ``CHAT_ADMISSION_*`` settings are out of range."""
+        INFO); raising it admits waiters at once. Off: ignored. With ``CHAT_ADMISSION_*``
+        settings out of range (system check chat.E005) the cap stays where it is and the error
+        is logged: a bad setting must not break the streams that report to it."""
         if not self.adaptive():
             return
         metrics.ADMISSION_TPOT.labels(engine=self.label).observe(tpot_s)
+        try:
+            config = LimiterConfig.from_settings()
+        except (TypeError, ValueError) as exc:
+            logger.error("admission %s: the adaptive cap is not adjusted: %s", self.label, exc)
+            return
         decision = self._limiter.observe(
             tpot_s, running=self._running, waiting=self._waiting, max_limit=self.ceiling(),
-            config=LimiterConfig.from_settings(),
+            config=config,
         )  # fmt: skip
         if decision is None:
             return

@@ -163,6 +163,14 @@ async def test_the_operator_ceiling_bounds_the_adaptive_cap(adaptive):
     await waiter
 
 
+async def test_a_bad_limiter_setting_leaves_the_cap_and_the_stream_alone(adaptive, caplog):
+    admission = Admission(label="t-adaptive-bad")
+    adaptive.CHAT_ADMISSION_BACKOFF = 2.0
+    await slow_windows(admission, 0.1)  # no exception reaches the stream that reported
+    assert admission.limit() == 4
+    assert "not adjusted" in caplog.text
+
+
 async def test_the_cap_and_the_limiters_decisions_are_on_metrics(adaptive):
     admission = Admission(label="t-adaptive-metrics")
     held = [admission.slot(priority=0, reserved_ok=True) for _ in range(4)]

@@ -159,3 +159,13 @@ def test_quantile_interpolates_between_ranks():
     assert quantile([7.0], 0.9) == 7.0
     with pytest.raises(ValueError):
         quantile([], 0.5)
+
+
+def test_out_of_range_settings_fail_the_system_check(settings):
+    from inference.checks import check_admission_limiter  # noqa: PLC0415
+
+    assert check_admission_limiter() == []
+    settings.CHAT_ADMISSION_BACKOFF = 1.5
+
+    (error,) = check_admission_limiter()
+    assert error.id == "chat.E005" and "CHAT_ADMISSION" in error.msg
