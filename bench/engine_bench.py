@@ -32,6 +32,12 @@ Parts (``--parts``, comma-separated; default all):
   (64). Written as the JSON's ``sweep`` list: ``concurrency``, ``tokens_per_s``,
   ``tpot_p50_ms``, ``tpot_p99_ms``, ``ttft_p50_ms``, ``ttft_p99_ms`` per level (about a
   minute and a half on 2 cores, so it is in the default set). No target of its own.
+- **mixed**: the concurrent part's workload with tiers, 4 paid and 12 free users (seeded,
+  ``--mixed-paid``), rate limits and shedding as configured, played twice in one run: with the
+  adaptive admission cap (inference/limiter.py) and with it off. Admitted streams' TPOT p99,
+  paid and free TTFT p99, 503s shed, tokens/s and the cap reached per phase, and the
+  adaptive / uncapped tokens/s ratio, with PASS/MISS against issue 19's targets
+  (bench/engine_mixed.py).
 - **llama**: the same two workloads against llama.cpp on the shipped GGUF through its
   OpenAI-compatible streaming chat API: ``llama_cpp.server`` (llama-cpp-python, the ``bench``
   extra), and llama.cpp's own parallel ``llama-server`` when it is on PATH or ``var/bin``
@@ -44,7 +50,8 @@ Parts (``--parts``, comma-separated; default all):
 
 The engine's levers come from the ``CHAT_ENGINE_*`` environment (chatsite/settings/base.py), so
 each lever is one run: ``CHAT_ENGINE_EAGER=0 python -m bench.engine_bench --parts single,concurrent
---label compile``. Rate limits, load shedding and reserved slots are off, sampling is greedy.
+--label compile``. Rate limits, load shedding, reserved slots and the adaptive cap are off
+(except in the mixed part), sampling is greedy.
 ``--wait-load 1.5`` waits (polling every 60 s, at most ``--wait-max-s``) until the 1-minute load
 average is below 1.5 before each measured part, and records it: the machine is small and shared;
 each part also records the CPU other processes used, and flags a disturbed part.
@@ -64,6 +71,7 @@ import daphne.server  # noqa: F401, I001  isort:skip
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -72,6 +80,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench.clients import Api, AsyncApi
+from bench.engine_mixed import mixed_part, mixed_report, tier_mix
 from bench.engine_runs import measure, measure_single, measure_sweep, run_sequential
 from bench.engine_workload import (
     SINGLE_PROMPT_TOKENS,
@@ -82,6 +91,7 @@ from bench.engine_workload import (
     workload,
 )
 from bench.harness import (
+    TIER_MACHINERY_OFF,
     VAR,
     InProcessServer,
     Spawned,
@@ -98,7 +108,7 @@ TPOT_SINGLE_TARGET_S = 0.020
 THROUGHPUT_RATIO_TARGET = 3.0
 TTFT_P99_CONCURRENT_TARGET_S = 2.0
 READY_TARGET_S = 90.0
-PARTS = ("ready", "single", "concurrent", "sweep", "llama", "quality")
+PARTS = ("ready", "single", "concurrent", "sweep", "mixed", "llama", "quality")
 SWEEP_PROMPT_SEED = 300  # not the single part's (200): no prefix cache hits on its prompts
 
 
@@ -130,7 +140,7 @@ def ready_part(port: int | None = None, timeout_s: float = 600) -> dict:
 
 
 def full_stack_parts(args, parts: set[str], count_tokens, plans, prompts,
-                     sweep_prompts=()) -> dict:
+                     sweep_prompts=(), configured: dict | None = None) -> dict:
     from django.conf import settings  # noqa: PLC0415
 
     out: dict = {}
@@ -167,6 +177,18 @@ def full_stack_parts(args, parts: set[str], count_tokens, plans, prompts,
                                           args.sweep_answer_tokens),
                     args.wait_load, args.wait_max_s,
                 )  # fmt: skip
+            if "mixed" in parts:
+                # The targets are relative to this run's single stream: measure a short one if
+                # the single part did not run.
+                single = out.get("single") or measure_single(
+                    client, single_plans(prompts[:3], args.answer_tokens), args.wait_load,
+                    args.wait_max_s,
+                )  # fmt: skip
+                out["mixed"] = mixed_part(
+                    server, plans, tier_mix(args.seed, args.users, args.mixed_paid),
+                    configured or {}, args.wait_load, args.wait_max_s,
+                )  # fmt: skip
+                out["mixed"]["single"] = {k: single[k] for k in ("ttft_p50_s", "tpot_p50_s")}
             out["engine"] = {
                 "tuning": server.engine.tuning.describe() if server.engine.tuning else None,
                 "args": {k: str(v) for k, v in server.engine.engine_args_kwargs().items()},
@@ -303,6 +325,9 @@ def report(result: dict, args) -> dict:
             ratio = (concurrent["tokens_per_s"] or 0) / parallel["tokens_per_s"]
             print(f"   {args.users}-user tokens/s, full stack / llama-server (parallel): "
                   f"{ratio:.2f}x (no target)")  # fmt: skip
+    mixed = ours.get("mixed")
+    if mixed:
+        checks.extend({"value": None, **row} for row in mixed_report(mixed))
     ready = result.get("ready")
     if ready:
         v = ready["ready_s"]
@@ -349,7 +374,9 @@ def run(args) -> int:
     started = time.perf_counter()
     call_command("migrate", verbosity=0)
     connections.close_all()
-    # This bench measures the engine: none of the tier machinery that would get in the way.
+    # This bench measures the engine: none of the tier machinery that would get in the way
+    # (the mixed part puts the configured values back for its own measurement).
+    configured = {name: copy.deepcopy(getattr(settings, name)) for name in TIER_MACHINERY_OFF}
     tier_machinery_off(settings)
     settings.CHAT_TEMPERATURE = 0.0  # greedy, like the llama.cpp requests
 
@@ -366,9 +393,9 @@ def run(args) -> int:
     if "ready" in parts:
         wait_for_quiet(args.wait_load, args.wait_max_s)
         result["ready"] = ready_part()
-    if parts & {"single", "concurrent", "sweep"}:
+    if parts & {"single", "concurrent", "sweep", "mixed"}:
         result["full"] = full_stack_parts(args, parts, count_tokens, plans, prompts,
-                                          sweep_prompts)
+                                          sweep_prompts, configured)
     if "llama" in parts:
         result["llama"] = llama_part(args, parts & {"single", "concurrent"} or
                                      {"single", "concurrent"}, plans, prompts, system_prompt)
@@ -388,7 +415,8 @@ def run(args) -> int:
             "model_path": str(settings.CHAT_MODEL_PATH),
             "engine_env": {k: v for k, v in os.environ.items()
                            if k.startswith(("CHAT_ENGINE_", "VLLM_CPU_", "CHAT_MAX_NUM_SEQS",
-                                            "CHAT_KV_CACHE"))},
+                                            "CHAT_KV_CACHE", "CHAT_ADMISSION_",
+                                            "CHAT_SHED_"))},
             "cpu_count": os.cpu_count(), "loadavg_end": os.getloadavg(),
             "workload": [asdict(p) for p in plans],
         },  # fmt: skip
@@ -396,6 +424,8 @@ def run(args) -> int:
         **result,
         # Top level, where python manage.py capacity (inference/capacity.py) reads it.
         "sweep": result.get("full", {}).pop("sweep", None),
+        # Top level too: issue 19's numbers, per phase (adaptive / uncapped).
+        "mixed": result.get("full", {}).pop("mixed", None),
         **summary,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -405,6 +435,8 @@ def run(args) -> int:
         (s or {}).get("errors", 0)
         for s in [result.get("full", {}).get("single"), result.get("full", {}).get("concurrent")]
     ) + sum(row["errors"] for row in payload["sweep"] or [])
+    mixed = payload["mixed"] or {}
+    errors += sum(mixed.get(phase, {}).get("errors", 0) for phase in ("adaptive", "uncapped"))
     if errors:
         return 2
     return 1 if args.strict and not summary["overall_pass"] else 0
@@ -426,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=[1, 2, 4, 8, 16], help="the sweep's concurrency levels")
     parser.add_argument("--sweep-turns", type=int, default=2, help="turns per user per level")
     parser.add_argument("--sweep-answer-tokens", type=int, default=64)
+    parser.add_argument("--mixed-paid", type=int, default=4,
+                        help="paid users among --users in the mixed part (the rest are free)")
     parser.add_argument("--quality-variant", default="w8a8",
                         help="quantised variant the quality part compares when "
                         "CHAT_ENGINE_QUANTIZATION is not set")
@@ -441,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.parts) - set(PARTS)
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
+    if not 0 <= args.mixed_paid <= args.users:
+        parser.error("--mixed-paid must be between 0 and --users")
     if not args.sweep_levels or min(args.sweep_levels) < 1 or args.sweep_turns < 1:
         parser.error("--sweep-levels must be positive integers and --sweep-turns >= 1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")

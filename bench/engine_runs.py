@@ -54,14 +54,17 @@ def summarize(samples: list[Sample], wall_s: float, cpu: dict | None = None) -> 
 async def run_turns(client, plans: list[UserPlan], workload_name: str,
                     own_client: bool = True) -> tuple[list[Sample], float]:
     """Play ``plans`` against ``client``; -> (samples, wall seconds from the first arrival to
-    the last answer's end). ``own_client``: open (and close) the client's connections here."""
+    the last answer's end). ``own_client``: open (and close) the client's connections here.
+    A client with ``for_user(user)`` (bench/engine_mixed.py) plays each plan on that user's
+    own client."""
     samples: list[Sample] = []
     t0 = time.perf_counter()
 
     async def play(plan: UserPlan) -> None:
         await asyncio.sleep(max(0.0, t0 + plan.arrival_s - time.perf_counter()))
+        user_client = client.for_user(plan.user) if hasattr(client, "for_user") else client
         try:
-            conversation = await client.new_conversation()
+            conversation = await user_client.new_conversation()
         except Exception as exc:  # noqa: BLE001 - counted and shown
             for turn in plan.turns:
                 samples.append(Sample(client.name, workload_name, plan.user, turn.index, 0, 0,
@@ -72,7 +75,7 @@ async def run_turns(client, plans: list[UserPlan], workload_name: str,
                 await asyncio.sleep(turn.think_s)
             start = time.perf_counter()
             try:
-                first, last, prompt, completion = await client.turn(
+                first, last, prompt, completion = await user_client.turn(
                     conversation, turn.content, turn.max_tokens, t0
                 )
                 error = None

@@ -318,6 +318,8 @@ TIER_MACHINERY_OFF = {
     "CHAT_SHED_FREE_WAITING": 100_000,
     "CHAT_DEGRADE_PAID_WAITING": 100_000,
     "CHAT_REASONING_LAST_WAITING": 100_000,
+    "CHAT_SHED_FREE_WAIT_S": 0.0,
+    "CHAT_ADMISSION_ADAPTIVE": False,  # the cap is the slots (engine_bench's mixed part compares)
 }
 
 

@@ -30,6 +30,11 @@ Serving (issue 5; recorded by inference/serving.py ``pool_generate`` unless said
   ``prefix_cache_queries`` / ``hits``); hits / queries is the hit rate.
 - ``chat_admission_waiting{engine}`` / ``chat_admission_running{engine}`` (gauges): requests
   queued for an engine slot / holding one (inference/admission.py).
+- ``chat_admission_limit{engine}`` (gauge): the running cap now (the adaptive one while
+  ``CHAT_ADMISSION_ADAPTIVE`` is on, inference/limiter.py); ``chat_admission_limit_changes_total
+  {engine,direction}``: the limiter's decisions, ``direction`` = ``up`` | ``down``;
+  ``chat_admission_tpot_sample_seconds{engine}`` (histogram): the TPOT samples it saw (seconds
+  per token over a running stream's last few tokens).
 - ``vllm:num_requests_waiting{model_name}`` / ``vllm:num_requests_running{model_name}``
   (gauges): the same two numbers for this process's engines under vLLM's own metric names, so
   a gateway reads an engine process of this project and a ``vllm serve`` node alike when it
@@ -139,6 +144,22 @@ ADMISSION_RUNNING = Gauge(
     "chat_admission_running",
     "Requests holding an engine slot (admitted to the engine), by engine.",
     ["engine"],
+)
+ADMISSION_LIMIT = Gauge(
+    "chat_admission_limit",
+    "How many requests may hold an engine slot now (the adaptive cap, or the slots), by engine.",
+    ["engine"],
+)
+ADMISSION_LIMIT_CHANGES = Counter(
+    "chat_admission_limit_changes",
+    "Changes of the adaptive admission cap by engine and direction (up, down).",
+    ["engine", "direction"],
+)
+ADMISSION_TPOT = Histogram(
+    "chat_admission_tpot_sample_seconds",
+    "TPOT samples of running streams the admission limiter saw (seconds per token), by engine.",
+    ["engine"],
+    buckets=TPOT_BUCKETS,
 )
 # vLLM's names (vllm/v1/metrics/loggers.py), so gateways shed on either kind of engine node.
 ENGINE_WAITING = Gauge(

@@ -155,17 +155,22 @@ def route_for(caller: Caller, requested: str | None = None, *, fallback: str | N
 
 async def shed_for(caller: Caller, route: Route) -> Route:
     """Apply load shedding to ``route`` from its engine's queue depth (router.shed on
-    serving.pool_waiting: the local admission queue, or a remote engine node's own; thresholds
-    in settings.CHAT_SHED_*). Background jobs are never shed. Returns the route to use (maybe
-    degraded to ``mini`` or queued last). Raises Refused 503 ``busy`` with Retry-After when the
-    caller's turn is shed."""
+    serving.pool_waiting: the local admission queue, or a remote engine node's own) and the
+    estimated wait there (serving.pool_expected_wait_s); thresholds in settings.CHAT_SHED_*.
+    Background jobs are never shed. Returns the route to use (maybe degraded to ``mini`` or
+    queued last). Raises Refused 503 ``busy`` with Retry-After when the caller's turn is
+    shed."""
     if caller.service:
         return route
-    from inference.serving import pool_waiting  # noqa: PLC0415 - imports the engine layer
+    # noqa below: imports the engine layer, only when a turn is shed-checked
+    from inference.serving import pool_expected_wait_s, pool_waiting  # noqa: PLC0415
 
     waiting = await pool_waiting(route.pool)
     try:
-        return router.shed(route, tier=caller.tier, waiting=waiting, pools=pool_set())
+        return router.shed(
+            route, tier=caller.tier, waiting=waiting, pools=pool_set(),
+            expected_wait_s=pool_expected_wait_s(route.pool),
+        )  # fmt: skip
     except router.Overloaded as exc:
         retry = max(1, int(exc.retry_after_s))
         raise Refused(503, "busy", exc.message, {"Retry-After": str(retry)}) from None

@@ -22,8 +22,17 @@ matters when requests wait"). The gateway therefore admits requests to the engin
   convention); ``"fcfs"`` mode: by arrival only, and no reserved slots (the baseline the
   priority benchmark compares against, bench/priority_bench.py).
 
-- **The cap.** ``limit`` (default: all ``slots``) is how many of the slots may be held now; the
-  one admission-cap object per engine that an adaptive limiter lowers and raises (issue 19).
+- **The cap.** ``limit()`` is how many of the slots may be held now: the slots, within the
+  operator's (or a test's) :meth:`set_limit` ceiling, and, while ``settings.CHAT_ADMISSION_
+  ADAPTIVE`` is on, within the adaptive cap of this engine's :class:`inference.limiter.
+  TpotLimiter` (issue 19). Running streams feed it TPOT samples (:meth:`observe_tpot`, from
+  inference/serving.py); it cuts the cap when admitted streams are slower than the TPOT target
+  and raises it when there is room and requests wait behind it. Lowering the cap preempts
+  nobody: running requests finish, the queue grows, and load shedding (inference/router.py
+  ``shed``) reads that queue. Its changes count in ``chat_admission_limit_changes_total``.
+- **Expected wait.** :meth:`expected_wait_s` estimates how long a request arriving now would
+  wait (its place in the queue x the mean slot hold time / the cap), so a free turn that would
+  wait past ``CHAT_SHED_FREE_WAIT_S`` is shed at the door (a 503 before streaming starts).
 - **Across the gateway -> engine hop.** Gateways without an engine keep no queue of their own
   in front of a remote engine (inference/serving.py): the engine process's queue is this one,
   and a forwarded turn arrives with its tier and priority (api/completions.py, the service-only
@@ -59,11 +68,13 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from chatsite import metrics
+from inference.limiter import LimiterConfig, TpotLimiter
 
 logger = logging.getLogger(__name__)
 
 SCHEDULING_MODES = ("priority", "fcfs")
 GRANT_LOG = 256  # grants kept in Admission.grants
+HOLD_EWMA_ALPHA = 0.2  # weight of the newest slot hold time in the mean (expected_wait_s)
 
 
 @dataclass(order=True)
@@ -109,6 +120,8 @@ class Admission:
         self._running = 0
         self._running_unreserved = 0  # slots held by reserved_ok=False requests
         self._waiting = 0  # live (not cancelled, not granted) waiters in the heap
+        self._limiter = TpotLimiter(initial=self.slots)
+        self._hold_s: float | None = None  # moving mean of slot hold times, seconds
         self._publish()
 
     # --- configuration, read at decision time ----------------------------------------------
@@ -118,16 +131,74 @@ class Admission:
         """How many requests may hold a slot at once (>= 1)."""
         return max(1, int(self._slots if self._slots is not None else settings.CHAT_MAX_NUM_SEQS))
 
-    def limit(self) -> int:
-        """How many slots may be held now: :meth:`set_limit`'s value within 1..``slots``
-        (default: all of them)."""
+    def ceiling(self) -> int:
+        """The most slots that may be held: :meth:`set_limit`'s value within 1..``slots``
+        (default: all of them). The adaptive cap moves below it."""
         return self.slots if self._limit is None else max(1, min(self._limit, self.slots))
 
+    def limit(self) -> int:
+        """How many slots may be held now: the adaptive cap within :meth:`ceiling` while
+        :meth:`adaptive` is on, else the ceiling."""
+        if self.adaptive() and self._limiter.last is not None:  # fully open until a decision
+            return max(1, min(self._limiter.limit, self.ceiling()))
+        return self.ceiling()
+
     def set_limit(self, limit: int | None) -> None:
-        """Set the running cap (None: back to ``slots``); raising it admits waiters at once,
-        lowering it lets running requests finish (nobody is preempted)."""
+        """Set the ceiling of the running cap (None: back to ``slots``); raising it admits
+        waiters at once, lowering it lets running requests finish (nobody is preempted)."""
         self._limit = None if limit is None else int(limit)
         self._dispatch()
+
+    def reset_cap(self) -> None:
+        """Forget the adaptive cap: fully open (the ceiling) until the limiter's next decision
+        (after a configuration change; the engine bench starts each phase so)."""
+        self._limiter = TpotLimiter(initial=self.slots)
+        self._dispatch()
+
+    @staticmethod
+    def adaptive() -> bool:
+        """``settings.CHAT_ADMISSION_ADAPTIVE``: whether the cap follows measured TPOT."""
+        return bool(getattr(settings, "CHAT_ADMISSION_ADAPTIVE", False))
+
+    def observe_tpot(self, tpot_s: float) -> None:
+        """One TPOT sample of a stream holding a slot (seconds per token over its last few
+        tokens, inference/serving.py). With :meth:`adaptive` on, the limiter may move the cap
+        (counted in ``chat_admission_limit_changes_total{engine, direction}``, logged at
+        INFO); raising it admits waiters at once. Off: ignored. With ``CHAT_ADMISSION_*``
+        settings out of range (system check chat.E005) the cap stays where it is and the error
+        is logged: a bad setting must not break the streams that report to it."""
+        if not self.adaptive():
+            return
+        metrics.ADMISSION_TPOT.labels(engine=self.label).observe(tpot_s)
+        try:
+            config = LimiterConfig.from_settings()
+        except (TypeError, ValueError) as exc:
+            logger.error("admission %s: the adaptive cap is not adjusted: %s", self.label, exc)
+            return
+        decision = self._limiter.observe(
+            tpot_s, running=self._running, waiting=self._waiting, max_limit=self.ceiling(),
+            config=config,
+        )  # fmt: skip
+        if decision is None:
+            return
+        changes = metrics.ADMISSION_LIMIT_CHANGES
+        changes.labels(engine=self.label, direction=decision.direction).inc()
+        logger.info(
+            "admission %s: cap %s %d -> %d (window TPOT p90 %.1f ms); %d running, %d waiting",
+            self.label, decision.direction, decision.before, decision.after,
+            decision.tpot_s * 1000, self._running, self._waiting,
+        )  # fmt: skip
+        self._dispatch()
+
+    def expected_wait_s(self) -> float:
+        """Seconds a request arriving now would wait for a slot, estimated: 0 while one is free
+        for it; else its place behind everyone queued, times the mean slot hold time (a moving
+        average of finished requests') over the cap (slots free up about cap / hold time per
+        second). 0 before any request has finished (no evidence)."""
+        places = self._waiting + 1 - max(0, self.limit() - self._running)
+        if places <= 0 or self._hold_s is None:
+            return 0.0
+        return places * self._hold_s / self.limit()
 
     @staticmethod
     def mode() -> str:
@@ -168,9 +239,14 @@ class Admission:
         ends (return, exception, cancellation, generator close).
         """
         await self._acquire(priority=priority, reserved_ok=reserved_ok, tag=tag)
+        granted_at = time.monotonic()
         try:
             yield
         finally:
+            held = time.monotonic() - granted_at
+            self._hold_s = held if self._hold_s is None else (
+                HOLD_EWMA_ALPHA * held + (1 - HOLD_EWMA_ALPHA) * self._hold_s
+            )  # fmt: skip
             self._release(reserved_ok)
 
     async def _acquire(self, *, priority: int, reserved_ok: bool, tag: str) -> None:
@@ -253,6 +329,7 @@ class Admission:
     def _publish(self) -> None:
         metrics.ADMISSION_WAITING.labels(engine=self.label).set(self._waiting)
         metrics.ADMISSION_RUNNING.labels(engine=self.label).set(self._running)
+        metrics.ADMISSION_LIMIT.labels(engine=self.label).set(self.limit())
         metrics.ENGINE_WAITING.labels(model_name=self.model_name).set(self._waiting)
         metrics.ENGINE_RUNNING.labels(model_name=self.model_name).set(self._running)
 

@@ -6,7 +6,9 @@
 ``CHAT_FLAG_POOLS`` names a pool that is not defined, or has a malformed entry
 (inference/router.py, ``routing_config_errors``). ``chat.E003``: a ``CHAT_ENGINE_*`` speed setting
 is invalid (inference/tuning.py, ``EngineTuning``). ``chat.W004``: the load-shedding thresholds
-are out of the design's order (inference/router.py ``shed``).
+are out of the design's order (inference/router.py ``shed``). ``chat.E005``: a
+``CHAT_ADMISSION_*`` setting of the adaptive admission cap is out of range (inference/limiter.py
+``LimiterConfig``).
 
 ``InferenceConfig.ready`` (inference/apps.py) registers them with the tag ``chat``. They read no
 database, so they run before migrations too. (daphne does not run system checks: the ASGI entry point calls
@@ -84,3 +86,17 @@ def check_shedding_order(app_configs=None, **kwargs) -> list[Warning]:
             id="chat.W004",
         )
     ]
+
+
+@register("chat")
+def check_admission_limiter(app_configs=None, **kwargs) -> list[Error]:
+    """``chat.E005``: the adaptive admission cap's settings (``CHAT_ADMISSION_TPOT_TARGET_MS``,
+    ``_MIN_LIMIT``, ``_BACKOFF``, ``_WINDOW_S``, ``_MIN_SAMPLES``) are out of range; the message
+    names them and what they accept (inference/limiter.py ``LimiterConfig``)."""
+    from inference.limiter import LimiterConfig  # noqa: PLC0415
+
+    try:
+        LimiterConfig.from_settings()
+    except (TypeError, ValueError) as exc:
+        return [Error(str(exc), hint="See README 'Adaptive admission cap'.", id="chat.E005")]
+    return []

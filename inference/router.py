@@ -286,13 +286,19 @@ def _count_shed(tier: str, action: str) -> None:
         counter.labels(tier=tier, action=action).inc()
 
 
-def shed(route: Route, *, tier: str, waiting: int, pools: PoolSet) -> Route:
+def shed(
+    route: Route, *, tier: str, waiting: int, pools: PoolSet, expected_wait_s: float = 0.0
+) -> Route:
     """Load shedding on ``waiting`` (requests queued for a slot of the route's engine), in
     DESIGN.md's order (free first, then paid degraded, reasoning queued only as the last
     resort; the default thresholds 8 < 16 < 24 keep it, system check chat.W004):
 
-    - free tier and ``waiting > CHAT_SHED_FREE_WAITING``: raise Overloaded
-      (``retry_after_s = CHAT_SHED_RETRY_AFTER_S``, at least 1);
+    - free tier and ``waiting > CHAT_SHED_FREE_WAITING``, or ``expected_wait_s`` (seconds the
+      turn would wait for a slot, estimated by the admission queue) above
+      ``CHAT_SHED_FREE_WAIT_S`` (when > 0): raise Overloaded (``retry_after_s =
+      CHAT_SHED_RETRY_AFTER_S``, at least 1). The adaptive cap (inference/limiter.py) makes
+      the queue grow when the engine is slow, so free turns are shed on that queue rather than
+      left waiting past the free TTFT target;
     - paid/enterprise, ``waiting > CHAT_DEGRADE_PAID_WAITING``, not already on ``mini`` and not a
       reasoning turn (a reasoning turn is never degraded: the smaller model cannot do its job):
       the ``mini`` pool answers (reason ``"degraded"``, keeping the better of the two priorities);
@@ -303,7 +309,9 @@ def shed(route: Route, *, tier: str, waiting: int, pools: PoolSet) -> Route:
     Thresholds are read from settings at each call. Each decision counts in
     ``chat_shed_total{tier, action=shed|degrade|queue_last}``. Returns the (possibly new) Route.
     """
-    if tier == "free" and waiting > settings.CHAT_SHED_FREE_WAITING:
+    wait_bound = float(getattr(settings, "CHAT_SHED_FREE_WAIT_S", 0) or 0)
+    too_long = wait_bound > 0 and expected_wait_s > wait_bound
+    if tier == "free" and (waiting > settings.CHAT_SHED_FREE_WAITING or too_long):
         _count_shed(tier, "shed")
         retry = max(1, int(settings.CHAT_SHED_RETRY_AFTER_S))
         raise Overloaded(

@@ -112,6 +112,11 @@ async def pool_generate(
     - ``chat_engine_requests_total{pool, version, outcome}``: ok, cancelled or error, once per
       request that got a slot.
 
+    While it streams from a local engine, every ``settings.CHAT_ADMISSION_SAMPLE_TOKENS``
+    completion tokens it gives the engine's admission queue one TPOT sample (seconds per token
+    since the previous sample, from the first token on: queue wait and prefill excluded), so
+    the adaptive cap (inference/limiter.py) reacts while long answers still run.
+
     Raises EngineUnavailable (from the engine) when the engine cannot start or dies.
     """
     started = time.perf_counter()
@@ -124,13 +129,16 @@ async def pool_generate(
     first_at: float | None = None
     last_at: float | None = None
     last: Delta | None = None
+    admission = None if getattr(engine, "queues_remotely", False) else admission_for(engine)
     slot = (
         contextlib.nullcontext()  # the engine node queues it (module docstring)
-        if getattr(engine, "queues_remotely", False)
-        else admission_for(engine).slot(
+        if admission is None
+        else admission.slot(
             priority=priority, reserved_ok=may_use_reserved(tier, options), tag=request_id
         )
     )
+    every = max(1, int(settings.CHAT_ADMISSION_SAMPLE_TOKENS))
+    mark_at, mark_tokens = 0.0, 0  # the last TPOT sample's time and completion tokens
     async with slot:
         outcome = "cancelled"  # until the engine finishes it (closed or cancelled early)
         try:
@@ -141,9 +149,14 @@ async def pool_generate(
                     last_at = time.perf_counter()
                     if first_at is None:
                         first_at = last_at
+                        mark_at, mark_tokens = last_at, delta.completion_tokens
                         metrics.TTFT.labels(pool=pool.name, version=pool.version, tier=tier).observe(
                             first_at - started
                         )
+                    elif admission is not None and delta.completion_tokens - mark_tokens >= every:
+                        tokens = delta.completion_tokens - mark_tokens
+                        admission.observe_tpot((last_at - mark_at) / tokens)
+                        mark_at, mark_tokens = last_at, delta.completion_tokens
                 last = delta
                 yield delta
             outcome = "ok"
@@ -192,3 +205,13 @@ async def pool_waiting(pool: Pool) -> int:
     if getattr(engine, "queues_remotely", False):
         return (await engine.load()).waiting
     return admission_for(engine).waiting()
+
+
+def pool_expected_wait_s(pool: Pool) -> float:
+    """Seconds a request for ``pool``'s engine arriving now would wait for a slot, estimated by
+    its admission queue (inference/admission.py ``expected_wait_s``); 0.0 for a remote engine
+    (its node's queue is not timed from here: gateways shed on its depth, :func:`pool_waiting`)."""
+    engine = pool_engine(pool)
+    if getattr(engine, "queues_remotely", False):
+        return 0.0
+    return admission_for(engine).expected_wait_s()

@@ -40,6 +40,16 @@ def _fast_password_hashing():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _fixed_admission_cap():
+    """The adaptive admission cap and the expected-wait shedding are off in tests unless a test
+    turns them on (tests/test_admission_adaptive.py, tests/integration/test_admission_real.py):
+    the real engine is shared by the whole session, and a cap one test's load lowered must not
+    queue or shed another test's turns."""
+    settings.CHAT_ADMISSION_ADAPTIVE = False
+    settings.CHAT_SHED_FREE_WAIT_S = 0.0
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _moderation_classifiers_loaded():
     """Load the moderation classifiers once (as the server does at start, chatsite/asgi.py), so
     no test's first turn waits for them past the check timeout."""

@@ -170,6 +170,8 @@ def test_tier_machinery_off_env_is_unlimited_tiers_without_reserved_slots_or_she
     for name in ("CHAT_SHED_FREE_WAITING", "CHAT_DEGRADE_PAID_WAITING",
                  "CHAT_REASONING_LAST_WAITING"):  # fmt: skip
         assert env[name] == "100000"
+    assert env["CHAT_SHED_FREE_WAIT_S"] == "0.0"
+    assert env["CHAT_ADMISSION_ADAPTIVE"] == "False"  # env_bool reads it as off
 
 
 def test_tier_machinery_off_gives_settings_copies_of_their_own():
@@ -259,3 +261,91 @@ def test_spawned_appended_log_keeps_earlier_output(tmp_path):
     assert server.log_offset == len("earlier server\n")
     assert f"===== daphne on port {server.port} =====" in text
     assert text.rstrip().endswith("this one")
+
+
+# --------------------------------------------------------------------------------------------
+# The engine bench's mixed-tier part (bench/engine_mixed.py)
+
+
+def _mixed_sample(user: int, *, ttft=0.5, tpot=0.05, tokens=10, error=None):
+    from bench.engine_runs import Sample  # noqa: PLC0415
+
+    return Sample("s", "mixed", user, 0, 0.0, 1.0, None if error else ttft,
+                  None if error else tpot, 20, 0 if error else tokens, error)  # fmt: skip
+
+
+def test_the_tier_mix_is_seeded_and_has_the_paid_count():
+    from bench.engine_mixed import tier_mix  # noqa: PLC0415
+
+    mix = tier_mix(9, 16, 4)
+    assert mix == tier_mix(9, 16, 4)
+    assert sorted(mix) == list(range(16))
+    assert sum(1 for t in mix.values() if t == "paid") == 4
+    assert sum(1 for t in mix.values() if t == "free") == 12
+    assert any(tier_mix(seed, 16, 4) != mix for seed in range(10, 15))
+    with pytest.raises(ValueError):
+        tier_mix(9, 16, 17)
+
+
+def test_phase_tags_change_every_message_and_nothing_else():
+    from bench.engine_mixed import tagged  # noqa: PLC0415
+    from bench.engine_workload import Turn, UserPlan  # noqa: PLC0415
+
+    plans = [UserPlan(0, 0.5, (Turn(0, 0, "hello", 40, 0.0), Turn(0, 1, "again", 50, 1.5)))]
+    (plan,) = tagged(plans, "adaptive")
+    assert [t.content for t in plan.turns] == ["[adaptive] hello", "[adaptive] again"]
+    assert (plan.arrival_s, [t.max_tokens for t in plan.turns]) == (0.5, [40, 50])
+
+
+def test_the_mixed_summary_splits_tiers_and_counts_shed_turns_apart_from_errors():
+    from bench.engine_mixed import mixed_summary  # noqa: PLC0415
+
+    tiers = {0: "paid", 1: "free", 2: "free"}
+    samples = [
+        _mixed_sample(0, ttft=0.3, tpot=0.04, tokens=30),
+        _mixed_sample(1, ttft=1.5, tpot=0.06, tokens=20),
+        _mixed_sample(2, error="RuntimeError('POST turns -> 503: busy')"),
+        _mixed_sample(2, error="RuntimeError('error event')"),
+    ]
+
+    summary = mixed_summary(samples, tiers, wall_s=10.0)
+
+    assert (summary["turns"], summary["admitted"], summary["shed"], summary["errors"]) == (4, 2, 1, 1)
+    assert summary["shed_by_tier"] == {"paid": 0, "free": 1}
+    assert summary["paid_ttft_p99_ms"] == 300.0
+    assert summary["free_ttft_p99_ms"] == 1500.0  # admitted free turns only
+    assert summary["admitted_tpot_p99_ms"] == pytest.approx(59.8)
+    assert summary["tokens_per_s"] == 5.0
+
+
+def _phase(**values):
+    base = {"admitted_tpot_p99_ms": 70.0, "paid_ttft_p99_ms": 700.0, "free_ttft_p99_ms": 1900.0,
+            "tokens_per_s": 90.0, "cap_min": 6, "cap_final": 8}  # fmt: skip
+    return {**base, **values}
+
+
+def test_mixed_checks_pass_within_the_targets_and_say_the_ratio():
+    from bench.engine_mixed import mixed_checks  # noqa: PLC0415
+
+    rows = mixed_checks({"adaptive": _phase(), "uncapped": _phase(tokens_per_s=100.0)},
+                        {"ttft_p50_s": 0.1, "tpot_p50_s": 0.03})  # fmt: skip
+
+    assert [r["pass"] for r in rows] == [True, True, True, True]
+    assert "0.90x" in rows[-1]["shown"]
+
+
+def test_mixed_checks_miss_each_target_and_scale_ttft_bounds_by_the_single_stream():
+    from bench.engine_mixed import mixed_checks  # noqa: PLC0415
+
+    slow = _phase(admitted_tpot_p99_ms=81.0, paid_ttft_p99_ms=900.0, free_ttft_p99_ms=2100.0,
+                  tokens_per_s=70.0)  # fmt: skip
+    rows = mixed_checks({"adaptive": slow, "uncapped": _phase(tokens_per_s=100.0)},
+                        {"ttft_p50_s": 0.1, "tpot_p50_s": 0.03})  # fmt: skip
+    assert [r["pass"] for r in rows] == [False, False, False, False]
+
+    # A slow single stream (1 s TTFT) widens the TTFT bounds to 1.25 s / 2 s ...
+    rows = mixed_checks({"adaptive": slow, "uncapped": _phase()}, {"ttft_p50_s": 1.0, "tpot_p50_s": 0.03})
+    assert [r["pass"] for r in rows[1:3]] == [True, False]
+    # ... and a single stream slower than 40 ms per token makes the TPOT target a MISS naming the cap.
+    rows = mixed_checks({"adaptive": _phase(), "uncapped": _phase()}, {"ttft_p50_s": 0.1, "tpot_p50_s": 0.058})
+    assert rows[0]["pass"] is False and "cap reached 6" in rows[0]["shown"]

@@ -354,6 +354,23 @@ CHAT_SERVICE_API_KEY_PROVIDER = "accounts.services.service_api_key"
 CHAT_ENGINE_LOAD_TTL_S = float(os.environ.get("CHAT_ENGINE_LOAD_TTL_S", "0.2"))
 # Retry-After of a shed request, seconds (at least 1, PF-R3).
 CHAT_SHED_RETRY_AFTER_S = env_int("CHAT_SHED_RETRY_AFTER_S", 5)
+# A free turn is also shed at the door when the admission queue's estimated wait for it is
+# longer than this (seconds; 0: off): past it, it would miss the free TTFT target (2 s, the
+# design brief) anyway, and a refusal must come before streaming starts (PF-R3).
+CHAT_SHED_FREE_WAIT_S = float(os.environ.get("CHAT_SHED_FREE_WAIT_S", "2.0"))
+
+# --- Adaptive admission cap (issue 19; inference/limiter.py, inference/admission.py) ---
+# Each engine's admission cap follows measured TPOT (AIMD): cut by BACKOFF when admitted
+# streams' TPOT (window p90) exceeds the target, raised by 1 when there is room and requests
+# wait behind the cap; between MIN_LIMIT and the engine's slots. Off: the cap is the slots.
+CHAT_ADMISSION_ADAPTIVE = env_bool("CHAT_ADMISSION_ADAPTIVE", True)
+CHAT_ADMISSION_TPOT_TARGET_MS = float(os.environ.get("CHAT_ADMISSION_TPOT_TARGET_MS", "80"))
+CHAT_ADMISSION_MIN_LIMIT = env_int("CHAT_ADMISSION_MIN_LIMIT", 2)
+CHAT_ADMISSION_BACKOFF = float(os.environ.get("CHAT_ADMISSION_BACKOFF", "0.8"))
+CHAT_ADMISSION_WINDOW_S = float(os.environ.get("CHAT_ADMISSION_WINDOW_S", "1.0"))
+CHAT_ADMISSION_MIN_SAMPLES = env_int("CHAT_ADMISSION_MIN_SAMPLES", 3)
+# A running stream sends the limiter one TPOT sample every this many completion tokens.
+CHAT_ADMISSION_SAMPLE_TOKENS = env_int("CHAT_ADMISSION_SAMPLE_TOKENS", 8)
 
 # --- Rate limits (issue 5; inference/ratelimit.py): Redis token buckets, RPM and TPM ---
 # Per user by tier, and per organisation (the conversation's workspace, else the user's first
