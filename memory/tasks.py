@@ -15,8 +15,8 @@ from uuid import UUID
 from celery import shared_task
 from django.db import DatabaseError, InterfaceError
 
-from memory import blocks, extraction, warm
 from inference.service_client import ServiceCallError
+from memory import blocks, extraction, warm
 
 logger = logging.getLogger(__name__)
 
