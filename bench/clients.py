@@ -107,15 +107,18 @@ class Api:
         self.conversations: list[str] = []
 
     def turn(self, prompt: str, max_tokens: int, gate: str, round_: int, index: int,
-             system_prompt: str = "") -> TurnSample:  # fmt: skip
+             system_prompt: str = "", conversation_id: str | None = None) -> TurnSample:  # fmt: skip
         """One fresh conversation (``system_prompt``: its instructions; "" for the default) and
-        one streamed turn of ``prompt``, timed. A failure is the sample's ``error``."""
-        created = self.client.post(
-            "/v1/conversations", json={"system_prompt": system_prompt} if system_prompt else {}
-        )
-        created.raise_for_status()
-        conversation_id = created.json()["conversation_id"]
-        self.conversations.append(conversation_id)
+        one streamed turn of ``prompt``, timed; or, given ``conversation_id`` (the conversation
+        of :attr:`last_conversation`), the next turn there. A failure is the sample's
+        ``error``."""
+        if conversation_id is None:
+            created = self.client.post(
+                "/v1/conversations", json={"system_prompt": system_prompt} if system_prompt else {}
+            )
+            created.raise_for_status()
+            conversation_id = created.json()["conversation_id"]
+            self.conversations.append(conversation_id)
         first = last = end = None
         completion, status, error = 0, "", None
         body = {"role": "user", "content": prompt, "max_tokens": max_tokens}
@@ -155,6 +158,11 @@ class Api:
             done_after_last_token_s=None if end is None or last is None else end - last,
             completion_tokens=completion, status=status, error=error,
         )  # fmt: skip
+
+    @property
+    def last_conversation(self) -> str:
+        """The id of the conversation :meth:`turn` created last."""
+        return self.conversations[-1]
 
     def close(self) -> None:
         for conversation_id in self.conversations:

@@ -23,7 +23,7 @@ from conversations import selectors, summaries
 from conversations.models import Turn
 from gateway import gate, run
 from inference.pools import pool_engine
-from inference.prompts import PromptTooLong, prompt_assemble, system_message
+from inference.prompts import PromptTooLong, chat_messages, prompt_assemble, system_message
 from inference.router import Route
 from moderation.verdicts import Verdict
 
@@ -103,9 +103,10 @@ def _prompt_prepare(
     memory_query: Future | None = None,
 ) -> tuple[list[int], int, int, bool]:
     """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
-    history and the owner's memory). ``conversation``: its owner's long-term memory facts most
-    similar to the question go into the prompt's memory block (memory/); ``memory_query``: the
-    question's embedding, started early (:func:`memory_query_start`). Returns (token ids,
+    history and the owner's memory). ``conversation``: its owner's memory block goes into the
+    prompt (:func:`_memory`: all their facts, or for an overflow user those most like the
+    question); ``memory_query``: the question's embedding, started early
+    (:func:`amemory_query_start`). Returns (token ids,
     completion budget, context_trimmed, want_summary). Raises PromptTooLong,
     Conversation.DoesNotExist."""
     owner = conversation.owner if conversation is not None else None
@@ -145,17 +146,22 @@ def _prompt_prepare(
 
 
 def _memory(user, query: str, engine, query_vector: Future | None = None) -> str:
-    """The memory block for ``user``'s prompt answering ``query``: their stored facts most like
-    it, within settings.CHAT_MEMORY_MAX_TOKENS (memory.selectors.memory_block); "" when memory
-    is off (globally or for the user) or nothing relevant is stored. A failure to retrieve
-    (e.g. the embedding model failing) is logged and the turn goes on without memory."""
-    if not settings.CHAT_MEMORY_ENABLED or not getattr(user, "memory_enabled", True):
-        if query_vector is not None:
-            query_vector.cancel()  # started for nothing: free the embedding thread
-        return ""
-    from memory.selectors import memory_block  # noqa: PLC0415 - loads the embedding layer
+    """The memory block for ``user``'s prompt answering ``query``. By default the user's stored
+    block, the same bytes in all their conversations (memory.blocks.memory_block_current: all
+    their facts; no embedding, no search; ``query_vector`` is cancelled unused). For an
+    overflow user (facts over settings.CHAT_MEMORY_MAX_TOKENS) the facts most like ``query``
+    (memory.selectors.memory_block, with ``query_vector`` if started). "" when memory is off
+    (globally or for the user) or no fact is stored. A failure (e.g. the embedding model
+    failing) is logged and the turn goes on without memory."""
+    from memory.blocks import memory_block_current  # noqa: PLC0415 - loads the memory layer
+    from memory.selectors import memory_block, memory_enabled_for  # noqa: PLC0415
 
     try:
+        if not memory_enabled_for(user):
+            return ""
+        block = memory_block_current(user_id=user.pk)
+        if not block.overflow:
+            return block.text
         return memory_block(
             user=user, query=query, encode_tokens=lambda text: len(engine.encode_text(text)),
             query_vector=query_vector,
@@ -163,6 +169,37 @@ def _memory(user, query: str, engine, query_vector: Future | None = None) -> str
     except Exception:  # noqa: BLE001 - memory is an extra; the answer must not fail for it
         logger.exception("memory retrieval failed for user %s", user.pk)
         return ""
+    finally:
+        if query_vector is not None:
+            query_vector.cancel()  # a no-op once used; else frees the embedding thread
+
+
+def new_chat_prefix(*, user, memory: str) -> tuple[Route, list[int]]:
+    """The token ids every new chat of ``user`` starts with, and the route it takes: the
+    templated prompt through the system message of the pool's preamble, the site prompt, the
+    user's custom instructions and ``memory`` (their memory block), as a turn in a chat with no
+    prompt of its own assembles it (:func:`_prompt_prepare`). Found as the longest common
+    prefix of two such prompts that differ only in the question, so it ends where any question
+    begins, whatever the chat template. The route is the user's default (a new chat's model is
+    the tier's). Sync (reads the user's organisation); tokenizes only, never starts an engine.
+    memory/warm.py sends it to the prefix cache."""
+    route = gate.route_for(gate.caller_for(user))
+    engine = pool_engine(route.pool)
+    system_prompt = _system_prompt(route)
+
+    def prompt(question: str) -> list[int]:
+        return engine.encode_chat(
+            chat_messages(
+                system_prompt=system_prompt, memory=memory, question=question,
+                custom_instructions=getattr(user, "custom_instructions", "") or "",
+            )
+        )  # fmt: skip
+
+    first, second = prompt("1"), prompt("2")
+    shared = 0
+    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
+        shared += 1
+    return route, first[:shared]
 
 
 async def turn_plan(
@@ -182,7 +219,7 @@ async def turn_plan(
     budget, assemble the prompt, and take the rate limits for prompt + max_tokens. No engine work
     and nothing stored. ``planned``: ``question`` is not stored yet. ``memory_query``: the
     question's embedding for memory retrieval, started when the request arrived
-    (:func:`memory_query_start`); None: embedded during assembly. ``continues_text``: the text
+    (:func:`amemory_query_start`); None: embedded during assembly if retrieval needs it. ``continues_text``: the text
     of a cut-off answer being continued (Continue, issue 18): its tokens end the prompt, so the
     model goes on from them, they count towards the rate limits as prompt tokens, and the
     completion budget is what the pool's context leaves after them (at most the usual one).
@@ -230,11 +267,26 @@ def memory_query_start(text: str) -> Future | None:
     """Start embedding ``text`` (a new user message) for long-term memory retrieval now, on the
     embedding thread (memory.embeddings.embed_one_start), so its ~10 ms run while the request
     claims the conversation, loads the caller and the history; prompt assembly then only waits
-    for what is left of it (issue 7: turn TTFT with memory on within 1.1x of off). None when
-    memory is off for the service (settings.CHAT_MEMORY_ENABLED) or the text is blank; a user
-    with memory off or no facts cancels it unused (memory.selectors.memory_search)."""
+    for what is left of it. None when memory is off for the service
+    (settings.CHAT_MEMORY_ENABLED) or the text is blank; a turn that does not retrieve cancels
+    it unused (:func:`_memory`)."""
     if not settings.CHAT_MEMORY_ENABLED or not text.strip():
         return None
     from memory.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
 
     return embed_one_start(text)
+
+
+async def amemory_query_start(text: str, *, user_id) -> Future | None:
+    """:func:`memory_query_start` for a message of user ``user_id``, only when their turn may
+    retrieve (issue 19: query-time retrieval is for overflow users, started as the request
+    arrives, overlapped with admission): not when their stored memory block is current and
+    within budget (memory.blocks.amemory_block_needs_query, one primary-key read), which is the
+    common case and then embeds nothing."""
+    if not settings.CHAT_MEMORY_ENABLED or not text.strip():
+        return None
+    from memory.blocks import amemory_block_needs_query  # noqa: PLC0415 - loads the memory layer
+
+    if not await amemory_block_needs_query(user_id=user_id):
+        return None
+    return memory_query_start(text)

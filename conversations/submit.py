@@ -17,7 +17,7 @@ from conversations import cache, selectors, services
 from conversations.generate import generation_start
 from conversations.locks import conversation_claim
 from conversations.models import Turn
-from conversations.plan import ContentBlocked, memory_query_start, turn_plan
+from conversations.plan import ContentBlocked, amemory_query_start, turn_plan
 from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
 from gateway import gate, run
@@ -55,8 +55,9 @@ async def turn_submit(
     conversation_id = conversation.conversation_id
     answer_id = uuid.uuid4()
     text = services.message_clean(content)
-    # Memory retrieval's query embedding starts now, beside the claim, caller and history reads.
-    memory_query = memory_query_start(text)
+    # An overflow user's memory retrieval embeds the message now, beside the claim, caller and
+    # history reads (everyone else's memory block is stored: nothing to embed).
+    memory_query = await amemory_query_start(text, user_id=conversation.owner_id)
     caller = await gate.acaller_of(conversation, caller)
     async with conversation_claim(conversation_id, answer_id):
         # Where it goes in the turn tree: after the branch shown, or beside the message it edits.

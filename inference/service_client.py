@@ -78,3 +78,36 @@ def chat_complete(
         return response.json()["choices"][0]["message"]["content"] or ""
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise ServiceCallError(f"the model endpoint sent no completion: {response.text[:500]}") from exc
+
+
+def prompt_complete(prompt_ids: Sequence[int], *, max_tokens: int, model: str | None = None) -> dict:
+    """One non-streamed text completion of the token ids ``prompt_ids`` (``/v1/completions``,
+    used as-is: no chat template) by ``model`` (a pool name; default ``settings.CHAT_MODEL_NAME``),
+    greedy, at most ``max_tokens`` tokens; returns the answer's OpenAI ``usage`` object
+    (``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``).
+
+    For jobs that want the engine's state rather than text: a ``max_tokens=1`` request puts
+    the prompt's KV blocks into the prefix cache (memory/warm.py). Background priority and no
+    rate limits, as for :func:`chat_complete`. Raises ServiceCallError as it does."""
+    body = {
+        "model": model or settings.CHAT_MODEL_NAME,
+        "prompt": list(prompt_ids),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": False,
+    }
+    try:
+        with http_client() as client:
+            response = client.post("/v1/completions", json=body)
+    except httpx.HTTPError as exc:
+        raise ServiceCallError(
+            f"the model endpoint {settings.CHAT_INTERNAL_API_URL} is unreachable: {exc}"
+        ) from exc
+    if response.status_code != 200:
+        raise ServiceCallError(
+            f"the model endpoint answered {response.status_code}: {response.text[:500]}"
+        )
+    try:
+        return dict(response.json()["usage"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ServiceCallError(f"the model endpoint sent no usage: {response.text[:500]}") from exc

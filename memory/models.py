@@ -58,6 +58,40 @@ class UserMemory(models.Model):
         return f"{self.user_id}: {self.text[:60]}"
 
 
+class MemoryBlock(models.Model):
+    """A user's memory block as it goes into every one of their conversations' instructions
+    (DESIGN.md, "Memory in the prompt"; issue 19 part 3): all their facts, sanitised, oldest
+    first, one ``- fact`` line each (memory/blocks.py builds it).
+
+    ``version`` is bumped in the same transaction as every change of the user's facts or of
+    their memory switch (memory/services.py); ``built_version`` is the version ``text`` was
+    built from, so the block is current when they are equal (and ``budget`` is today's
+    ``CHAT_MEMORY_MAX_TOKENS``). ``token_count``: the block's tokens as counted when built.
+    ``overflow``: the facts did not fit the budget; ``text`` is then empty and turns retrieve
+    the facts most like each message instead (memory.selectors.memory_block).
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="memory_block",
+    )
+    version = models.BigIntegerField(default=0)
+    built_version = models.BigIntegerField(default=-1)
+    text = models.TextField(blank=True, default="")
+    token_count = models.PositiveIntegerField(default=0)
+    budget = models.PositiveIntegerField(default=0)  # CHAT_MEMORY_MAX_TOKENS when built (tokens)
+    overflow = models.BooleanField(default=False)
+    built_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "memory_block"
+
+    def __str__(self) -> str:
+        return f"memory block of {self.user_id} (version {self.built_version} of {self.version})"
+
+
 # The extraction marker (memory/extraction_models.py) is a model of this app too: imported here so
 # Django registers it with the app (flushes, admin, checks see its table).
 from memory.extraction_models import ExtractionMarker  # noqa: E402, F401

@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 
+from memory.blocks import memory_block_touch
 from memory.embeddings import embed
 from memory.models import UserMemory
 from memory.selectors import (  # noqa: F401 - re-exported
@@ -65,7 +66,8 @@ def memory_add(
     Raises ValidationError (nothing stored) for a bad text or source, or when the user would
     have more than ``CHAT_MEMORY_MAX_FACTS_PER_USER`` facts. Embeds before taking the lock (one
     batch on the CPU, ~5-15 ms per text); the check and insert run under a per-user advisory
-    transaction lock.
+    transaction lock. Storing any fact queues the user's memory block rebuild after commit
+    (memory/blocks.py).
     """
     if source not in SOURCES:
         raise ValidationError(f"Unknown source {source!r}.", code="invalid")
@@ -100,24 +102,32 @@ def memory_add(
                 f"You can keep at most {cap} facts; you have {existing}. Delete some first.",
                 code="too_many",
             )
-        return UserMemory.objects.bulk_create(kept)
+        stored = UserMemory.objects.bulk_create(kept)
+        memory_block_touch(user_id=user.pk)
+        return stored
 
 
 @transaction.atomic
 def memory_remove(*, user, fact_ids: list[UUID]) -> int:
     """Delete the user's facts among ``fact_ids`` (ids of other users' facts, or unknown ones,
-    are ignored); returns how many were deleted. They stop being retrieved at once (retrieval
-    reads the table on every turn; nothing is cached)."""
+    are ignored); returns how many were deleted. They are gone from the very next turn: the
+    stored memory block is stale from this commit, and turns build a stale block inline until
+    its rebuild (queued after commit) lands (memory/blocks.py)."""
     if not fact_ids:
         return 0
     deleted, _ = UserMemory.objects.filter(user=user, fact_id__in=list(fact_ids)).delete()
+    if deleted:
+        memory_block_touch(user_id=user.pk)
     return deleted
 
 
 @transaction.atomic
 def memory_clear(*, user) -> int:
-    """Delete all of the user's facts; returns how many."""
+    """Delete all of the user's facts; returns how many (gone from the next turn, as for
+    :func:`memory_remove`)."""
     deleted, _ = UserMemory.objects.filter(user=user).delete()
+    if deleted:
+        memory_block_touch(user_id=user.pk)
     return deleted
 
 
@@ -125,6 +135,8 @@ def memory_clear(*, user) -> int:
 def memory_set_enabled(*, user, enabled: bool) -> None:
     """Switch the user's memory on or off (``User.memory_enabled``). Off: nothing is extracted
     from their conversations and nothing is retrieved into their prompts; stored facts are kept
-    (and listed) until deleted."""
+    (and listed) until deleted. Queues the memory block's rebuild (switched on, its prefix is
+    warmed into the engine's cache again)."""
     user.memory_enabled = bool(enabled)
     get_user_model().objects.filter(pk=user.pk).update(memory_enabled=user.memory_enabled)
+    memory_block_touch(user_id=user.pk)

@@ -1,4 +1,4 @@
-"""Celery tasks of long-term memory (memory/extraction.py): thin wrappers.
+"""Celery tasks of long-term memory (memory/extraction.py, memory/blocks.py): thin wrappers.
 
 Beat entry (chatsite/settings/base.py)::
 
@@ -15,7 +15,8 @@ from uuid import UUID
 from celery import shared_task
 from django.db import DatabaseError, InterfaceError
 
-from memory import extraction
+from inference.service_client import ServiceCallError
+from memory import blocks, extraction, warm
 
 logger = logging.getLogger(__name__)
 
@@ -41,3 +42,31 @@ def memory_sweep() -> int:
     """Celery beat, every ``CHAT_MEMORY_SWEEP_S``: :func:`memory.extraction.memory_sweep` now;
     returns how many extractions it queued."""
     return len(extraction.memory_sweep())
+
+
+@shared_task(
+    name="memory.memory_block_rebuild",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(DatabaseError, InterfaceError),
+    retry_backoff=5,
+    max_retries=3,
+)
+def memory_block_rebuild(user_id: str) -> dict:
+    """Celery: :func:`memory.blocks.memory_block_rebuild` for user ``user_id`` (a primary key
+    as a string), then, when it rebuilt, :func:`memory.warm.memory_block_warm`; returns
+    ``{"status": "gone" | "current" | "rebuilt", "warmed_tokens"}``. Queued after commit by
+    every change of the user's facts (memory.blocks.memory_block_touch); safe to deliver more
+    than once or late (a rebuild of a current block does nothing). A failed warm-up is logged:
+    the block is stored, and only the prefix cache misses it."""
+    rebuilt = blocks.memory_block_rebuild(user_id=int(user_id))
+    if rebuilt is None:
+        return {"status": "gone", "warmed_tokens": 0}
+    if not rebuilt[1]:
+        return {"status": "current", "warmed_tokens": 0}
+    try:
+        warmed = warm.memory_block_warm(user_id=int(user_id))
+    except ServiceCallError as exc:
+        logger.warning("memory block warm-up for user %s failed: %s", user_id, exc)
+        warmed = 0
+    return {"status": "rebuilt", "warmed_tokens": warmed}

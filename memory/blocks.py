@@ -1,0 +1,177 @@
+"""The per-user memory block: every fact of a user in every one of their conversations'
+instructions, rebuilt in the background when the facts change (issue 19 part 3).
+
+ChatGPT puts a user's saved memories into each conversation's instructions instead of searching
+per message; so does this product by default. The block is the same bytes in all of a user's
+conversations and stands where DESIGN.md's prompt order puts it (inference/prompts.py
+``system_message``: preamble, site prompt, custom instructions, *memory*, the conversation's
+prompt), so the prefix cache holds it for every new chat of theirs and a turn spends nothing on
+memory: no query embedding, no vector search.
+
+- **Built** (:func:`memory_block_build`): the user's facts oldest first, each sanitised
+  (memory.selectors.memory_fact_sanitise) on a ``- fact`` line. When the whole block is over
+  ``CHAT_MEMORY_MAX_TOKENS`` (counted with the model's tokenizer where there is one) the user
+  is an *overflow* user: the block is empty and each turn retrieves the facts most like its
+  message (pgvector top-k, memory.selectors.memory_block), embedding the message as the request
+  arrives, beside admission (conversations/plan.py).
+- **Versioned** (:func:`memory_block_touch`): every write of a user's facts or memory switch
+  bumps ``MemoryBlock.version`` in its own transaction and queues a rebuild after commit.
+- **Rebuilt** (:func:`memory_block_rebuild`, Celery ``memory.memory_block_rebuild``): under the
+  row's lock it reads the version, then the facts, and stores the text with that version.
+  Race-safe: a writer's bump waits for a running rebuild's lock (and queues another rebuild),
+  and a rebuild waits for a writer's commit, so the stored text is never older than the version
+  it carries; a late or repeated rebuild rebuilds from what is current, or does nothing.
+- **Read by a turn** (:func:`memory_block_current`): the stored block when it is current;
+  otherwise (a change not rebuilt yet, or no row) built inline from the facts (one query, no
+  embedding), so a deleted fact is gone from the very next turn.
+- **Warmed** (memory/warm.py): after each rebuild, a 1-token request at
+  background priority puts the new prefix into the engine's prefix cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from memory.models import MemoryBlock, UserMemory
+from memory.selectors import memory_fact_sanitise
+
+logger = logging.getLogger(__name__)
+
+# Creates the row at version 1 (built_version -1: not built), or bumps an existing row's version.
+_TOUCH_SQL = """
+INSERT INTO memory_block (user_id, version, built_version, text, token_count, budget, overflow)
+VALUES (%s, 1, -1, '', 0, 0, false)
+ON CONFLICT (user_id) DO UPDATE SET version = memory_block.version + 1
+"""
+_ENSURE_SQL = """
+INSERT INTO memory_block (user_id, version, built_version, text, token_count, budget, overflow)
+VALUES (%s, 0, -1, '', 0, 0, false)
+ON CONFLICT (user_id) DO NOTHING
+"""
+
+
+@dataclass(frozen=True)
+class BuiltBlock:
+    """A memory block: ``text`` (``- fact`` lines, oldest first; "" for overflow or no facts),
+    ``token_count`` (of all the facts' lines, tokens), ``overflow`` (over ``budget`` tokens:
+    turns retrieve instead), ``budget`` (tokens, the ``CHAT_MEMORY_MAX_TOKENS`` it was built
+    under)."""
+
+    text: str
+    token_count: int
+    overflow: bool
+    budget: int
+
+
+def block_tokens(text: str) -> int:
+    """Tokens of ``text`` by the process's model tokenizer (inference.engine.get_engine's
+    ``encode_text``: loads the tokenizer only, never starts an engine), the same in the server
+    and a Celery worker; ~4 characters a token where no tokenizer can be loaded."""
+    if not text:
+        return 0
+    from inference.engine import get_engine  # noqa: PLC0415 - settings are read at use
+
+    try:
+        return len(get_engine().encode_text(text))
+    except Exception:  # noqa: BLE001 - no model folder here (a gateway without an engine)
+        return -(-len(text) // 4)
+
+
+def memory_block_build(
+    *, user_id, count_tokens: Callable[[str], int] | None = None, budget: int | None = None
+) -> BuiltBlock:
+    """The memory block of user ``user_id`` from their facts as stored now (one query; no
+    embedding): each fact sanitised on a ``- fact`` line, oldest first (created_at, then
+    fact_id: a total order, so the same facts always give the same bytes), joined by newlines.
+    ``count_tokens`` (text -> tokens; default :func:`block_tokens`) counts the whole block;
+    over ``budget`` (default ``CHAT_MEMORY_MAX_TOKENS``) it is an overflow block (empty text).
+    Whether memory is on for the user is not looked at here: turns check it themselves."""
+    budget = settings.CHAT_MEMORY_MAX_TOKENS if budget is None else budget
+    texts = (
+        UserMemory.objects.filter(user_id=user_id)
+        .order_by("created_at", "fact_id")
+        .values_list("text", flat=True)
+    )
+    lines = [f"- {clean}" for clean in map(memory_fact_sanitise, texts) if clean]
+    text = "\n".join(lines)
+    tokens = (count_tokens or block_tokens)(text) if text else 0
+    if tokens > budget:
+        return BuiltBlock(text="", token_count=tokens, overflow=True, budget=budget)
+    return BuiltBlock(text=text, token_count=tokens, overflow=False, budget=budget)
+
+
+def memory_block_touch(*, user_id) -> None:
+    """Record that user ``user_id``'s facts (or memory switch) changed: bump their block's
+    version in the caller's transaction and queue ``memory.memory_block_rebuild`` after it
+    commits (never if it rolls back, PF-J2). Call inside the writing transaction."""
+    from memory.tasks import memory_block_rebuild as rebuild_task  # noqa: PLC0415 - tasks import this
+
+    with connection.cursor() as cursor:
+        cursor.execute(_TOUCH_SQL, [user_id])
+    transaction.on_commit(lambda: rebuild_task.delay(str(user_id)))
+
+
+@transaction.atomic
+def memory_block_rebuild(*, user_id, count_tokens: Callable[[str], int] | None = None) -> tuple[MemoryBlock, bool] | None:
+    """Bring user ``user_id``'s stored block up to date; returns (the row, whether it was
+    rebuilt), or None when the user no longer exists. Idempotent: a block already built from
+    the current version under today's budget is left as it is, ``(row, False)``.
+
+    Holds the row's lock (SELECT ... FOR UPDATE) from reading the version to writing the text,
+    so it serialises with writers' :func:`memory_block_touch` (module docstring: race-safe)."""
+    from django.contrib.auth import get_user_model  # noqa: PLC0415
+
+    if not get_user_model().objects.filter(pk=user_id).exists():
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_ENSURE_SQL, [user_id])
+    block = MemoryBlock.objects.select_for_update().get(user_id=user_id)
+    budget = settings.CHAT_MEMORY_MAX_TOKENS
+    if block.built_version == block.version and block.budget == budget:
+        return block, False
+    built = memory_block_build(user_id=user_id, count_tokens=count_tokens, budget=budget)
+    block.text, block.token_count, block.overflow = built.text, built.token_count, built.overflow
+    block.budget, block.built_version, block.built_at = budget, block.version, timezone.now()
+    block.save(update_fields=["text", "token_count", "overflow", "budget", "built_version", "built_at"])
+    return block, True
+
+
+def _is_current(block: MemoryBlock | None) -> bool:
+    return (
+        block is not None
+        and block.built_version == block.version
+        and block.budget == settings.CHAT_MEMORY_MAX_TOKENS
+    )
+
+
+def memory_block_current(*, user_id) -> BuiltBlock:
+    """The memory block a turn of user ``user_id`` uses now: the stored one when it is current
+    (one primary-key read), else built inline from the facts (:func:`memory_block_build`, one
+    more query), so a change not yet rebuilt - a deleted fact - shows from the very next turn.
+    A user with no row yet (facts stored before blocks existed, or none ever) gets it built and
+    stored now (:func:`memory_block_rebuild`), once, so their later turns read it and skip the
+    query embedding. Does not check whether memory is on (the caller does)."""
+    block = MemoryBlock.objects.filter(user_id=user_id).first()
+    if block is None:
+        rebuilt = memory_block_rebuild(user_id=user_id)
+        block = rebuilt[0] if rebuilt is not None else None
+    if _is_current(block):
+        return BuiltBlock(
+            text=block.text, token_count=block.token_count, overflow=block.overflow, budget=block.budget
+        )
+    return memory_block_build(user_id=user_id)
+
+
+async def amemory_block_needs_query(*, user_id) -> bool:
+    """Whether a turn of user ``user_id`` may need query-time retrieval (so its message's
+    embedding should start as the request arrives): False only when their stored block is
+    current and not overflow - the common case, which then embeds nothing. One primary-key
+    read."""
+    block = await MemoryBlock.objects.filter(user_id=user_id).afirst()
+    return not _is_current(block) or block.overflow
