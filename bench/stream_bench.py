@@ -23,7 +23,15 @@ the engine is never asked for anything; every byte of these streams comes from R
    and fds, Redis ``connected_clients`` and PostgreSQL backends are sampled along the way.
 3. End: one ``done`` event per turn; every held stream should deliver it and end cleanly.
 
-If the requested N misses, smaller N are tried, each on a fresh daphne (``--no-fallback``: don't).
+4. Stalled clients (bench/stream_stall.py): S clients POST a turn with a long scripted answer and
+   stop reading, R others read theirs; the server's RSS per stream and per stalled client, and
+   whether each stalled client, reading again, gets every event once and in order.
+
+Every phase runs on each server of ``--servers`` in turn (default ``daphne,uvicorn``: the
+product's daphne with write backpressure, chatsite/serve.py, and uvicorn with its own flow
+control), each fresh, and a table compares them (ratios to the first).
+
+If the requested N misses, smaller N are tried, each on a fresh server (``--no-fallback``: don't).
 Results: stdout and ``var/bench/stream_bench.json``; daphne's log:
 ``var/bench/stream_bench_daphne.log``.
 

@@ -173,6 +173,7 @@ async def stall_phase(args, fixture: Fixture, server: Daphne, log) -> dict:
             errors[client.error] = errors.get(client.error, 0) + 1
     peak = max(peaks, default=held)
     complete = [c for c in stalled if c.ids == expected]
+    mismatch = next((c for c in stalled if c.ids != expected and c.error is None), None)
     return {
         "server": server.kind,
         "stalled": s,
@@ -190,9 +191,21 @@ async def stall_phase(args, fixture: Fixture, server: Daphne, log) -> dict:
         "reader_answer_s": dist([c.t_done - c.t_send for c in readers if c.t_done], 1, 2),
         "readers_done": sum(c.got_done for c in readers),
         "stalled_complete_after_drain": len(complete),
+        "first_mismatch": _describe(mismatch.ids, expected) if mismatch else None,
         "phase_s": rnd(now() - t0),
         "errors": errors,
     }
+
+
+def _describe(ids: list[int], expected: list[int]) -> str:
+    """Where ``ids`` first differs from ``expected`` (for the report)."""
+    at = next(
+        (i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), min(len(ids), len(expected))
+    )
+    return (
+        f"{len(ids)} events of {len(expected)}; first difference at position {at}: "
+        f"got {ids[at : at + 3]}, expected {expected[at : at + 3]}"
+    )
 
 
 def print_stall(res: dict, log) -> None:
@@ -208,6 +221,8 @@ def print_stall(res: dict, log) -> None:
         f"{ra['p50']}/{ra['p99']} s")  # fmt: skip
     log(f"  stalled clients that got every event once, in order, after reading again: "
         f"{res['stalled_complete_after_drain']}/{res['stalled']}")  # fmt: skip
+    if res["first_mismatch"]:
+        log(f"  first stalled client that did not: {res['first_mismatch']}")
     if res["errors"]:
         log(f"  errors {json.dumps(res['errors'])}")
 
