@@ -23,7 +23,15 @@ the engine is never asked for anything; every byte of these streams comes from R
    and fds, Redis ``connected_clients`` and PostgreSQL backends are sampled along the way.
 3. End: one ``done`` event per turn; every held stream should deliver it and end cleanly.
 
-If the requested N misses, smaller N are tried, each on a fresh daphne (``--no-fallback``: don't).
+4. Stalled clients (bench/stream_stall.py): S clients POST a turn with a long scripted answer and
+   stop reading, R others read theirs; the server's RSS per stream and per stalled client, and
+   whether each stalled client, reading again, gets every event once and in order.
+
+Every phase runs on each server of ``--servers`` in turn (default ``daphne,uvicorn``: the
+product's daphne with write backpressure, chatsite/serve.py, and uvicorn with its own flow
+control), each fresh, and a table compares them (ratios to the first).
+
+If the requested N misses, smaller N are tried, each on a fresh server (``--no-fallback``: don't).
 Results: stdout and ``var/bench/stream_bench.json``; daphne's log:
 ``var/bench/stream_bench_daphne.log``.
 
@@ -44,7 +52,8 @@ import time
 
 from bench.harness import HOST, VAR
 from bench.stream_phases import capacity_trial, latency_phase, rnd
-from bench.stream_setup import ENGINE_CLASS, Daphne, Fixture, sample
+from bench.stream_setup import ENGINE_CLASS, SERVERS, Daphne, Fixture, sample
+from bench.stream_stall import print_stall, run_stall, stall_env
 
 OUT_DIR = VAR / "bench"
 ENGINE_NOTE = f"{ENGINE_CLASS} (not involved: these streams are read from Redis only)"
@@ -181,6 +190,32 @@ def diagnose(trials: list[dict], env: dict) -> list[str]:
     return out
 
 
+def compare(servers: dict[str, dict], log) -> dict:
+    """One row per server: streams held, resume latency p50, memory per stream and per stalled
+    client, each with its ratio to the first server's (daphne's by default)."""
+    rows: dict[str, dict] = {}
+    for kind, found in servers.items():
+        stall, main = found["stall"], found["main"]
+        rows[kind] = {
+            "streams_held": found["largest_n_passing"] or 0,
+            "resume_p50_ms": found["latency"]["resume_first_token_ms"]["p50"],
+            "kib_per_open_stream": main["kib_per_open_stream_end_of_hold"],
+            "kib_per_stream_at_stall_peak": stall.get("kib_per_stream_at_peak"),
+            "kib_per_stalled_client": stall.get("kib_per_stalled_client"),
+        }
+    base = next(iter(rows.values()))
+    log("")
+    log("-- servers compared (ratio: server / " + next(iter(rows)) + ")")
+    for kind, row in rows.items():
+        cells = []
+        for name, value in row.items():
+            ref = base[name]
+            ratio = f" ({value / ref:.2f}x)" if value is not None and ref else ""
+            cells.append(f"{name} {value}{ratio}")
+        log(f"  {kind:<13}" + "; ".join(cells))
+    return rows
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -234,6 +269,13 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--resumes", type=int, default=50, help="sequential resumes timed (M)")
     parser.add_argument("--keepalive", type=float, default=2, help="daphne's CHAT_SSE_KEEPALIVE_S")
     parser.add_argument("--no-fallback", action="store_true", help="no smaller N after a miss")
+    parser.add_argument("--servers", default="daphne,uvicorn",
+                        help=f"ASGI servers measured in turn, comma-separated ({', '.join(SERVERS)})")
+    parser.add_argument("--stalled", type=int, default=40, help="stalled clients S")
+    parser.add_argument("--readers", type=int, default=40, help="reading clients R beside them")
+    parser.add_argument("--stall-deltas", type=int, default=1000,
+                        help="deltas of the stalled phase's answer (<= 1023)")
+    parser.add_argument("--stall-chars", type=int, default=1000, help="characters per delta")
     return parser.parse_args(argv)
 
 
@@ -264,46 +306,59 @@ def main(argv: list[str] | None = None) -> int:
         f"{env['pg_max_connections']}; CONN_MAX_AGE {env['db_conn_max_age']}; "
         f"CHAT_SSE_KEEPALIVE_S={args.keepalive:g}"
     )
-    results: dict = {"env": env, "args": vars(args), "trials": []}
+    results: dict = {"env": env, "args": vars(args), "trials": [], "servers": {}}
     log_path = OUT_DIR / "stream_bench_daphne.log"
     with contextlib.suppress(FileNotFoundError):
         log_path.unlink()
-    daphne = Daphne(args.keepalive, log_path)
+    extra_env = stall_env(args.stall_deltas, args.stall_chars)
+    servers: list[Daphne] = []
 
     def trial(n: int, server: Daphne) -> dict:
         log("")
         log(
-            f"-- capacity: {n} concurrent resume streams over {min(args.turns, n)} turns, "
-            f"{args.batch} per ramp step, hold {args.hold:g} s (daphne pid {server.proc.pid})"
+            f"-- capacity ({server.kind}): {n} concurrent resume streams over "
+            f"{min(args.turns, n)} turns, {args.batch} per ramp step, hold {args.hold:g} s "
+            f"(pid {server.proc.pid})"
         )
         res = asyncio.run(capacity_trial(args, n, fixture, server, log))
+        res["server"] = server.kind
         res["daphne_log"] = server.log_findings()
         print_trial(res, log)
         results["trials"].append(res)
         return res
 
-    try:
-        boot = daphne.start()
-        log(f"daphne pid {daphne.proc.pid} on {HOST}:{daphne.port}, ready in {boot:.1f} s")
+    def measure(kind: str) -> dict:
+        """Every phase on a fresh ``kind`` server; smaller N on fresh ones after a miss."""
+        t_server = now()
+        server = Daphne(args.keepalive, log_path, kind, extra_env)
+        servers.append(server)
+        boot = server.start()
+        log("")
+        log(f"==== {kind}: pid {server.proc.pid} on {HOST}:{server.port}, ready in {boot:.1f} s")
 
         # Phase 1: latency.
         turn = fixture.inflight_turn(fixture.conversations(1)[0], LATENCY_EVENTS)
-        lat = asyncio.run(latency_phase(daphne.port, fixture.key, turn, args.resumes))
-        results["latency"] = lat
+        lat = asyncio.run(latency_phase(server.port, fixture.key, turn, args.resumes))
         r, o = lat["resume_first_token_ms"], lat["openapi_ttfb_ms"]
-        log("")
-        log(f"-- latency: {args.resumes} sequential resumes (Last-Event-ID: 1, 5-event turn)")
+        log(f"-- latency ({kind}): {args.resumes} sequential resumes (Last-Event-ID: 1, 5-event turn)")
         log(f"  resume -> first token      p50 {r['p50']} ms, p99 {r['p99']} ms, max {r['max']} ms")
         log(f"  GET /v1/openapi.json TTFB  p50 {o['p50']} ms, p99 {o['p99']} ms")
         log(f"  ratio (p50 resume/openapi) {lat['ratio_resume_p50_over_openapi_p50']}x")
 
-        # Phases 2 and 3 at the requested N, on the same daphne.
-        main_res = trial(args.streams, daphne)
-        log(f"  daphne stopped: {daphne.stop()}")
+        # Phase 4 first (the capacity trial's thousands of streams would blur its RSS).
+        log("")
+        log(f"-- stalled clients ({kind})")
+        stall = asyncio.run(run_stall(args, fixture, server, log))
+        if "failed" not in stall:
+            print_stall(stall, log)
 
-        # Fallback: smaller N, each on a fresh daphne, to find where it breaks (time-boxed).
+        # Phases 2 and 3 at the requested N, on the same server.
+        main_res = trial(args.streams, server)
+        log(f"  {kind} stopped: {server.stop()}")
+
+        # Fallback: smaller N, each on a fresh server, to find where it breaks (time-boxed).
         # Free PostgreSQL slots now (the server may be shared with other processes), less a margin.
-        others = sample(daphne, rclient)["pg_backends_all"] or 0
+        others = sample(server, rclient)["pg_backends_all"] or 0
         pg_cap = max(10, env["pg_max_connections"] - others - 10)
 
         # One pooled Redis connection per open stream, too.
@@ -320,34 +375,46 @@ def main(argv: list[str] | None = None) -> int:
 
         largest_ok = args.streams if main_res["pass"] else None
         queue = [] if main_res["pass"] or args.no_fallback else next_tries(main_res, args.streams)
-        while queue and now() - t_start < FALLBACK_BUDGET_S:
+        while queue and now() - t_server < FALLBACK_BUDGET_S:
             n = queue.pop(0)
-            server = Daphne(args.keepalive, log_path)
-            server.start()
-            res = trial(n, server)
-            log(f"  daphne stopped: {server.stop()}")
+            fallback = Daphne(args.keepalive, log_path, kind, extra_env)
+            servers.append(fallback)
+            fallback.start()
+            res = trial(n, fallback)
+            log(f"  {kind} stopped: {fallback.stop()}")
             if res["pass"]:
                 largest_ok = max(largest_ok or 0, n)
             else:
                 queue = sorted({c for c in next_tries(res, n) + queue if c < n})
-        results["largest_n_passing"] = largest_ok
+        return {"latency": lat, "stall": stall, "main": main_res, "largest_n_passing": largest_ok}
+
+    try:
+        for kind in args.servers.split(","):
+            results["servers"][kind] = measure(kind)
+        first = results["servers"][args.servers.split(",")[0]]
+        results["latency"] = first["latency"]  # inference/capacity.py and older readers
+        results["largest_n_passing"] = first["largest_n_passing"]
+        main_res = first["main"]
 
         results["diagnosis"] = diagnose(results["trials"], env)
         log("")
         log("-- diagnosis")
         for line in results["diagnosis"] or ["(nothing abnormal found)"]:
             log(f"  - {line}")
+        results["comparison"] = compare(results["servers"], log)
         verdict = "PASS" if main_res["pass"] and args.streams >= TARGET_STREAMS else "MISS"
         results["target"] = {"streams": TARGET_STREAMS, "verdict": verdict}
         log("")
-        tail = "" if main_res["pass"] else f"  (largest N that passed: {largest_ok or 'none'})"
-        log(f">= {TARGET_STREAMS} concurrent streams held: {verdict}{tail}")
+        largest = results["largest_n_passing"]
+        tail = "" if main_res["pass"] else f"  (largest N that passed: {largest or 'none'})"
+        log(f">= {TARGET_STREAMS} concurrent streams held ({args.servers.split(',')[0]}): "
+            f"{verdict}{tail}")  # fmt: skip
     finally:
-        stopped = daphne.stop()
+        stopped = "; ".join(f"{x.kind} {x.stop()}" for x in servers)
         fixture.cleanup()
         results["wall_s"] = rnd(now() - t_start)
         log(
-            f"(daphne: {stopped}; bench Redis keys and user removed; wall {results['wall_s']} s; "
+            f"(servers: {stopped}; bench Redis keys and user removed; wall {results['wall_s']} s; "
             f"results: {OUT_DIR / 'stream_bench.json'})"
         )
         results["output"] = lines

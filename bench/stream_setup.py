@@ -1,6 +1,6 @@
 """bench/stream_bench.py's setup: the Django objects and the Redis turn logs exactly as
-``conversations.turnlog.TurnLogWriter`` writes them (:class:`Fixture`), the daphne under test
-(:class:`Daphne`), and samples of it, Redis and PostgreSQL (:func:`sample`)."""
+``conversations.turnlog.TurnLogWriter`` writes them (:class:`Fixture`), the server under test
+(:class:`Daphne`: daphne, or uvicorn for the comparison), and samples of it, Redis and PostgreSQL (:func:`sample`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import contextlib
 import json
 import os
 import re
+import sys
 import time
 import uuid
 from pathlib import Path
 
-from bench.harness import Spawned, daphne_argv, free_port
+from bench.harness import HOST, Spawned, daphne_argv, free_port
 
 ENGINE_CLASS = "tests.fakes.ScriptedEngine"
 
@@ -98,17 +99,41 @@ LOG_PATTERNS = {
 }
 
 
-class Daphne(Spawned):
-    """One daphne (``python -m chatsite.serve chatsite.asgi:application``) with
-    ``CHAT_SSE_KEEPALIVE_S`` = ``keepalive_s`` and the scripted engine, appending to
-    ``log_path``; its PostgreSQL backends are told apart by ``PGAPPNAME`` = :attr:`app_name`."""
+SERVERS = ("daphne", "uvicorn", "daphne-plain")
 
-    def __init__(self, keepalive_s: float, log_path: Path):
+
+def server_argv(kind: str, port: int, app: str = "chatsite.asgi:application") -> list[str]:
+    """The command line of ASGI server ``kind`` on 127.0.0.1:``port``: ``daphne`` (the
+    product's: daphne with chatsite/serve.py's write backpressure), ``uvicorn`` (its own write
+    flow control; uvloop and httptools when installed, no lifespan, no access log) or
+    ``daphne-plain`` (stock daphne, no backpressure: the reference for a stalled client)."""
+    if kind == "daphne":
+        return daphne_argv(port=port, app=app)
+    if kind == "uvicorn":
+        return [sys.executable, "-m", "uvicorn", "--host", HOST, "--port", str(port),
+                "--lifespan", "off", "--no-access-log", "--timeout-graceful-shutdown", "5",
+                app]  # fmt: skip
+    if kind == "daphne-plain":
+        return [sys.executable, "-m", "daphne", "-b", HOST, "-p", str(port), app]
+    raise ValueError(f"unknown server {kind!r} (one of {', '.join(SERVERS)})")
+
+
+class Daphne(Spawned):
+    """One ASGI server process (``kind``: :func:`server_argv`; daphne unless said) with
+    ``CHAT_SSE_KEEPALIVE_S`` = ``keepalive_s`` and the scripted engine, appending to
+    ``log_path``; its PostgreSQL backends are told apart by ``PGAPPNAME`` = :attr:`app_name`.
+    ``extra_env``: more settings (the stalled-client phase's long answer)."""
+
+    def __init__(
+        self, keepalive_s: float, log_path: Path, kind: str = "daphne", extra_env: dict | None = None
+    ):
         port = free_port()
-        super().__init__("daphne", daphne_argv(port=port), port=port, log_path=log_path,
+        super().__init__(kind, server_argv(kind, port), port=port, log_path=log_path,
                          append=True)  # fmt: skip
+        self.kind = kind
+        self.extra_env = extra_env or {}
         self.keepalive_s = keepalive_s
-        self.app_name = f"stream-bench-daphne-{port}"
+        self.app_name = f"stream-bench-{kind}-{port}"
 
     def start(self) -> float:
         """Start daphne; return the seconds until ``/v1/openapi.json`` answered 200."""
@@ -125,6 +150,7 @@ class Daphne(Spawned):
             # The scripted engine has no batch limit: admit every stream at once.
             CHAT_MAX_NUM_SEQS="100000",
         )
+        env.update(self.extra_env)
         self.env = env
         super().start()  # inherits the raised RLIMIT_NOFILE
         return self.wait_ready("/v1/openapi.json", 90, poll_s=0.2)

@@ -16,6 +16,9 @@ counters:
   limiter could not reach Redis (core/redis_guard.py ``rate_limit_fail_open``).
 - ``chat_idempotency_local_total``: Idempotency-Key records kept in this process only, because
   Redis was unavailable (api/idempotency.py).
+- ``chat_stream_events_unbounded_total``: turn-stream events kept in this process's memory
+  beyond ``CHAT_STREAM_MEMORY_EVENTS`` because the turn's Redis log could not take them
+  (conversations/turnstream.py: no reader may lose an event, so the window stops shrinking).
 
 Serving (issue 5; recorded by inference/serving.py ``pool_generate`` unless said otherwise):
 
@@ -89,6 +92,11 @@ RATE_LIMIT_FAIL_OPEN = Counter(
 IDEMPOTENCY_LOCAL = Counter(
     "chat_idempotency_local",
     "Idempotency-Key records kept only in this process because Redis was unavailable.",
+)
+STREAM_EVENTS_UNBOUNDED = Counter(
+    "chat_stream_events_unbounded",
+    "Turn-stream events held in memory past CHAT_STREAM_MEMORY_EVENTS because the turn's Redis "
+    "log was unavailable.",
 )
 
 # --- serving (issue 5) ---------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from uuid import UUID
 
 import redis.asyncio as aioredis
@@ -263,11 +263,17 @@ class TurnLogWriter:
         conversation_id: UUID,
         ttl_s: float | None = None,
         linger_s: float | None = None,
+        on_mirrored: Callable[[int], None] | None = None,
     ):
         """``ttl_s``: expiry of the turn's keys (default ``settings.CHAT_STREAM_TTL_S``);
         ``linger_s``: if set, they expire this many seconds after the turn ends instead
-        (zero-retention turns: conversations/retention.py)."""
+        (zero-retention turns: conversations/retention.py); ``on_mirrored(event_id)``: called
+        after each event is in Redis (the in-process window may then drop it,
+        conversations/turnstream.py)."""
         self.answer_id = answer_id
+        self.on_mirrored = on_mirrored
+        # The last event id known to be in Redis (events are mirrored in order).
+        self.mirrored_id = 0
         self.ttl_s = ttl_s
         self.linger_s = linger_s
         self.question_id = question_id
@@ -333,6 +339,10 @@ class TurnLogWriter:
             await self._mirror(lambda r, f=fields, i=event_id: r.xadd(key, f, id=f"0-{i}"))
             if event_id == 1:
                 await self._mirror(lambda r: r.expire(key, ttl))
+            if self.healthy:
+                self.mirrored_id = event_id
+                if self.on_mirrored is not None:
+                    self.on_mirrored(event_id)
         if self.healthy and await tombstones.atombstoned(self.conversation_id):
             # Its conversation was deleted while this answer was written (conversations/
             # deletion.py): the log goes now instead of staying readable for the TTL.
@@ -421,6 +431,24 @@ async def writing(answer_id: UUID) -> bool:
         return conversation_id is not None and await client.get(busy_key(conversation_id)) == str(answer_id)
 
     return bool(await redis_guard.acall("turnlog", read, default=False, fallback=_MIRROR_FALLBACK))
+
+
+async def read_range(
+    answer_id: UUID, *, after: int, upto: int
+) -> list[tuple[int, str, dict]] | None:
+    """The events ``after`` < id <= ``upto`` of ``answer_id``'s log, in order, as
+    ``(event_id, event, data)``: one XRANGE. For a reader of this process that fell behind the
+    in-process window (conversations/turnstream.py). None when Redis is unavailable (counted,
+    part ``turnlog``); fewer (or none) when the log expired or was deleted."""
+    entries = await redis_guard.acall(
+        "turnlog",
+        lambda r: r.xrange(stream_key(answer_id), min=f"(0-{after}", max=f"0-{upto}"),
+        default=None,
+        fallback="a reader behind the in-process window ends (the client may resume)",
+    )
+    if entries is None:
+        return None
+    return [(int(i.split("-", 1)[1]), f["e"], json.loads(f["d"])) for i, f in entries]
 
 
 BLOCK_S = 0.5  # the hub's XREAD waits at most this long, so new subscriptions join quickly

@@ -6,6 +6,15 @@ appends numbered events (conversations/events.py) to a list, and any number of r
 replay the list from a given event id and then follow it live, here or (through its Redis mirror,
 conversations/turnlog.py) in another server process, resuming with ``Last-Event-ID``.
 
+**Memory per turn is bounded.** The process keeps the last ``settings.CHAT_STREAM_MEMORY_EVENTS``
+events of a turn (its window); an event leaves the window only once the Redis mirror holds it. A
+reader further behind (a stalled client whose socket buffer is full, a resume from an early
+Last-Event-ID) reads the older events from the turn's Redis log (turnlog ``read_range``), one
+window at a time, and then continues from memory: every event once, in order (PF-S4). While
+Redis is down (the mirror failed for this turn) nothing could serve dropped events, so the list
+is kept whole and each event held past the window is counted
+(``chat_stream_events_unbounded_total``, chatsite/metrics.py).
+
 Readers are counted. When the last one leaves before the answer is finished, the generation is
 aborted after ``settings.CHAT_STREAM_DISCONNECT_GRACE_S`` seconds (0: at once) unless a reader
 comes back; a generation nobody attaches to within ``CHAT_STREAM_ATTACH_TIMEOUT_S`` is aborted
@@ -22,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -30,6 +40,7 @@ from uuid import UUID
 
 from django.conf import settings
 
+from chatsite import metrics
 from conversations import turnlog
 from conversations.events import stored_answer_sse
 from conversations.models import Turn
@@ -75,7 +86,10 @@ class TurnStream:
     # Set by the output gate when it flags the answer (moderation/gate.py): the generation is
     # aborted and the answer stored as blocked, without its text.
     blocked_verdict: Verdict | None = None
-    events: list[StreamEvent] = field(default_factory=list)
+    # The window: the newest events, oldest first (module docstring); ``trimmed`` older ones
+    # left it (they are in Redis).
+    events: deque[StreamEvent] = field(default_factory=deque)
+    trimmed: int = 0
     finished: bool = False
     status: str | None = None
     task: asyncio.Task | None = None
@@ -89,15 +103,35 @@ class TurnStream:
     def __post_init__(self) -> None:
         # Mirror to Redis so another process can resume this stream (conversations/turnlog.py).
         zdr = (settings.CHAT_ZDR_TTL_S, settings.CHAT_ZDR_STREAM_LINGER_S) if self.zero_retention else ()
-        self.log = turnlog.TurnLogWriter(self.answer_id, self.question_id, self.conversation_id, *zdr)
+        self.log = turnlog.TurnLogWriter(
+            self.answer_id, self.question_id, self.conversation_id, *zdr, on_mirrored=self._trim
+        )
+
+    @property
+    def last_id(self) -> int:
+        """The id of the newest event (0 before the first)."""
+        return self.trimmed + len(self.events)
 
     def publish(self, event: str, data: dict[str, Any]) -> None:
         """Append an event, wake every reader, and queue it for the Redis mirror."""
-        event_id = len(self.events) + 1
+        event_id = self.last_id + 1
         self.events.append(StreamEvent(event_id, event, data))
         self.log.append(event_id, event, data)
+        if not self.log.healthy and len(self.events) > _window():
+            metrics.STREAM_EVENTS_UNBOUNDED.inc()  # kept whole: Redis cannot serve it
+        self._trim()
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _trim(self, _mirrored_id: int = 0) -> None:
+        """Drop the oldest events past the window that Redis holds (never while the mirror is
+        broken: nothing else could serve them)."""
+        if not self.log.healthy:
+            return
+        window, mirrored = _window(), self.log.mirrored_id
+        while len(self.events) > window and self.events[0].event_id <= mirrored:
+            self.events.popleft()
+            self.trimmed += 1
 
     def close(self) -> None:
         """Mark the stream finished: readers drain what is left and end."""
@@ -118,12 +152,23 @@ class TurnStream:
         """
         self._attach()
         try:
-            index = max(after, 0)
+            last = max(after, 0)
             while True:
                 changed = self._changed
-                while index < len(self.events):
-                    yield self.events[index]
-                    index += 1
+                if last < self.trimmed:  # behind the window: the older events are in Redis
+                    older = await self._read_behind(last)
+                    if older is None:
+                        return
+                    for item in older:
+                        yield item
+                        last = item.event_id
+                    continue
+                while self.trimmed <= last < self.last_id:
+                    # Indexed afresh each time: the window may move while a reader waits.
+                    yield self.events[last - self.trimmed]
+                    last += 1
+                if last < self.trimmed:
+                    continue
                 if self.finished:
                     return
                 try:
@@ -132,6 +177,19 @@ class TurnStream:
                     yield None
         finally:
             self._detach()
+
+    async def _read_behind(self, last: int) -> list[StreamEvent] | None:
+        """The events after ``last`` that left the window, at most one window's worth, from
+        the turn's Redis log; None (the reader ends, logged) if Redis cannot give them
+        contiguously: skipping one would break exactly-once (the client may resume)."""
+        upto = min(self.trimmed, last + _window())
+        older = await turnlog.read_range(self.answer_id, after=last, upto=upto)
+        ids = [event_id for event_id, _, _ in older or ()]
+        if ids != list(range(last + 1, upto + 1)):
+            logger.warning("turn %s: events %d..%d left memory and Redis cannot give them; "
+                           "the reader ends", self.answer_id, last + 1, upto)  # fmt: skip
+            return None
+        return [StreamEvent(*item) for item in older]
 
     def _attach(self) -> None:
         self.readers += 1
@@ -184,6 +242,11 @@ class TurnStream:
         """Wait until the answer is stored and the stream closed."""
         if self.task is not None:
             await asyncio.shield(self.task)
+
+
+def _window() -> int:
+    """Events of one turn kept in memory: ``settings.CHAT_STREAM_MEMORY_EVENTS`` (at least 1)."""
+    return max(1, settings.CHAT_STREAM_MEMORY_EVENTS)
 
 
 async def follow_sse(stream: TurnStream, after: int = 0) -> AsyncIterator[bytes]:

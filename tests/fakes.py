@@ -39,11 +39,15 @@ class ScriptedEngine:
     @classmethod
     def from_settings(cls) -> ScriptedEngine:
         """A fresh double; in a server subprocess, ``CHAT_SCRIPTED_ENGINE_SCRIPT`` (a JSON list
-        of steps: text deltas and pauses in seconds) replaces the default script."""
+        of steps: text deltas and pauses in seconds) replaces the default script, repeated
+        ``CHAT_SCRIPTED_ENGINE_REPEAT`` times (default 1: a long answer without a long
+        environment variable)."""
         double = cls()
         script = os.environ.get("CHAT_SCRIPTED_ENGINE_SCRIPT")
         if script:
-            double.default_script = json.loads(script)
+            double.default_script = json.loads(script) * int(
+                os.environ.get("CHAT_SCRIPTED_ENGINE_REPEAT", "1")
+            )
         return double
 
     async def ensure_started(self) -> None:

@@ -460,6 +460,11 @@ CHAT_TITLE_CHARS = 60
 # DESIGN.md's disconnect rule: a dropped events connection is not a stop; generation goes on this
 # many seconds so the client can resume with Last-Event-ID, then is aborted (0: at once).
 CHAT_STREAM_DISCONNECT_GRACE_S = float(os.environ.get("CHAT_STREAM_DISCONNECT_GRACE_S", "30"))
+# Events of one turn this process keeps in memory (conversations/turnstream.py); a reader further
+# behind (a stalled client, a late resume) reads the older ones from the turn's Redis log. 256
+# events is ~5 s of decode at the design brief's 50 tokens/s per stream (one event per delta),
+# so readers that keep up never touch Redis; while Redis is down the whole answer is kept.
+CHAT_STREAM_MEMORY_EVENTS = env_int("CHAT_STREAM_MEMORY_EVENTS", 256)
 # A finished stream stays replayable (Last-Event-ID) this long, seconds.
 CHAT_STREAM_RETAIN_S = float(os.environ.get("CHAT_STREAM_RETAIN_S", "300"))
 # A turn's event log stays in Redis (resumable from any process) this long after it ends, s.
