@@ -288,8 +288,8 @@ def training_opt_out_record(
     entry's ``created_at`` is when. Details ``{"flag": field name, "from": old, "to": new}``.
     Returns None, and writes nothing, when ``old == new``: a save that changes nothing is no
     change. Every writer of either flag calls this (:func:`user_training_opt_out_set`,
-    workspaces/services.py ``organisation_policy_update``, the admin's ``save_model``), in its
-    own transaction, so a change that rolls back leaves no entry."""
+    workspaces/services.py ``organisation_policy_update``, the admin's ``save_model``) inside
+    the transaction that writes the flag, so a change that rolls back leaves no entry."""
     old, new = bool(old), bool(new)
     if old == new:
         return None
