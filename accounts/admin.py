@@ -4,6 +4,10 @@ database).
 API keys show only what is public about them (name, prefix, owner, dates): the secret is never
 stored (only its SHA-256, accounts/services.py) and the hash is not shown either; keys are not
 created or edited here, only revoked (an action).
+
+A change of a training opt-out made here (``User.training_opt_out``,
+``Organisation.not_for_training``) is audited with its old and new value, as the pages do
+(accounts/services.py ``training_opt_out_record``), beside the admin's own ``admin.change``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,25 @@ from accounts.models import ApiKey, Membership, Organisation, User
 from moderation.forms import OrganisationAdminForm
 from privacy.selectors import last_owner_orgs
 from privacy.services import DeletionBlocked, account_delete
+
+
+def _training_opt_out_before(model, obj) -> bool | None:
+    """The stored ``model`` row's training opt-out (None for a new row)."""
+    field = "not_for_training" if model is Organisation else "training_opt_out"
+    if obj.pk is None:
+        return None
+    return model.objects.filter(pk=obj.pk).values_list(field, flat=True).first()
+
+
+class TrainingOptOutAuditMixin:
+    """``save_model`` that audits a change of the training opt-out (none for a new row)."""
+
+    def save_model(self, request, obj, form, change) -> None:
+        before = _training_opt_out_before(self.model, obj) if change else None
+        super().save_model(request, obj, form, change)
+        if before is not None:
+            after = obj.not_for_training if self.model is Organisation else obj.training_opt_out
+            services.training_opt_out_record(actor=request.user, subject=obj, old=before, new=after)
 
 
 class UserMembershipInline(admin.TabularInline):
@@ -47,14 +70,26 @@ class ApiKeyInline(admin.TabularInline):
 
 
 @admin.register(User)
-class UserAdmin(BaseUserAdmin):
+class UserAdmin(TrainingOptOutAuditMixin, BaseUserAdmin):
     list_display = ("username", "email", "tier", "region", "is_staff", "is_active", "date_joined")
     list_filter = ("tier", "region", "organisations", "is_staff", "is_superuser", "is_active")
     search_fields = ("username", "email", "first_name", "last_name")
     date_hierarchy = "date_joined"
     fieldsets = (
         *BaseUserAdmin.fieldsets,
-        ("Service", {"fields": ("tier", "region", "feature_flags", "memory_enabled", "verified_email")}),
+        (
+            "Service",
+            {
+                "fields": (
+                    "tier",
+                    "region",
+                    "feature_flags",
+                    "memory_enabled",
+                    "training_opt_out",
+                    "verified_email",
+                )
+            },
+        ),
     )
     # Set only by a proven flow (a password reset link followed, an OIDC provider's word):
     # editing it here would let an account be joined by OIDC without proof.
@@ -103,7 +138,7 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Organisation)
-class OrganisationAdmin(admin.ModelAdmin):
+class OrganisationAdmin(TrainingOptOutAuditMixin, admin.ModelAdmin):
     list_display = (
         "name", "slug", "tier", "region", "zero_retention", "moderation_fail_open",
         "blocked_term_count", "threshold_overrides", "created_at",

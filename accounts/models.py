@@ -54,6 +54,10 @@ class User(AbstractUser):
     # Custom instructions (issue 18): applied to every chat of this user, after the site's
     # prompt and before the memory block (inference/prompts.py system_message); blank: none.
     custom_instructions = models.TextField(blank=True, default="", db_default="")
+    # Training opt-out (issue 20): this person's turns are stored with Turn.training_eligible
+    # False from their next turn on, whatever their organisation's policy (either opt-out wins:
+    # accounts/selectors.py turn_training_eligible). Turns already stored keep their tag.
+    training_opt_out = models.BooleanField(default=False, db_default=False)
 
     def get_session_auth_hash(self) -> str:
         """Django's session hash (HMAC-SHA256 of the password hash) with ``session_salt``."""

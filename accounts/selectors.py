@@ -1,4 +1,5 @@
-"""Reads for accounts: the signed-in sessions page."""
+"""Reads for accounts: the signed-in sessions page; whether a turn written now may be used for
+training (the user's and the organisation's opt-outs)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from functools import lru_cache
 from django.http import Http404
 from ua_parser import parse as parse_user_agent
 
-from accounts.models import User, UserSession
+from accounts.models import Organisation, User, UserSession
 
 
 @dataclass(frozen=True)
@@ -70,3 +71,27 @@ def user_session_get_for_user(*, session_id: int, user: User) -> UserSession:
     if row is None:
         raise Http404("No such session.")
     return row
+
+
+def turn_training_eligible(*, owner_id: int | None, org_id: int | None) -> bool:
+    """``Turn.training_eligible`` for a turn written now in a conversation of user ``owner_id``
+    in organisation ``org_id`` (None: a personal conversation). False when either has opted
+    out (``User.training_opt_out``, ``Organisation.not_for_training``): either opt-out wins
+    (issue 20; DESIGN.md "Training opt-out"). Read afresh for every turn (one indexed query
+    each, none for a missing id), so a change applies from the next turn and turns already
+    stored keep their tag. Zero-retention and temporary chats store no turn at all
+    (conversations/selectors.py ``conversation_zero_retention``), so they need no tag."""
+    if owner_id is not None and User.objects.filter(pk=owner_id, training_opt_out=True).exists():
+        return False
+    return (
+        org_id is None or not Organisation.objects.filter(pk=org_id, not_for_training=True).exists()
+    )
+
+
+def orgs_not_for_training(*, user: User) -> list[Organisation]:
+    """The organisations ``user`` belongs to that have opted out of training
+    (``not_for_training``), by name: the settings page says their turns in those workspaces are
+    not used whatever the user's own choice."""
+    return list(
+        Organisation.objects.filter(membership__user=user, not_for_training=True).order_by("name")
+    )

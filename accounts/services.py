@@ -1,4 +1,5 @@
-"""Writes for accounts: API keys, signed-in sessions, password events, the colour scheme."""
+"""Writes for accounts: API keys, signed-in sessions, password events, the colour scheme, the
+training opt-out (and its audit entries, for a person's flag and an organisation's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts import throttle
-from accounts.models import ApiKey, Theme, Tier, User, UserSession
+from accounts.models import ApiKey, Organisation, Theme, Tier, User, UserSession
+from audit.models import Action, AuditEntry
+from audit.services import audit_record
 
 KEY_PREFIX = "sk-"  # what a key looks like: sk-<prefix>.<secret>
 PREFIX_BYTES = 6  # 12 hex chars: public id of the key
@@ -271,3 +274,52 @@ def user_custom_instructions_set(*, user: User, text: str) -> User:
     user.custom_instructions = text
     user.save(update_fields=["custom_instructions"])
     return user
+
+
+# --- Training opt-out (issue 20) ---------------------------------------------------------------
+
+
+def training_opt_out_record(
+    *, actor: User | int | None, subject: User | Organisation, old: bool, new: bool
+) -> AuditEntry | None:
+    """Audit one change of a training opt-out: ``User.training_opt_out`` (action
+    ``account.training_opt_out``) or ``Organisation.not_for_training`` (``org.training_opt_out``,
+    shown to the organisation's owners). ``actor``: who changed it (None: the system); the
+    entry's ``created_at`` is when. Details ``{"flag": field name, "from": old, "to": new}``.
+    Returns None, and writes nothing, when ``old == new``: a save that changes nothing is no
+    change. Every writer of either flag calls this (:func:`user_training_opt_out_set`,
+    workspaces/services.py ``organisation_policy_update``, the admin's ``save_model``) inside
+    the transaction that writes the flag, so a change that rolls back leaves no entry."""
+    old, new = bool(old), bool(new)
+    if old == new:
+        return None
+    if isinstance(subject, Organisation):
+        action, flag, org = Action.ORG_TRAINING_OPT_OUT, "not_for_training", subject
+        target_type = "accounts.organisation"
+    else:
+        action, flag, org = Action.ACCOUNT_TRAINING_OPT_OUT, "training_opt_out", None
+        target_type = "accounts.user"
+    return audit_record(
+        actor=actor, action=action, org=org, target_type=target_type, target_id=subject.pk,
+        details={"flag": flag, "from": old, "to": new},
+    )  # fmt: skip
+
+
+@transaction.atomic
+def user_training_opt_out_set(*, user: User, opt_out: bool, actor: User | None = None) -> bool:
+    """Set ``user``'s training opt-out. From their next turn on, every turn of theirs (in any
+    conversation, personal or an organisation's) is stored with ``training_eligible`` False
+    while it is on (accounts/selectors.py ``turn_training_eligible``); turns already stored keep
+    their tag. ``actor``: who made the change (None: the user themselves). The row is read under
+    a lock, so two saves at once record two true changes or one change and a no-op. Writes an
+    ``account.training_opt_out`` audit entry when the value changes, none otherwise. Returns
+    whether it changed."""
+    locked = User.objects.select_for_update().values_list("training_opt_out", flat=True)
+    old = locked.get(pk=user.pk)
+    new = bool(opt_out)
+    user.training_opt_out = new
+    if old == new:
+        return False
+    User.objects.filter(pk=user.pk).update(training_opt_out=new)
+    training_opt_out_record(actor=actor or user, subject=user, old=old, new=new)
+    return True

@@ -23,6 +23,7 @@ urlpatterns = [
     path("accounts/reset/done/", views.password_reset_complete, name="password_reset_complete"),
     path("settings/theme", views.theme_set, name="theme-set"),
     path("settings/instructions", views.custom_instructions_set, name="custom-instructions-set"),
+    path("settings/training", views.training_opt_out_set, name="training-opt-out-set"),
     path("settings/sessions/", views.sessions, name="sessions"),
     path("settings/sessions/<int:session_id>/end", views.session_end, name="session-end"),
     path("settings/sessions/end-others", views.sessions_end_others, name="sessions-end-others"),

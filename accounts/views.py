@@ -1,5 +1,5 @@
 """Account pages: sign-up, sign-in (throttled), password reset and change, signed-in sessions,
-API keys."""
+API keys, and the settings page's forms (custom instructions, colour scheme, training opt-out)."""
 
 from __future__ import annotations
 
@@ -204,6 +204,38 @@ def custom_instructions_set(request: HttpRequest) -> HttpResponse:
     saved = "Saved: used from the next message in every chat."
     if not request.user.custom_instructions:
         saved = "Cleared."
+    if request.headers.get("HX-Request") == "true":
+        return HttpResponse(saved, content_type="text/plain")
+    messages.success(request, saved)
+    return redirect("settings")
+
+
+# What a checkbox posts when ticked (browsers send "on" unless it has a value), and what a
+# client that spells the value out may send; a missing field is an unticked box.
+CHECKBOX_VALUES = {"on": True, "1": True, "true": True, "0": False, "false": False, "off": False}
+
+
+@require_POST
+@login_required
+def training_opt_out_set(request: HttpRequest) -> HttpResponse:
+    """Store the user's training opt-out (``training_opt_out``: a checkbox, ticked = opted out,
+    missing = not; 400 for another value) through services.user_training_opt_out_set, which
+    audits a change. htmx gets the form's status line; a plain form post goes back to the
+    settings page with a message."""
+    raw = request.POST.get("training_opt_out", "0").strip().lower()
+    if raw not in CHECKBOX_VALUES:
+        return HttpResponse(
+            "training_opt_out must be a checkbox value (on or off).",
+            status=400, content_type="text/plain",
+        )  # fmt: skip
+    opt_out = CHECKBOX_VALUES[raw]
+    changed = services.user_training_opt_out_set(user=request.user, opt_out=opt_out)
+    if not changed:
+        saved = "No change."
+    elif opt_out:
+        saved = "Saved: your messages and answers from now on are not used for training."
+    else:
+        saved = "Saved: your messages and answers from now on may be used for training."
     if request.headers.get("HX-Request") == "true":
         return HttpResponse(saved, content_type="text/plain")
     messages.success(request, saved)

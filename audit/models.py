@@ -3,8 +3,10 @@
 **What is recorded.** Actions of site administrators (the Django admin: every add, change and
 delete it logs, and every bulk action such as revoking API keys or share links) and of
 organisation owners and admins (role changes, policy changes, member removals, invitations,
-exports, deletions), plus a person's own account export and deletion and their share link and
-API key revocations. ``Action`` lists the names; ``audit.services.audit_record`` writes a row.
+exports, deletions), plus a person's own account export and deletion, their share link and
+API key revocations, and every change of a training opt-out (a person's or an organisation's,
+with its old and new value, by whoever made it). ``Action`` lists the names;
+``audit.services.audit_record`` writes a row.
 
 **Append-only.** Rows are inserted and never changed: ``save()`` of a stored row, ``delete()``
 and the queryset's ``update()`` / ``delete()`` raise :class:`AppendOnly`, and on PostgreSQL a
@@ -46,11 +48,13 @@ class Action:
     ORG_INVITATION_ACCEPT = "org.invitation_accept"
     ORG_EXPORT = "org.export"
     ORG_DELETE = "org.delete"
+    ORG_TRAINING_OPT_OUT = "org.training_opt_out"
     SHARE_LINK_CREATE = "share_link.create"
     SHARE_LINK_REVOKE = "share_link.revoke"
     API_KEY_REVOKE = "api_key.revoke"
     ACCOUNT_EXPORT = "account.export"
     ACCOUNT_DELETE = "account.delete"
+    ACCOUNT_TRAINING_OPT_OUT = "account.training_opt_out"
     ADMIN_ADD = "admin.add"
     ADMIN_CHANGE = "admin.change"
     ADMIN_DELETE = "admin.delete"
@@ -68,11 +72,13 @@ class Action:
         ORG_INVITATION_ACCEPT: "joined by invitation",
         ORG_EXPORT: "exported the organisation's data",
         ORG_DELETE: "deleted the organisation",
+        ORG_TRAINING_OPT_OUT: "changed the organisation's training opt-out",
         SHARE_LINK_CREATE: "made a share link",
         SHARE_LINK_REVOKE: "revoked a share link",
         API_KEY_REVOKE: "revoked an API key",
         ACCOUNT_EXPORT: "exported their data",
         ACCOUNT_DELETE: "deleted their account",
+        ACCOUNT_TRAINING_OPT_OUT: "changed a training opt-out",
         ADMIN_ADD: "added (admin)",
         ADMIN_CHANGE: "changed (admin)",
         ADMIN_DELETE: "deleted (admin)",

@@ -15,10 +15,10 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from accounts.models import Organisation, User
+from accounts.selectors import turn_training_eligible
 from conversations import cache, held, regions, versions
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
-from workspaces.selectors import org_training_eligible
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +186,8 @@ def turn_append_user(
     turn = Turn.objects.create(
         conversation=locked, role=Turn.Role.USER, content=text, created_at=now,
         replaces_id=replaces_id, parent_id=parent_id,
-        training_eligible=org_training_eligible(org_id=locked.org_id), **moderation,
+        training_eligible=turn_training_eligible(owner_id=locked.owner_id, org_id=locked.org_id),
+        **moderation,
     )  # fmt: skip
     locked.last_turn_at = now
     locked.branch_choices = {**locked.branch_choices, versions.choice_key(parent_id): str(turn.turn_id)}
@@ -304,8 +305,9 @@ def answer_store(*, answer: Turn) -> Turn:
     the stored turn unchanged, so a retried write never stores an answer twice. Its
     ``created_at`` (None: now) is when the answer finished, so a write that lands late keeps the
     turn's place in the conversation; ``training_eligible`` is decided here from the
-    conversation's organisation. A zero-retention conversation's answer is never stored: the
-    unsaved turn is returned. Raises Conversation.DoesNotExist if the conversation is gone.
+    conversation's owner and organisation (accounts/selectors.py ``turn_training_eligible``).
+    A zero-retention conversation's answer is never stored: the unsaved turn is returned.
+    Raises Conversation.DoesNotExist if the conversation is gone.
     """
     existing = Turn.objects.filter(pk=answer.turn_id).first()
     if existing is not None:
@@ -320,7 +322,7 @@ def answer_store(*, answer: Turn) -> Turn:
     answer.conversation, answer.created_at = locked, now
     if conversation_zero_retention(locked):
         return answer
-    answer.training_eligible = org_training_eligible(org_id=locked.org_id)
+    answer.training_eligible = turn_training_eligible(owner_id=locked.owner_id, org_id=locked.org_id)
     answer.save(force_insert=True)
     if locked.last_turn_at is None or now > locked.last_turn_at:
         locked.last_turn_at = now

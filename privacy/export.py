@@ -115,11 +115,13 @@ def feedback_json(feedback: Feedback) -> dict:
 # --- conversations --------------------------------------------------------------------------
 
 
-def conversation_batches(**filters) -> Iterator[tuple[str, list[Conversation]]]:
+def conversation_batches(
+    *, dbs: Iterable[str] | None = None, **filters
+) -> Iterator[tuple[str, list[Conversation]]]:
     """(primary alias, up to BATCH conversations) matching ``filters`` (e.g. ``owner_id=``,
-    ``org_id=``), every region's database in turn, each oldest first (keyset on
-    ``(created_at, conversation_id)``)."""
-    for db in regions.region_dbs():
+    ``org_id=``), every region's database in turn (only ``dbs`` when given), each oldest first
+    (keyset on ``(created_at, conversation_id)``)."""
+    for db in regions.region_dbs() if dbs is None else dbs:
         query = (
             Conversation.objects.using(db)
             .filter(**filters)
@@ -364,6 +366,7 @@ def user_export_build(*, user: User) -> Export:
                 "tier": user.tier,
                 "region": user.region,
                 "memory_enabled": user.memory_enabled,
+                "training_opt_out": user.training_opt_out,
                 "feature_flags": user.feature_flags,
             },
         )

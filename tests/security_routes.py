@@ -317,6 +317,7 @@ ROUTES: list[Route] = [
     Route(
         "custom-instructions-set", ("POST",), SELF, bodies={"POST": form(custom_instructions="pwned")}
     ),
+    Route("training-opt-out-set", ("POST",), SELF, bodies={"POST": form(training_opt_out="on")}),
     # --- workspaces ---
     Route(
         "org-list",

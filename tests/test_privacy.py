@@ -213,6 +213,7 @@ def test_data_json_holds_account_settings_memory_usage_keys_and_sessions(alice):
         "tier": "free",
         "region": alice.user.region,
         "memory_enabled": True,
+        "training_opt_out": False,
         "feature_flags": [],
     }
     assert [m["text"] for m in data["memory"]] == ["likes tangerine"]

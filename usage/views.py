@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from accounts.selectors import orgs_not_for_training
 from accounts.services import CUSTOM_INSTRUCTIONS_MAX_CHARS
 from usage import selectors
 from usage.charts import daily_bar_chart
@@ -67,7 +68,9 @@ def org_usage_page(request: HttpRequest, slug: str) -> HttpResponse:
 @require_GET
 @login_required
 def account_settings(request: HttpRequest) -> HttpResponse:
-    """The user's custom instructions (a form: accounts.views.custom_instructions_set), tier,
+    """The user's custom instructions (a form: accounts.views.custom_instructions_set), their
+    training opt-out (a checkbox: accounts.views.training_opt_out_set) with the organisations
+    of theirs that opted out, tier,
     the models (pools) it allows with their prices and ceilings, the rate limits that apply,
     and links to API keys and usage."""
     user = request.user
@@ -81,5 +84,6 @@ def account_settings(request: HttpRequest) -> HttpResponse:
         "limits": selectors.rate_limits_for_user(user=user),
         "orgs": selectors.orgs_administered(user=user),
         "custom_instructions_max": CUSTOM_INSTRUCTIONS_MAX_CHARS,
+        "orgs_not_for_training": orgs_not_for_training(user=user),
     }
     return render(request, "accounts/settings.html", context)

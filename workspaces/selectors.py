@@ -221,12 +221,3 @@ def own_unshared_list(
     )
     return list(rows)[:limit]
 
-
-def org_training_eligible(*, org_id: int | None) -> bool:
-    """``Turn.training_eligible`` for a turn written now in a conversation of organisation
-    ``org_id`` (None: a personal conversation): False while that organisation has
-    ``not_for_training`` set, True otherwise. Read afresh for every turn (one indexed query
-    when there is an organisation, none otherwise), so a change applies from the next turn."""
-    if org_id is None:
-        return True
-    return not Organisation.objects.filter(pk=org_id, not_for_training=True).exists()

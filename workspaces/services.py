@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from accounts.models import Membership, Organisation, User
+from accounts.services import training_opt_out_record
 from audit.models import Action
 from audit.services import audit_record
 from conversations import regions
@@ -131,10 +132,14 @@ def organisation_policy_update(*, seat: Seat, changes: dict) -> Organisation:
     validates them): any of ``pinned_pool``, ``retention_days``, ``region``,
     ``zero_retention``, ``not_for_training``, ``rate_limit_rpm``, ``rate_limit_tpm``. Only
     those columns are written, so an edit of other fields in the meantime (the moderation
-    page) is not overwritten. Each takes effect from the next turn: every turn reads its
-    organisation afresh (gateway/gate.py ``caller_for``, conversations/retention.py,
-    workspaces/selectors.py ``org_training_eligible``); nothing caches them. Raises
-    PermissionDenied unless the seat is an owner's, ValueError for another field."""
+    page) is not overwritten, and only the fields whose value changes: a save that changes
+    nothing writes nothing and records nothing. Each takes effect from the next turn: every
+    turn reads its organisation afresh (gateway/gate.py ``caller_for``,
+    conversations/retention.py, accounts/selectors.py ``turn_training_eligible``); nothing
+    caches them. Audit: ``org.policy_change`` with the changed fields' new values, and for a
+    change of ``not_for_training`` also ``org.training_opt_out`` with its old and new value
+    (accounts/services.py ``training_opt_out_record``). Raises PermissionDenied unless the
+    seat is an owner's, ValueError for another field."""
     allowed = {
         "pinned_pool", "retention_days", "region", "zero_retention", "not_for_training",
         "rate_limit_rpm", "rate_limit_tpm",
@@ -145,14 +150,20 @@ def organisation_policy_update(*, seat: Seat, changes: dict) -> Organisation:
     if unknown:
         raise ValueError(f"not policy fields: {sorted(unknown)}")
     org = Organisation.objects.select_for_update().get(pk=seat.org.pk)
-    for field, value in changes.items():
+    changed = {field: value for field, value in changes.items() if getattr(org, field) != value}
+    was_not_for_training = org.not_for_training
+    for field, value in changed.items():
         setattr(org, field, value)
-    if changes:
-        org.save(update_fields=sorted(changes))
+    if changed:
+        actor = seat.membership.user_id
+        org.save(update_fields=sorted(changed))
         audit_record(
-            actor=seat.membership.user_id, action=Action.ORG_POLICY_CHANGE, org=org,
-            target_type="accounts.organisation", target_id=org.pk, details={"changes": changes},
+            actor=actor, action=Action.ORG_POLICY_CHANGE, org=org,
+            target_type="accounts.organisation", target_id=org.pk, details={"changes": changed},
         )  # fmt: skip
+        training_opt_out_record(
+            actor=actor, subject=org, old=was_not_for_training, new=org.not_for_training
+        )
     return org
 
 
