@@ -31,6 +31,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from chatsite.placement import Placement, postmaster_pid
+
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
 DATABASE_NAME = "chat"
@@ -179,7 +181,16 @@ def celery_commands(python: str) -> dict[str, list[str]]:
 def run(port: int, host: str) -> int:
     """Serve the app with daphne, plus a Celery worker and beat, until interrupted; returns the
     exit status (daphne's)."""
+    # Every process of the stack on the CPUs the model's threads are not bound to, background
+    # work at a lower priority (chatsite/placement.py); set before anything starts, so the
+    # embedded servers, daphne and the engine's scheduler inherit it.
+    placement = Placement.from_env()
+    placement.apply_here()
+    print("placement:", placement.describe(), flush=True)
     with stack_env() as env:
+        pid = postmaster_pid(VAR / "pgdata")
+        if pid is not None and not os.environ.get("DATABASE_URL"):
+            placement.apply_to_pid(pid)  # an embedded PostgreSQL another stack had started
         python = sys.executable
         # Background jobs (summaries) reach the model through this server's /v1 on loopback.
         loopback = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -193,7 +204,8 @@ def run(port: int, host: str) -> int:
             start_new_session=True,
         )
         helpers = {
-            name: subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True)
+            name: subprocess.Popen(cmd, env=env, cwd=ROOT, start_new_session=True,
+                                   preexec_fn=placement.preexec(background=True))
             for name, cmd in celery_commands(python).items()
         }
         children = [server, *helpers.values()]
@@ -225,7 +237,8 @@ def run(port: int, host: str) -> int:
                     if helper.poll() is not None and stop_requested_at is None:
                         print(f"{name} exited ({helper.returncode}); restarting it", flush=True)
                         helpers[name] = subprocess.Popen(
-                            celery_commands(python)[name], env=env, cwd=ROOT, start_new_session=True
+                            celery_commands(python)[name], env=env, cwd=ROOT, start_new_session=True,
+                            preexec_fn=placement.preexec(background=True),
                         )
                         children.append(helpers[name])
                 time.sleep(0.2)

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatsite import devstack
+from chatsite.placement import Placement
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE_TEMPLATE = ROOT / "deploy" / "nginx.conf"
@@ -234,6 +235,8 @@ class Child:
     proc: subprocess.Popen | None = None
     restarts: int = 0
     started_at: float = 0.0
+    # Background work (Celery) runs at a lower CPU priority (chatsite/placement.py).
+    background: bool = False
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -241,6 +244,7 @@ class Child:
             self.proc = subprocess.Popen(
                 self.argv, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=Placement.from_env(self.env).preexec(background=self.background),
             )  # fmt: skip
 
     def log_tail(self, chars: int = 3000) -> str:
@@ -254,8 +258,8 @@ class Stack:
     work: Path
     children: list[Child] = field(default_factory=list)
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
-        child = Child(name, argv, env, self.work / "logs" / f"{name}.log")
+    def spawn(self, name: str, argv: list[str], env: dict[str, str], *, background: bool = False) -> Child:
+        child = Child(name, argv, env, self.work / "logs" / f"{name}.log", background=background)
         child.start()
         self.children.append(child)
         return child
@@ -348,6 +352,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     https_port = args.https_port or free_port()
     http_port = args.http_port or free_port()
+    # The stack's own processes (embedded servers, gateways, the engine's scheduler, nginx) on the
+    # CPUs the model's threads are not bound to (chatsite/placement.py).
+    Placement.from_env().apply_here()
     with production_env(work, https_port) as env:
         stack = Stack(work)
         try:
@@ -382,11 +389,11 @@ def run(args: argparse.Namespace) -> int:
             stack.spawn("celery-worker", [
                 sys.executable, "-m", "celery", "-A", "chatsite", "worker", "-l", "INFO",
                 "--concurrency", os.environ.get("CHAT_CELERY_CONCURRENCY", "1"),
-            ], env)  # fmt: skip
+            ], env, background=True)  # fmt: skip
             stack.spawn("celery-beat", [
                 sys.executable, "-m", "celery", "-A", "chatsite", "beat", "-l", "INFO",
                 "-s", str(work / "celerybeat-schedule"),
-            ], env)  # fmt: skip
+            ], env, background=True)  # fmt: skip
             start_nginx(stack, env, ports[1:], http_port, https_port)
             for gateway, port in zip(gateways, ports[1:], strict=True):
                 if not wait_http_ok(f"http://127.0.0.1:{port}/readyz", gateway.proc, args.ready_timeout):
