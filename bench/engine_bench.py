@@ -102,6 +102,7 @@ from bench.harness import (
     wait_for_quiet,
 )
 from bench.llama_baseline import llama_part
+from chatsite.placement import Placement, placed, postmaster_pid
 
 TTFT_SINGLE_TARGET_S = 0.150
 TPOT_SINGLE_TARGET_S = 0.020
@@ -359,6 +360,14 @@ def report(result: dict, args) -> dict:
     return {"checks": checks, "overall_pass": overall}
 
 
+def _postmaster() -> int | None:
+    # The dev stack's embedded PostgreSQL (devstack exec), if that is the database in use.
+    from chatsite.devstack import VAR  # noqa: PLC0415
+
+    data_dir = VAR / "pgdata"
+    return postmaster_pid(data_dir) if str(data_dir) in os.environ.get("DATABASE_URL", "") else None
+
+
 def _served_variant() -> str:
     from inference.tuning import EngineTuning  # noqa: PLC0415
 
@@ -394,8 +403,15 @@ def run(args) -> int:
         wait_for_quiet(args.wait_load, args.wait_max_s)
         result["ready"] = ready_part()
     if parts & {"single", "concurrent", "sweep", "mixed"}:
-        result["full"] = full_stack_parts(args, parts, count_tokens, plans, prompts,
-                                          sweep_prompts, configured)
+        # Placed as `make run` places its processes (chatsite/placement.py), or not at all
+        # (--placement all): this process (clients, server threads, the engine's scheduler) and
+        # the dev stack's PostgreSQL; the engine's worker binds its own threads.
+        placement = Placement.from_env({**os.environ, "CHAT_SERVICE_CPUS": args.placement})
+        log(f"placement ({args.placement}): {placement.describe()}")
+        with placed(placement, postmaster=_postmaster()):
+            result["full"] = full_stack_parts(args, parts, count_tokens, plans, prompts,
+                                              sweep_prompts, configured)
+        result["placement"] = {"choice": args.placement, "service_cpus": sorted(placement.service_cpus)}
     if "llama" in parts:
         result["llama"] = llama_part(args, parts & {"single", "concurrent"} or
                                      {"single", "concurrent"}, plans, prompts, system_prompt)
@@ -449,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", type=lambda s: [p for p in s.split(",") if p],
                         default=list(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
     parser.add_argument("--label", default="default", help="a name for this lever run")
+    parser.add_argument("--placement", default=os.environ.get("CHAT_SERVICE_CPUS", "auto"),
+                        help="CHAT_SERVICE_CPUS for the full-stack parts: auto (as make run), "
+                        "all (unpinned) or CPU ids")
     parser.add_argument("--single-turns", type=int, default=10)
     parser.add_argument("--answer-tokens", type=int, default=128)
     parser.add_argument("--users", type=int, default=16)

@@ -28,10 +28,11 @@ Environment (read directly: the stacks run before Django's settings):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -146,3 +147,21 @@ class Placement:
                 process.cpu_affinity(sorted(self.service_cpus))
         except (psutil.Error, OSError) as exc:
             logger.warning("could not place process %d on CPUs %s: %s", pid, sorted(self.service_cpus), exc)
+
+
+@contextlib.contextmanager
+def placed(placement: Placement, *, postmaster: int | None = None) -> Iterator[Placement]:
+    """Within the block, this process (and the PostgreSQL ``postmaster`` pid with its children,
+    when given) run on ``placement``'s service CPUs; afterwards both may use every CPU this
+    process could before (a benchmark measures the stack as ``make run`` places it, then runs
+    its baselines unpinned)."""
+    before = os.sched_getaffinity(0)
+    placement.apply_here()
+    if postmaster is not None:
+        placement.apply_to_pid(postmaster)
+    try:
+        yield placement
+    finally:
+        os.sched_setaffinity(0, before)
+        if postmaster is not None and placement.service_cpus:
+            Placement(service_cpus=frozenset(before), background_nice=0).apply_to_pid(postmaster)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from chatsite.placement import Placement, engine_cpus, parse_cpu_list, postmaster_pid
+from chatsite.placement import Placement, engine_cpus, parse_cpu_list, placed, postmaster_pid
 
 
 def test_cpu_lists_parse_and_bad_ones_name_the_text():
@@ -73,3 +73,14 @@ def test_postmaster_pid_is_read_from_its_file(tmp_path):
     assert postmaster_pid(tmp_path) is None
     (tmp_path / "postmaster.pid").write_text("4242\n/var/pgdata\n")
     assert postmaster_pid(tmp_path) == 4242
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to place anything")
+def test_placed_pins_this_process_and_puts_it_back():
+    # Given: this process may use every CPU
+    before = os.sched_getaffinity(0)
+    placement = Placement.from_env({}, available=before)
+    # When / Then: inside the block only the service CPUs; afterwards all of them again
+    with placed(placement):
+        assert os.sched_getaffinity(0) == set(placement.service_cpus)
+    assert os.sched_getaffinity(0) == before
