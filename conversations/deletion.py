@@ -64,6 +64,7 @@ from attachments.models import Attachment
 from attachments.services import attachment_files_forget
 from conversations import cache, held, regions, tombstones, turnlog, turnstream
 from conversations.models import Conversation, Turn
+from core import redis_guard
 
 
 @dataclass
@@ -144,7 +145,12 @@ def _after_commit(conversation_ids: list[UUID], turn_ids: list[UUID]) -> None:
             held_ids += [t for t in (turn.turn_id, turn.reply_to_id) if t]
         held.conversation_held_forget(conversation_id)
         cache.forget(conversation_id)
-    turnlog.turn_logs_drop({*turn_ids, *holders, *held_ids})
+    dropped = {*turn_ids, *holders, *held_ids}
+    # Each conversation's keys are on its region's server; turn ids need not name their region
+    # (turns stored before regions had servers), so every server is asked (a missing key is no
+    # error).
+    for region in redis_guard.regions_with_servers():
+        turnlog.turn_logs_drop(dropped, region=region)
 
 
 def _stop_here(conversation_ids: Iterable[UUID]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from uuid import UUID
 
 from django.conf import settings
@@ -20,6 +19,7 @@ from conversations.events import error_payload, terminal_event
 from conversations.locks import ensure_idle
 from conversations.models import Turn
 from conversations.plan import TurnPlan
+from conversations.regions import new_turn_id
 from conversations.turnstream import TurnStream, stream_for_answer, stream_register, stream_release
 from core.db import run_in_db_thread
 from gateway import run
@@ -57,7 +57,7 @@ def generation_start(
     stream = TurnStream(
         conversation_id=conversation_id,
         question_id=question.turn_id,
-        answer_id=answer_id or uuid.uuid4(),
+        answer_id=answer_id or new_turn_id(conversation_id),
         zero_retention=zero_retention,
         replaces_id=replaces_id,
         context_trimmed=plan.context_trimmed,

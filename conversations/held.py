@@ -9,6 +9,10 @@ are held the same way with a TTL of ``settings.CHAT_ZDR_TTL_S`` and never listed
 The write-back worker that moves held answers to PostgreSQL is conversations/writeback.py; this
 module only stores, reads and forgets records, so every reader (selectors, deletion, services)
 can use it without importing the worker and the services it calls.
+
+Every key lives on the Redis server of the conversation's region (issue 20; core/redis_guard.py,
+``conversations.regions.redis_region``), the due set included: there is one per server, and the
+sweeper reads each.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from uuid import UUID
 from django.utils import timezone
 
 from conversations.models import Turn
+from conversations.regions import redis_region
 from conversations.turndata import turn_data, turn_from_data
 from core import redis_guard
 
 DUE_KEY = "chat:pending:due"
+
 
 def record_key(turn_id: UUID | str) -> str:
     """Redis key of a held turn's record."""
@@ -123,7 +129,7 @@ def hold(record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
             _queue_hold(pipe, record, ttl_s=ttl_s, due=due)
             pipe.execute()
 
-    redis_guard.call(PART, run, fallback=_FALLBACK)
+    redis_guard.call(PART, run, fallback=_FALLBACK, region=redis_region(record["conversation_id"]))
 
 
 async def ahold(record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
@@ -134,13 +140,19 @@ async def ahold(record: dict[str, Any], *, ttl_s: int, due: bool) -> None:
             _queue_hold(pipe, record, ttl_s=ttl_s, due=due)
             await pipe.execute()
 
-    await redis_guard.acall(PART, run, fallback=_FALLBACK)
+    await redis_guard.acall(
+        PART, run, fallback=_FALLBACK, region=redis_region(record["conversation_id"])
+    )
 
 
-def record_get(turn_id: UUID | str) -> dict[str, Any] | None:
-    """The held record of ``turn_id``, or None (never held, written and released, or expired).
+def record_get(turn_id: UUID | str, *, region: str | None = None) -> dict[str, Any] | None:
+    """The held record of ``turn_id`` on ``region``'s server (None: the region the turn id
+    names, else the global server), or None (never held, written and released, or expired).
     Raises RedisError when Redis is unreachable (the task retries)."""
-    raw = redis_guard.call(PART, lambda client: client.get(record_key(turn_id)))
+    raw = redis_guard.call(
+        PART, lambda client: client.get(record_key(turn_id)),
+        region=region or redis_region(turn_id),
+    )  # fmt: skip
     return json.loads(raw) if raw else None
 
 
@@ -155,7 +167,7 @@ def release(*, turn_id: UUID | str, conversation_id: UUID | str) -> None:
             pipe.zrem(DUE_KEY, str(turn_id))
             pipe.execute()
 
-    redis_guard.call(PART, run)
+    redis_guard.call(PART, run, region=redis_region(conversation_id))
 
 
 def held_turns(conversation_id: UUID | str) -> list[Turn]:
@@ -175,7 +187,10 @@ def held_turns(conversation_id: UUID | str) -> list[Turn]:
             client.srem(conversation_key(conversation_id), *gone)
         return [raw for raw in raws if raw is not None]
 
-    raws = redis_guard.call(PART, run, default=[], fallback="reads show what PostgreSQL has")
+    raws = redis_guard.call(
+        PART, run, default=[], fallback="reads show what PostgreSQL has",
+        region=redis_region(conversation_id),
+    )  # fmt: skip
     turns = [record_turn(json.loads(raw)) for raw in raws]
     turns.sort(key=lambda t: (t.created_at, str(t.turn_id)))
     return turns
@@ -195,4 +210,7 @@ def conversation_held_forget(conversation_id: UUID | str) -> None:
             pipe.delete(conversation_key(conversation_id))
             pipe.execute()
 
-    redis_guard.call(PART, run, default=None, fallback="held turns expire on their own")
+    redis_guard.call(
+        PART, run, default=None, fallback="held turns expire on their own",
+        region=redis_region(conversation_id),
+    )  # fmt: skip

@@ -36,7 +36,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -152,6 +152,25 @@ def region_of_id(conversation_id: UUID) -> str | None:
     tag = ((conversation_id.bytes[6] & 0x0F) << 8) | conversation_id.bytes[7]
     for region in settings.CHAT_REGIONS:
         if region_tag(region) == tag:
+            return region
+    return None
+
+
+def new_turn_id(conversation_id: UUID) -> UUID:
+    """A random turn id that names the same region as ``conversation_id`` (as
+    :func:`new_conversation_id`), so the Redis keys of the turn (its event log, its held
+    record) are found on the region's server from the turn id alone; a random version-4 id when
+    the conversation id names no region."""
+    region = region_of_id(conversation_id)
+    return new_conversation_id(region) if region is not None else uuid4()
+
+
+def redis_region(*ids: UUID | str | None) -> str | None:
+    """The region whose Redis server holds the keys of these ids (conversation or turn ids):
+    the first that names a region (:func:`region_of_id`), else None (the global server,
+    ``settings.REDIS_URL``). Pass the conversation id first when it is known."""
+    for value in ids:
+        if value is not None and (region := region_of_id(value)) is not None:
             return region
     return None
 
@@ -365,7 +384,9 @@ class Merged:
     def _fetch(self) -> list:
         if self._rows is None:
             self._rows = list(
-                heapq.merge(*(list(q) for q in self._querysets), key=self._key, reverse=self._reverse)
+                heapq.merge(
+                    *(list(q) for q in self._querysets), key=self._key, reverse=self._reverse
+                )
             )
         return self._rows
 

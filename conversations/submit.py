@@ -9,8 +9,6 @@ store the message, and start the generation (conversations/generate.py). The cha
 
 from __future__ import annotations
 
-import uuid
-
 from asgiref.sync import sync_to_async
 
 from conversations import cache, selectors, services
@@ -18,6 +16,7 @@ from conversations.generate import generation_start
 from conversations.locks import conversation_claim
 from conversations.models import Turn
 from conversations.plan import ContentBlocked, amemory_query_start, turn_plan
+from conversations.regions import new_turn_id
 from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
 from gateway import gate, run
@@ -53,7 +52,7 @@ async def turn_submit(
     gate.Refused when the answer is not admitted (ContentBlocked when moderation stopped it).
     """
     conversation_id = conversation.conversation_id
-    answer_id = uuid.uuid4()
+    answer_id = new_turn_id(conversation.conversation_id)
     text = services.message_clean(content)
     # An overflow user's memory retrieval embeds the message now, beside the claim, caller and
     # history reads (everyone else's memory block is stored: nothing to embed).
@@ -121,7 +120,7 @@ async def answer_regenerate(
     an answer is written, Http404 if its question is gone, gate.Refused when not admitted.
     """
     conversation_id = conversation.conversation_id
-    answer_id = uuid.uuid4()
+    answer_id = new_turn_id(conversation.conversation_id)
     caller = await gate.acaller_of(conversation, caller)
     async with conversation_claim(conversation_id, answer_id):
         question = await sync_to_async(selectors.user_turn_get)(
@@ -157,7 +156,7 @@ async def answer_continue(
     if answer.role != Turn.Role.ASSISTANT or answer.finish_reason != "length" or answer.status != Turn.Status.COMPLETE:
         raise gate.Refused(400, "not_cut_off", "Only an answer that was cut off can be continued.")
     conversation_id = conversation.conversation_id
-    answer_id = uuid.uuid4()
+    answer_id = new_turn_id(conversation.conversation_id)
     caller = await gate.acaller_of(conversation, caller)
     async with conversation_claim(conversation_id, answer_id):
         question = await sync_to_async(selectors.user_turn_get)(
@@ -176,7 +175,7 @@ async def answer_now(*, conversation, question: Turn, caller: gate.Caller | None
     Claimed (cross-process lock) and admitted as in :func:`turn_submit`, so two processes that
     both find it unanswered never answer it twice. Raises ConversationBusy if another answer
     holds the conversation, gate.Refused when not admitted."""
-    answer_id = uuid.uuid4()
+    answer_id = new_turn_id(conversation.conversation_id)
     caller = await gate.acaller_of(conversation, caller)
     async with conversation_claim(conversation.conversation_id, answer_id):
         plan = await turn_plan(conversation=conversation, caller=caller, question=question)

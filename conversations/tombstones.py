@@ -23,6 +23,7 @@ from uuid import UUID
 
 from django.conf import settings
 
+from conversations.regions import redis_region
 from core import redis_guard
 
 PART = "writeback"
@@ -37,32 +38,38 @@ def tombstones_write(conversation_ids: Iterable[UUID | str]) -> None:
     """Mark ``conversation_ids`` deleted for ``settings.CHAT_STREAM_TTL_S`` seconds (one
     pipeline). Never raises for Redis errors: without a tombstone the row check still refuses
     every late write (module docstring)."""
-    keys = [tombstone_key(c) for c in conversation_ids]
-    if not keys:
-        return
+    by_region: dict[str | None, list[str]] = {}  # each on its conversation's region's server
+    for c in conversation_ids:
+        by_region.setdefault(redis_region(c), []).append(tombstone_key(c))
     ttl = max(int(settings.CHAT_STREAM_TTL_S), 1)
 
-    def run(client):
+    def run(client, keys):
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.set(key, "1", ex=ttl)
             pipe.execute()
 
-    redis_guard.call(PART, run, default=None, fallback="late writes are refused by the row check")
+    for region, keys in by_region.items():
+        redis_guard.call(
+            PART, lambda client, k=keys: run(client, k), default=None,
+            fallback="late writes are refused by the row check", region=region,
+        )  # fmt: skip
 
 
 def tombstoned(conversation_id: UUID | str) -> bool:
     """Whether ``conversation_id`` was deleted within the last hour, per Redis (False when
     unknown, also when Redis is unavailable: the caller then relies on the row check)."""
     found = redis_guard.call(
-        PART, lambda client: client.exists(tombstone_key(conversation_id)), default=0
-    )
+        PART, lambda client: client.exists(tombstone_key(conversation_id)), default=0,
+        region=redis_region(conversation_id),
+    )  # fmt: skip
     return bool(found)
 
 
 async def atombstoned(conversation_id: UUID | str) -> bool:
     """:func:`tombstoned` for the event loop."""
     found = await redis_guard.acall(
-        PART, lambda client: client.exists(tombstone_key(conversation_id)), default=0
-    )
+        PART, lambda client: client.exists(tombstone_key(conversation_id)), default=0,
+        region=redis_region(conversation_id),
+    )  # fmt: skip
     return bool(found)

@@ -25,6 +25,12 @@ Redis down is a degraded mode, not an outage. Every call goes through core/redis
 
 New turns mirror again as soon as Redis answers: recovery needs no restart.
 
+**Regions** (issue 20): every key lives on the Redis server of its conversation's region
+(``settings.CHAT_REGION_REDIS_URLS``, core/redis_guard.py), found from the ids with no lookup
+(conversations/regions.py ``redis_region``: the conversation id, else the answer id, both minted
+with the region's tag). Functions that take only an answer id accept its ``conversation_id``
+too and should be given it; the cancel channel and the follow hub exist once per server.
+
 Deleting a conversation (conversations/deletion.py) publishes the cancel of its generating
 answer from synchronous code (:func:`cancel_publish`), drops its turns' keys
 (:func:`turn_logs_drop`), and a writer whose conversation was deleted meanwhile deletes its log
@@ -46,17 +52,18 @@ from django.conf import settings
 
 from conversations import tombstones
 from conversations.events import TERMINAL_EVENTS
+from conversations.regions import redis_region
 from core import redis_guard
 from core.redis_guard import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
 
 
-def redis_client() -> aioredis.Redis:
-    """This event loop's Redis client (asyncio clients cannot cross loops): short timeouts, a
-    blocking pool of ``settings.CHAT_REDIS_POOL_MAX`` (core/redis_guard.py). Callers go
-    through ``redis_guard.acall`` so a dead Redis fails fast and is counted."""
-    return redis_guard.async_client()
+def redis_client(*, region: str | None = None) -> aioredis.Redis:
+    """This event loop's client of ``region``'s Redis (asyncio clients cannot cross loops):
+    short timeouts, a blocking pool of ``settings.CHAT_REDIS_POOL_MAX`` (core/redis_guard.py).
+    Callers go through ``redis_guard.acall`` so a dead Redis fails fast and is counted."""
+    return redis_guard.async_client(region=region)
 
 
 _MIRROR_FALLBACK = "answers stream from this process only and cannot be resumed elsewhere"
@@ -120,6 +127,7 @@ async def conversation_lock(conversation_id: UUID, answer_id: UUID) -> bool:
             lambda r: r.set(busy_key(conversation_id), str(answer_id), nx=True, ex=BUSY_TTL_S),
             default=True,
             fallback=_LOCK_FALLBACK,
+            region=redis_region(conversation_id),
         )
     )
 
@@ -132,6 +140,7 @@ async def conversation_unlock(conversation_id: UUID, answer_id: UUID) -> None:
         lambda r: r.eval(_UNLOCK, 1, busy_key(conversation_id), str(answer_id)),
         default=None,
         fallback=_LOCK_FALLBACK,
+        region=redis_region(conversation_id),
     )
     if done is None:
         _pending_unlocks[conversation_id] = answer_id
@@ -141,27 +150,34 @@ async def conversation_holder(conversation_id: UUID) -> UUID | None:
     """The answer generating in this conversation in any process, per Redis (None if none or
     Redis is unavailable)."""
     value = await redis_guard.acall(
-        "lock", lambda r: r.get(busy_key(conversation_id)), default=None, fallback=_LOCK_FALLBACK
-    )
+        "lock", lambda r: r.get(busy_key(conversation_id)), default=None, fallback=_LOCK_FALLBACK,
+        region=redis_region(conversation_id),
+    )  # fmt: skip
     return UUID(value) if value else None
 
 
-async def cancel_elsewhere(answer_id: UUID, wait_s: float = 5) -> None:
-    """Ask whichever process generates ``answer_id`` to stop it (pub/sub), and wait (bounded)
-    until its event log records the end. Returns at once if Redis is unavailable (logged)."""
+async def cancel_elsewhere(
+    answer_id: UUID, wait_s: float = 5, *, conversation_id: UUID | None = None
+) -> None:
+    """Ask whichever process generates ``answer_id`` (of ``conversation_id``) to stop it
+    (pub/sub on the region's server), and wait (bounded) until its event log records the end.
+    Returns at once if Redis is unavailable (logged)."""
+    region = redis_region(conversation_id, answer_id)
     published = await redis_guard.acall(
         "cancel",
         lambda r: r.publish(CANCEL_CHANNEL, str(answer_id)),
         default=None,
         fallback=_CANCEL_FALLBACK,
+        region=region,
     )
     if published is None:
         return
     deadline = asyncio.get_running_loop().time() + wait_s
     while asyncio.get_running_loop().time() < deadline:
         last = await redis_guard.acall(
-            "cancel", lambda r: r.xrevrange(stream_key(answer_id), count=1), default=None
-        )
+            "cancel", lambda r: r.xrevrange(stream_key(answer_id), count=1), default=None,
+            region=region,
+        )  # fmt: skip
         if last is None:
             return
         if last and last[0][1].get("e") in TERMINAL_EVENTS:
@@ -177,11 +193,11 @@ def cancel_publish(conversation_ids: Iterable[UUID]) -> list[UUID]:
     Does not wait for the answer to end (:func:`cancel_elsewhere` is the async way that waits).
     Returns the answer ids published; ``[]`` when none holds a lock or Redis is unavailable
     (logged and counted, part ``cancel``: the cancel cannot reach another process then)."""
-    keys = [busy_key(c) for c in conversation_ids]
-    if not keys:
-        return []
+    by_region: dict[str | None, list[str]] = {}
+    for c in conversation_ids:
+        by_region.setdefault(redis_region(c), []).append(busy_key(c))
 
-    def run(client) -> list[UUID]:
+    def run(client, keys) -> list[UUID]:
         holders = [UUID(_text(h)) for h in client.mget(keys) if h]
         if holders:
             with client.pipeline(transaction=False) as pipe:
@@ -190,13 +206,24 @@ def cancel_publish(conversation_ids: Iterable[UUID]) -> list[UUID]:
                 pipe.execute()
         return holders
 
-    return redis_guard.call("cancel", run, default=[], fallback=_CANCEL_FALLBACK)
+    return [
+        answer_id
+        for region, keys in by_region.items()
+        for answer_id in redis_guard.call(
+            "cancel",
+            lambda client, k=keys: run(client, k),
+            default=[],
+            fallback=_CANCEL_FALLBACK,
+            region=region,
+        )
+    ]
 
 
-def turn_logs_drop(turn_ids: Iterable[UUID]) -> None:
+def turn_logs_drop(turn_ids: Iterable[UUID], *, region: str | None = None) -> None:
     """Delete the Redis keys of turns ``turn_ids`` (answers' event logs and owners, questions'
-    answer pointers; ids of either kind, a missing key is no error), synchronously, in batches
-    of 500. Never raises for Redis errors: the keys expire ``settings.CHAT_STREAM_TTL_S`` after
+    answer pointers; ids of either kind, a missing key is no error) on ``region``'s server
+    (their conversation's: ``redis_region(conversation_id)``), synchronously, in batches of
+    500. Never raises for Redis errors: the keys expire ``settings.CHAT_STREAM_TTL_S`` after
     their answer ended, and none is read without the conversation's row."""
     keys = [k for t in turn_ids for k in (stream_key(t), owner_key(t), question_key(t))]
 
@@ -205,7 +232,9 @@ def turn_logs_drop(turn_ids: Iterable[UUID]) -> None:
             client.delete(*keys[start : start + 500])
 
     if keys:
-        redis_guard.call("turnlog", run, default=None, fallback="the logs expire on their own")
+        redis_guard.call(
+            "turnlog", run, default=None, fallback="the logs expire on their own", region=region
+        )
 
 
 def _text(value: str | bytes) -> str:
@@ -216,41 +245,47 @@ _listeners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def ensure_cancel_listener(on_cancel) -> None:
-    """Start (once per event loop) a task that calls ``on_cancel(answer_id)`` for every cancel
+    """Start (once per event loop and Redis server: core/redis_guard.py
+    ``regions_with_servers``) a task that calls ``on_cancel(answer_id)`` for every cancel
     another process publishes."""
     loop = asyncio.get_running_loop()
-    task = _listeners.get(loop)
-    if task is not None and not task.done():
-        return
+    tasks = _listeners.setdefault(loop, {})
+    for region in redis_guard.regions_with_servers():
+        task = tasks.get(region)
+        if task is None or task.done():
+            tasks[region] = loop.create_task(
+                _listen(on_cancel, region), name=f"chat-cancel-listener-{region or 'global'}"
+            )
 
-    async def listen():
-        # Its own client: a subscribed connection waits for messages indefinitely (no read
-        # timeout), and must not hold one of the shared pool's connections.
-        client = redis_guard.async_client_for_blocking(None)
-        while True:
-            if not redis_guard.allow("cancel"):
-                await asyncio.sleep(1)
-                continue
-            pubsub = client.pubsub()
-            try:
-                await pubsub.subscribe(CANCEL_CHANNEL)
-                redis_guard.succeeded()
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        try:
-                            on_cancel(UUID(message["data"]))
-                        except ValueError:
-                            logger.warning("ignored a malformed cancel: %r", message["data"])
-            except REDIS_ERRORS as exc:
-                redis_guard.failed("cancel", exc, "cancel listener reconnects every second")
-                await asyncio.sleep(1)
-            finally:
-                # Bounded: on cancellation (loop shutdown) closing must not wait on the read
-                # the cancelled listen() was in.
-                with contextlib.suppress(*REDIS_ERRORS, TimeoutError):
-                    await asyncio.wait_for(pubsub.aclose(), 1)
 
-    _listeners[loop] = loop.create_task(listen(), name="chat-cancel-listener")
+async def _listen(on_cancel, region: str | None) -> None:
+    # Its own client: a subscribed connection waits for messages indefinitely (no read
+    # timeout), and must not hold one of the shared pool's connections.
+    client = redis_guard.async_client_for_blocking(None, region=region)
+    while True:
+        if not redis_guard.allow("cancel", region=region):
+            await asyncio.sleep(1)
+            continue
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(CANCEL_CHANNEL)
+            redis_guard.succeeded(region=region)
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    try:
+                        on_cancel(UUID(message["data"]))
+                    except ValueError:
+                        logger.warning("ignored a malformed cancel: %r", message["data"])
+        except REDIS_ERRORS as exc:
+            redis_guard.failed(
+                "cancel", exc, "cancel listener reconnects every second", region=region
+            )
+            await asyncio.sleep(1)
+        finally:
+            # Bounded: on cancellation (loop shutdown) closing must not wait on the read
+            # the cancelled listen() was in.
+            with contextlib.suppress(*REDIS_ERRORS, TimeoutError):
+                await asyncio.wait_for(pubsub.aclose(), 1)
 
 
 class TurnLogWriter:
@@ -278,6 +313,7 @@ class TurnLogWriter:
         self.linger_s = linger_s
         self.question_id = question_id
         self.conversation_id = conversation_id
+        self.region = redis_region(conversation_id, answer_id)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._run())
         self.healthy = True
@@ -300,7 +336,9 @@ class TurnLogWriter:
         resume skip events, so none is better (the turn cannot be resumed elsewhere)."""
         if not self.healthy:
             return
-        result = await redis_guard.acall("turnlog", fn, default=_FAILED, fallback=_MIRROR_FALLBACK)
+        result = await redis_guard.acall(
+            "turnlog", fn, default=_FAILED, fallback=_MIRROR_FALLBACK, region=self.region
+        )
         if result is _FAILED:
             self._degrade()
 
@@ -314,7 +352,7 @@ class TurnLogWriter:
                 pipe.set(owner_key(self.answer_id), str(self.conversation_id), ex=ttl)
                 return await pipe.execute()
 
-        if redis_guard.available():
+        if redis_guard.available(region=self.region):
             await self._mirror(start)
         else:
             self._degrade()  # no network call while the breaker is open
@@ -364,12 +402,15 @@ class TurnLogWriter:
         self.healthy = False
 
 
-async def answer_for_question(question_id: UUID) -> UUID | None:
-    """The answer id being (or just) written for a user turn, per Redis; None if unknown (also
-    when Redis is unavailable: check ``redis_guard.available()`` to tell the two apart)."""
+async def answer_for_question(
+    question_id: UUID, *, conversation_id: UUID | None = None
+) -> UUID | None:
+    """The answer id being (or just) written for a user turn (of ``conversation_id``), per
+    Redis; None if unknown (also when Redis is unavailable: check ``redis_guard.available()``
+    to tell the two apart)."""
     value = await redis_guard.acall(
         "turnlog", lambda r: r.get(question_key(question_id)), default=None,
-        fallback=_MIRROR_FALLBACK,
+        fallback=_MIRROR_FALLBACK, region=redis_region(conversation_id, question_id),
     )  # fmt: skip
     return UUID(value) if value else None
 
@@ -378,38 +419,42 @@ async def belongs_to(answer_id: UUID, conversation_id: UUID) -> bool:
     """Whether Redis records ``answer_id`` as a turn of ``conversation_id`` (callers have
     already checked that the conversation is the requester's)."""
     value = await redis_guard.acall(
-        "turnlog", lambda r: r.get(owner_key(answer_id)), default=None, fallback=_MIRROR_FALLBACK
-    )
+        "turnlog", lambda r: r.get(owner_key(answer_id)), default=None, fallback=_MIRROR_FALLBACK,
+        region=redis_region(conversation_id, answer_id),
+    )  # fmt: skip
     return value == str(conversation_id)
 
 
-async def exists(answer_id: UUID) -> bool:
+async def exists(answer_id: UUID, *, conversation_id: UUID | None = None) -> bool:
     """Whether Redis holds an event log for ``answer_id`` (False if Redis is unavailable)."""
     found = await redis_guard.acall(
-        "turnlog", lambda r: r.exists(stream_key(answer_id)), default=0, fallback=_MIRROR_FALLBACK
-    )
+        "turnlog", lambda r: r.exists(stream_key(answer_id)), default=0, fallback=_MIRROR_FALLBACK,
+        region=redis_region(conversation_id, answer_id),
+    )  # fmt: skip
     return bool(found)
 
 
-async def reader_present(answer_id: UUID) -> bool:
+async def reader_present(answer_id: UUID, *, conversation_id: UUID | None = None) -> bool:
     """Whether a reader in some process follows ``answer_id`` from Redis now (its mark is set:
     :func:`reading`). False if Redis is unavailable."""
     found = await redis_guard.acall(
-        "turnlog", lambda r: r.exists(reader_key(answer_id)), default=0, fallback=_MIRROR_FALLBACK
-    )
+        "turnlog", lambda r: r.exists(reader_key(answer_id)), default=0, fallback=_MIRROR_FALLBACK,
+        region=redis_region(conversation_id, answer_id),
+    )  # fmt: skip
     return bool(found)
 
 
 @contextlib.asynccontextmanager
-async def reading(answer_id: UUID) -> AsyncIterator[None]:
+async def reading(answer_id: UUID, *, conversation_id: UUID | None = None) -> AsyncIterator[None]:
     """Mark, for the block's duration, that a reader here follows ``answer_id`` from Redis
     (renewed every ``READER_TTL_S / 3`` s; it lapses ``READER_TTL_S`` s after the block)."""
+    region = redis_region(conversation_id, answer_id)
 
     async def mark() -> None:
         while True:
             await redis_guard.acall(
                 "turnlog", lambda r: r.set(reader_key(answer_id), "1", ex=READER_TTL_S),
-                default=None, fallback=_MIRROR_FALLBACK,
+                default=None, fallback=_MIRROR_FALLBACK, region=region,
             )  # fmt: skip
             await asyncio.sleep(READER_TTL_S / 3)
 
@@ -420,7 +465,7 @@ async def reading(answer_id: UUID) -> AsyncIterator[None]:
         task.cancel()
 
 
-async def writing(answer_id: UUID) -> bool:
+async def writing(answer_id: UUID, *, conversation_id: UUID | None = None) -> bool:
     """Whether some process is writing ``answer_id`` now: its conversation's "generating" lock
     (refreshed every ``BUSY_REFRESH_S`` by the writer, gone ``BUSY_TTL_S`` after it dies) names
     it. True also before its first event, while the answer waits for an engine slot, when its
@@ -428,13 +473,23 @@ async def writing(answer_id: UUID) -> bool:
 
     async def read(client):
         conversation_id = await client.get(owner_key(answer_id))
-        return conversation_id is not None and await client.get(busy_key(conversation_id)) == str(answer_id)
+        return conversation_id is not None and await client.get(busy_key(conversation_id)) == str(
+            answer_id
+        )
 
-    return bool(await redis_guard.acall("turnlog", read, default=False, fallback=_MIRROR_FALLBACK))
+    return bool(
+        await redis_guard.acall(
+            "turnlog",
+            read,
+            default=False,
+            fallback=_MIRROR_FALLBACK,
+            region=redis_region(conversation_id, answer_id),
+        )
+    )
 
 
 async def read_range(
-    answer_id: UUID, *, after: int, upto: int
+    answer_id: UUID, *, after: int, upto: int, conversation_id: UUID | None = None
 ) -> list[tuple[int, str, dict]] | None:
     """The events ``after`` < id <= ``upto`` of ``answer_id``'s log, in order, as
     ``(event_id, event, data)``: one XRANGE. For a reader of this process that fell behind the
@@ -445,6 +500,7 @@ async def read_range(
         lambda r: r.xrange(stream_key(answer_id), min=f"(0-{after}", max=f"0-{upto}"),
         default=None,
         fallback="a reader behind the in-process window ends (the client may resume)",
+        region=redis_region(conversation_id, answer_id),
     )
     if entries is None:
         return None
@@ -459,12 +515,13 @@ class _FollowHub:
     readers' queues. A blocking read holds its connection for the whole wait, so one XREAD per
     reader would need a Redis connection per open stream (redis-py's pool stops at 100)."""
 
-    def __init__(self) -> None:
+    def __init__(self, region: str | None = None) -> None:
+        self.region = region  # the hub reads one server: its region's
         self.subscribers: dict[str, set[asyncio.Queue]] = {}
         self.positions: dict[str, str] = {}
         self.wakeup = asyncio.Event()
         # Its own client: the socket timeout must outlast the blocking read.
-        self.client = redis_guard.async_client_for_blocking(BLOCK_S + 5)
+        self.client = redis_guard.async_client_for_blocking(BLOCK_S + 5, region=region)
         self.task = asyncio.get_running_loop().create_task(self._run(), name="chat-turnlog-hub")
 
     def subscribe(self, key: str, queue: asyncio.Queue, after: int) -> None:
@@ -492,7 +549,7 @@ class _FollowHub:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            if not redis_guard.allow("turnlog"):
+            if not redis_guard.allow("turnlog", region=self.region):
                 await asyncio.sleep(1)
                 continue
             try:
@@ -500,10 +557,15 @@ class _FollowHub:
                     dict(self.positions), block=int(BLOCK_S * 1000), count=500
                 )
             except REDIS_ERRORS as exc:
-                redis_guard.failed("turnlog", exc, "resumed streams wait; retrying every second")
+                redis_guard.failed(
+                    "turnlog",
+                    exc,
+                    "resumed streams wait; retrying every second",
+                    region=self.region,
+                )
                 await asyncio.sleep(1)
                 continue
-            redis_guard.succeeded()
+            redis_guard.succeeded(region=self.region)
             for key, entries in reply or []:
                 for entry_id, fields in entries:
                     if key not in self.positions:
@@ -517,16 +579,19 @@ class _FollowHub:
 _hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _hub() -> _FollowHub:
+def _hub(region: str | None = None) -> _FollowHub:
+    """This event loop's hub for the Redis server of ``region`` (one per loop and server)."""
     loop = asyncio.get_running_loop()
-    hub = _hubs.get(loop)
+    hubs = _hubs.setdefault(loop, {})
+    url = redis_guard.url_for(region)
+    hub = hubs.get(url)
     if hub is None or hub.task.done():
-        hub = _hubs[loop] = _FollowHub()
+        hub = hubs[url] = _FollowHub(region)
     return hub
 
 
 async def follow(
-    answer_id: UUID, after: int = 0, idle_s: float = 15
+    answer_id: UUID, after: int = 0, idle_s: float = 15, *, conversation_id: UUID | None = None
 ) -> AsyncIterator[tuple[int, str, dict] | None]:
     """Yield ``(event_id, event, data)`` after ``after`` from Redis, live, until a terminal
     event (conversations/events.py ``TERMINAL_EVENTS``: ``done``, ``moderation``, ``error``);
@@ -538,7 +603,8 @@ async def follow(
     every event arrive exactly once and in order.
     """
     key = stream_key(answer_id)
-    hub = _hub()
+    region = redis_region(conversation_id, answer_id)
+    hub = _hub(region)
     queue: asyncio.Queue = asyncio.Queue()
     hub.subscribe(key, queue, after)
     loop = asyncio.get_running_loop()
@@ -547,7 +613,7 @@ async def follow(
         last = after
         backlog = await redis_guard.acall(
             "turnlog", lambda r: r.xrange(key, min=f"(0-{after}", max="+"), default=None,
-            fallback="a resumed stream ends (the client may retry)",
+            fallback="a resumed stream ends (the client may retry)", region=region,
         )  # fmt: skip
         if backlog is None:
             return
@@ -562,8 +628,8 @@ async def follow(
             except TimeoutError:
                 if (
                     loop.time() > patience_until
-                    and not await exists(answer_id)
-                    and not await writing(answer_id)
+                    and not await exists(answer_id, conversation_id=conversation_id)
+                    and not await writing(answer_id, conversation_id=conversation_id)
                 ):
                     return
                 yield None

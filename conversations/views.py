@@ -447,7 +447,9 @@ async def turn_events(request: HttpRequest, conversation_id: UUID, turn_id: UUID
         try:
             body = await turnstream.answer_sse(
                 conversation_id=conversation.conversation_id,
-                answer_id=await turnlog.answer_for_question(question.turn_id),
+                answer_id=await turnlog.answer_for_question(
+                    question.turn_id, conversation_id=conversation.conversation_id
+                ),
                 stored=sync_to_async(lambda: selectors.reply_get(turn=question)),
                 after=after,
                 stored_first=True,
@@ -499,7 +501,7 @@ async def turn_stop(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
         stream.stop()
         await stream.wait()
     else:  # maybe generating in another server process
-        answer_id = await turnlog.answer_for_question(turn_id)
+        answer_id = await turnlog.answer_for_question(turn_id, conversation_id=conversation_id)
         if answer_id is not None:
             await turnstream.stop_anywhere(conversation_id=conversation_id, answer_id=answer_id)
     return HttpResponse(status=204)

@@ -6,15 +6,18 @@ Issue 4 ("Durable write-back"; PF-J1, PF-J2). When an answer ends (conversations
 1. :func:`answer_finish` holds the answer's record in Redis (the held-answer store,
    conversations/held.py: ``chat:pending:{turn_id}``, the conversation's index that reads merge,
    and the sweeper's due set).
-2. :func:`write_back_queue` queues the task ``turn_write_back(turn_id)`` with
+2. :func:`write_back_queue` queues the task ``turn_write_back(turn_id, region)`` with
    ``transaction.on_commit`` (PF-J2: a task queued inside a transaction that rolls back never
-   runs). Only the turn id travels through the broker; the text stays in the record.
+   runs). Only the turn id and its conversation's region travel through the broker (the
+   global Redis); the text stays in the record, on the region's Redis server (issue 20), where
+   the worker reads it.
 3. The task (late acks, reject on worker loss, retried with backoff on database and Redis
    errors) reads the record, calls ``services.answer_store`` (idempotent on the turn
    id) and deletes the record only after that commit (PF-J1: a worker killed anywhere before the
    acknowledgement runs the task again; the answer is written exactly once).
 4. The sweeper (beat, every ``settings.CHAT_WRITEBACK_SWEEP_S``) queues the write again for a
-   record still held ``settings.CHAT_WRITEBACK_REQUEUE_AFTER_S`` after it was last queued.
+   record still held ``settings.CHAT_WRITEBACK_REQUEUE_AFTER_S`` after it was last queued, on
+   every region's Redis server.
 
 Redis down: :func:`answer_finish` inserts the turn synchronously instead (logged and counted in
 ``chat_writeback_sync_fallback_total``).
@@ -40,6 +43,7 @@ from redis.exceptions import RedisError
 
 from conversations import held, services, tombstones
 from conversations.models import Conversation, Turn
+from conversations.regions import redis_region
 from core import redis_guard
 from core.db import run_in_db_thread
 
@@ -58,14 +62,16 @@ REQUEUED = Counter(
 # --- write-back ---------------------------------------------------------------------------------
 
 
-def write_back_queue(*, turn_id: UUID) -> None:
-    """Queue ``turn_write_back(turn_id)`` when the current transaction commits; at once outside
-    a transaction. A rolled-back transaction queues nothing (PF-J2)."""
-    transaction.on_commit(lambda: turn_write_back.delay(str(turn_id)))
+def write_back_queue(*, turn_id: UUID, region: str | None = None) -> None:
+    """Queue ``turn_write_back(turn_id, region)`` (``region``: whose Redis server holds the
+    record, core/redis_guard.py; None: the global one) when the current transaction commits; at
+    once outside a transaction. A rolled-back transaction queues nothing (PF-J2)."""
+    transaction.on_commit(lambda: turn_write_back.delay(str(turn_id), region))
 
 
-def answer_write_back(*, turn_id: UUID) -> Turn | None:
-    """Write the held answer ``turn_id`` to PostgreSQL and release its record after the commit.
+def answer_write_back(*, turn_id: UUID, region: str | None = None) -> Turn | None:
+    """Write the held answer ``turn_id`` (held on ``region``'s Redis server; None: the region
+    its id names, else the global server) to PostgreSQL and release its record after the commit.
 
     Returns the stored turn, or None if there was nothing to write (no record: written and
     released before, or expired; a zero-retention record; the conversation is gone).
@@ -79,14 +85,16 @@ def answer_write_back(*, turn_id: UUID) -> Turn | None:
     holds when Redis forgot: the deletion locks the same row, so an insert either commits
     before it (and its turn is deleted with the conversation) or finds no row.
     """
-    record = held.record_get(turn_id)
+    record = held.record_get(turn_id, region=region)
     if record is None:
         return None
     conversation_id = record["conversation_id"]
     if record.get("zero_retention") or record["role"] != Turn.Role.ASSISTANT:
         return None  # never written to PostgreSQL; the record expires on its own
     if tombstones.tombstoned(conversation_id):
-        logger.info("conversation %s was deleted; dropping held answer %s", conversation_id, turn_id)
+        logger.info(
+            "conversation %s was deleted; dropping held answer %s", conversation_id, turn_id
+        )
         held.release(turn_id=turn_id, conversation_id=conversation_id)
         return None
     try:
@@ -110,11 +118,13 @@ def answer_write_back(*, turn_id: UUID) -> Turn | None:
     retry_jitter=True,
     max_retries=10,
 )
-def turn_write_back(turn_id: str) -> bool:
-    """Celery: write held answer ``turn_id`` (a UUID string). True if a row was written or
-    found; False if nothing was held. Retries on database/Redis errors (2 s backoff doubling to
-    5 min, 10 times; the sweeper queues it again after that)."""
-    return answer_write_back(turn_id=UUID(turn_id)) is not None
+def turn_write_back(turn_id: str, region: str | None = None) -> bool:
+    """Celery: write held answer ``turn_id`` (a UUID string) held on ``region``'s Redis server
+    (messages queued before regions had servers name none: the turn id's region, else the global
+    one). True if a row was written or found; False if nothing was held. Retries on
+    database/Redis errors (2 s backoff doubling to 5 min, 10 times; the sweeper queues it again
+    after that)."""
+    return answer_write_back(turn_id=UUID(turn_id), region=region) is not None
 
 
 def held_answers_requeue(*, now: float | None = None) -> int:
@@ -123,7 +133,9 @@ def held_answers_requeue(*, now: float | None = None) -> int:
     lost: a broker outage, a message dropped after max retries). ``now``: epoch seconds.
     Returns how many were queued. Records that vanished leave the due set; records of a
     conversation deleted meanwhile (its tombstone, conversations/tombstones.py) are dropped, not
-    queued. Raises RedisError when Redis is unreachable (the next sweep tries again)."""
+    queued. Every Redis server is swept (core/redis_guard.py ``regions_with_servers``; a
+    region's due set, records and tombstones are on its own). Raises RedisError when a server
+    is unreachable, after sweeping the others (the next sweep tries again)."""
     now = time.time() if now is None else now
     cutoff = now - settings.CHAT_WRITEBACK_REQUEUE_AFTER_S
 
@@ -156,13 +168,23 @@ def held_answers_requeue(*, now: float | None = None) -> int:
             logger.info("dropped %d held answer(s) of deleted conversations", len(deleted))
         return live
 
-    due = redis_guard.call(held.PART, take_due)
-    for turn_id in due:
-        turn_write_back.delay(turn_id)
-    if due:
-        REQUEUED.inc(len(due))
-        logger.warning("queued the write-back of %d held answer(s) again", len(due))
-    return len(due)
+    queued = 0
+    failure: RedisError | None = None
+    for region in redis_guard.regions_with_servers():
+        try:
+            due = redis_guard.call(held.PART, take_due, region=region)
+        except RedisError as exc:
+            failure = exc
+            continue
+        for turn_id in due:
+            turn_write_back.delay(turn_id, region)
+        queued += len(due)
+    if queued:
+        REQUEUED.inc(queued)
+        logger.warning("queued the write-back of %d held answer(s) again", queued)
+    if failure is not None:
+        raise failure
+    return queued
 
 
 @shared_task(name="conversations.turn_write_back_sweep", acks_late=True)
@@ -201,7 +223,13 @@ async def answer_finish(*, record: dict[str, Any]) -> str:
         await _in_thread(services.answer_store, answer=held.record_turn(record))
         return "stored"
     try:
-        await _in_thread(write_back_queue, turn_id=UUID(record["turn_id"]))
+        await _in_thread(
+            write_back_queue,
+            turn_id=UUID(record["turn_id"]),
+            region=redis_region(record["conversation_id"]),
+        )
     except Exception:  # noqa: BLE001 - the record is held; the sweeper queues it later
-        logger.exception("could not queue the write-back of %s; the sweeper will", record["turn_id"])
+        logger.exception(
+            "could not queue the write-back of %s; the sweeper will", record["turn_id"]
+        )
     return "held"

@@ -40,6 +40,14 @@ as a probe; its success closes the breaker, its failure opens it again. So when 
 every path recovers by itself within a few seconds, without a restart. The breaker is per
 process (shared by every thread and event loop in it). Error *replies* (``ResponseError``) fail
 the call softly but do not open the breaker: Redis is up.
+
+**Regions** (issue 20, "Region-scoped stores"). A region's conversation data (event logs, held
+answers, hot cache, locks, tombstones) lives on its own Redis server,
+``settings.CHAT_REGION_REDIS_URLS`` (region -> URL): every client and guarded call takes a
+``region`` (None: the global ``settings.REDIS_URL``, which also holds rate-limit buckets,
+idempotency records and the Celery broker; a region without a server of its own uses it too).
+Each server has its own circuit breaker, so one region's outage degrades that region only;
+:data:`breaker` is the global server's.
 """
 
 from __future__ import annotations
@@ -162,41 +170,76 @@ class CircuitBreaker:
         metrics.REDIS_UP.set(1)
 
 
-breaker = CircuitBreaker()
+breaker = CircuitBreaker()  # the global server's (settings.REDIS_URL)
+_region_breakers: dict[str, CircuitBreaker] = {}  # a region server's URL -> its breaker
 
 
-def allow(part: str) -> bool:
-    """Whether ``part`` may call Redis now; if not, the skipped call is counted."""
-    if breaker.allow():
+def url_for(region: str | None = None) -> str:
+    """The Redis URL holding ``region``'s data: its ``settings.CHAT_REGION_REDIS_URLS`` entry,
+    else (also for None) the global ``settings.REDIS_URL``."""
+    if region is not None:
+        url = getattr(settings, "CHAT_REGION_REDIS_URLS", {}).get(region)
+        if url:
+            return url
+    return settings.REDIS_URL
+
+
+def regions_with_servers() -> list[str | None]:
+    """One region per distinct Redis server, the global one (None) first: for work done on every
+    server (the write-back sweep, the cancel listener, purges)."""
+    seen = {settings.REDIS_URL: None}
+    for region in getattr(settings, "CHAT_REGION_REDIS_URLS", {}):
+        seen.setdefault(url_for(region), region)
+    return list(seen.values())
+
+
+def breaker_for(region: str | None = None) -> CircuitBreaker:
+    """The circuit breaker of the server holding ``region``'s data (:func:`url_for`)."""
+    url = url_for(region)
+    if url == settings.REDIS_URL:
+        return breaker
+    found = _region_breakers.get(url)
+    if found is None:
+        with _sync_lock:
+            found = _region_breakers.setdefault(url, CircuitBreaker())
+    return found
+
+
+def allow(part: str, *, region: str | None = None) -> bool:
+    """Whether ``part`` may call ``region``'s Redis now; if not, the skipped call is counted."""
+    if breaker_for(region).allow():
         return True
     metrics.REDIS_UNAVAILABLE.labels(part=part).inc()
     return False
 
 
-def available() -> bool:
-    """Whether this process currently considers Redis reachable (breaker closed). Views use it
-    to tell "not found" from "cannot know while Redis is down"."""
-    return not breaker.is_open
+def available(*, region: str | None = None) -> bool:
+    """Whether this process currently considers ``region``'s Redis reachable (breaker closed).
+    Views use it to tell "not found" from "cannot know while Redis is down"."""
+    return not breaker_for(region).is_open
 
 
-def failed(part: str, exc: BaseException, fallback: str = "") -> None:
-    """Report a failed Redis call of ``part``: count it, open the breaker on an outage error,
-    and log it (once per part per outage; ``fallback`` says what the part does instead)."""
+def failed(part: str, exc: BaseException, fallback: str = "", *, region: str | None = None) -> None:
+    """Report a failed call of ``part`` to ``region``'s Redis: count it, open that server's
+    breaker on an outage error, and log it (once per part per outage; ``fallback`` says what
+    the part does instead)."""
     metrics.REDIS_UNAVAILABLE.labels(part=part).inc()
     if isinstance(exc, _OUTAGE_ERRORS):
-        breaker.record_failure(exc)
-        if part in breaker.logged_parts:
+        server = breaker_for(region)
+        server.record_failure(exc)
+        if part in server.logged_parts:
             return
-        breaker.logged_parts.add(part)
+        server.logged_parts.add(part)
     logger.warning(
-        "Redis call for %s failed (%s: %s)%s",
+        "Redis call for %s failed (%s: %s)%s%s",
         part, type(exc).__name__, exc, f"; {fallback}" if fallback else "",
+        f" [{region}'s server]" if url_for(region) != settings.REDIS_URL else "",
     )  # fmt: skip
 
 
-def succeeded() -> None:
-    """Report a successful Redis call (closes the breaker after an outage)."""
-    breaker.record_success()
+def succeeded(*, region: str | None = None) -> None:
+    """Report a successful call to ``region``'s Redis (closes its breaker after an outage)."""
+    breaker_for(region).record_success()
 
 
 _RAISE: Any = object()
@@ -221,61 +264,67 @@ def _connection_kwargs(retry_cls) -> dict:
     }
 
 
-# Clients are kept per settings.REDIS_URL (tests point processes at other servers).
-_async_clients: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[str, aioredis.Redis]
-] = weakref.WeakKeyDictionary()
+# Clients are kept per server URL (tests point processes at other servers).
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aioredis.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
 _sync_clients: dict[str, redis.Redis] = {}
 _sync_lock = threading.Lock()
 
 
-def async_client() -> aioredis.Redis:
-    """This event loop's asyncio Redis client (asyncio clients cannot cross loops), strings
-    decoded. A blocking pool of ``settings.CHAT_REDIS_POOL_MAX`` connections: a burst of readers
-    waits (up to 10 s) for a connection instead of failing when the pool is at its size."""
+def async_client(*, region: str | None = None) -> aioredis.Redis:
+    """This event loop's asyncio client of ``region``'s Redis (:func:`url_for`; asyncio clients
+    cannot cross loops), strings decoded. A blocking pool of ``settings.CHAT_REDIS_POOL_MAX``
+    connections: a burst of readers waits (up to 10 s) for a connection instead of failing when
+    the pool is at its size."""
     from redis.asyncio.retry import Retry  # noqa: PLC0415
 
+    url = url_for(region)
     loop = asyncio.get_running_loop()
     clients = _async_clients.setdefault(loop, {})
-    client = clients.get(settings.REDIS_URL)
+    client = clients.get(url)
     if client is None:
         pool = aioredis.BlockingConnectionPool.from_url(
-            settings.REDIS_URL,
+            url,
             max_connections=settings.CHAT_REDIS_POOL_MAX,
             timeout=10,
             decode_responses=True,
             **_connection_kwargs(Retry),
         )
-        client = clients[settings.REDIS_URL] = aioredis.Redis(connection_pool=pool)
+        client = clients[url] = aioredis.Redis(connection_pool=pool)
     return client
 
 
-def async_client_for_blocking(read_timeout_s: float) -> aioredis.Redis:
-    """A new asyncio client for a long-lived blocking reader (XREAD BLOCK, pub/sub) whose reads
-    may legitimately wait ``read_timeout_s`` seconds; connect timeout as for the others."""
+def async_client_for_blocking(
+    read_timeout_s: float | None, *, region: str | None = None
+) -> aioredis.Redis:
+    """A new asyncio client of ``region``'s Redis for a long-lived blocking reader (XREAD BLOCK,
+    pub/sub) whose reads may legitimately wait ``read_timeout_s`` seconds (None: forever);
+    connect timeout as for the others."""
     from redis.asyncio.retry import Retry  # noqa: PLC0415
 
     kwargs = _connection_kwargs(Retry)
     kwargs["socket_timeout"] = read_timeout_s
-    return aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True, **kwargs)
+    return aioredis.Redis.from_url(url_for(region), decode_responses=True, **kwargs)
 
 
-def sync_client() -> redis.Redis:
-    """The process's synchronous Redis client (thread-safe pool, same short timeouts; replies
-    are bytes). For sync code: selectors, services, Celery tasks."""
+def sync_client(*, region: str | None = None) -> redis.Redis:
+    """The process's synchronous client of ``region``'s Redis (thread-safe pool, same short
+    timeouts; replies are bytes). For sync code: selectors, services, Celery tasks."""
     from redis.retry import Retry  # noqa: PLC0415
 
-    client = _sync_clients.get(settings.REDIS_URL)
+    url = url_for(region)
+    client = _sync_clients.get(url)
     if client is None:
         with _sync_lock:
-            client = _sync_clients.get(settings.REDIS_URL)
+            client = _sync_clients.get(url)
             if client is None:
                 client = redis.Redis.from_url(
-                    settings.REDIS_URL,
+                    url,
                     max_connections=settings.CHAT_REDIS_POOL_MAX,
                     **_connection_kwargs(Retry),
                 )
-                _sync_clients[settings.REDIS_URL] = client
+                _sync_clients[url] = client
     return client
 
 
@@ -288,20 +337,22 @@ async def acall(
     *,
     default: Any = _RAISE,
     fallback: str = "",
+    region: str | None = None,
 ) -> T:
-    """Run ``await fn(client)`` with this loop's client unless the breaker is open.
+    """Run ``await fn(client)`` with this loop's client of ``region``'s Redis (None: the global
+    one) unless that server's breaker is open.
 
     On a Redis failure (or an open breaker) the call is counted and logged (see :func:`failed`)
     and ``default`` is returned; without a ``default`` it raises :class:`RedisUnavailable`.
     """
-    if not allow(part):
+    if not allow(part, region=region):
         return _unavailable(part, default)
     try:
-        result = await fn(async_client())
+        result = await fn(async_client(region=region))
     except REDIS_ERRORS as exc:
-        failed(part, exc, fallback)
+        failed(part, exc, fallback, region=region)
         return _unavailable(part, default)
-    succeeded()
+    succeeded(region=region)
     return result
 
 
@@ -311,16 +362,17 @@ def call(
     *,
     default: Any = _RAISE,
     fallback: str = "",
+    region: str | None = None,
 ) -> T:
     """:func:`acall` for synchronous code (``fn(client)`` with :func:`sync_client`)."""
-    if not allow(part):
+    if not allow(part, region=region):
         return _unavailable(part, default)
     try:
-        result = fn(sync_client())
+        result = fn(sync_client(region=region))
     except REDIS_ERRORS as exc:
-        failed(part, exc, fallback)
+        failed(part, exc, fallback, region=region)
         return _unavailable(part, default)
-    succeeded()
+    succeeded(region=region)
     return result
 
 

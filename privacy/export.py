@@ -186,7 +186,6 @@ def conversation_items(
     writing its Markdown file and attachment files into the archive as it goes. ``people``:
     user id -> username, to name each conversation's owner (organisation exports; filled in as
     needed); ``orgs``: organisation id -> slug."""
-    storage = attachment_storage()
     orgs = {} if orgs is None else orgs
     for db, batch in conversation_batches(**filters):
         ids = [c.pk for c in batch]
@@ -208,7 +207,7 @@ def conversation_items(
         for conversation in batch:
             yield _conversation_item(
                 builder,
-                storage,
+                attachment_storage(conversation_id=conversation.pk),
                 db,
                 conversation,
                 attachments=attachments.get(conversation.pk, []),

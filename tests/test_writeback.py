@@ -305,13 +305,13 @@ def redis_down(tmp_path, monkeypatch):
     sync_dead = redis.Redis.from_url(dead, socket_connect_timeout=1)
     async_dead: dict = {}
 
-    def async_client():
+    def async_client(**_):  # any region: the same dead server
         loop = asyncio.get_running_loop()
         if loop not in async_dead:
             async_dead[loop] = redis.asyncio.Redis.from_url(dead, socket_connect_timeout=1, decode_responses=True)
         return async_dead[loop]
 
-    monkeypatch.setattr(redis_guard, "sync_client", lambda: sync_dead)
+    monkeypatch.setattr(redis_guard, "sync_client", lambda **_: sync_dead)
     monkeypatch.setattr(redis_guard, "async_client", async_client)
     redis_guard.breaker.reset()
     yield dead

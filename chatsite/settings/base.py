@@ -588,6 +588,12 @@ CHAT_REGIONS = tuple(
         )
     )
 )
+# Regions with a Redis server of their own, as JSON {"us-east": URL, ...} (issue 20, "Region-scoped
+# stores"): a conversation's event logs, held answers, hot cache, locks and tombstones live on its
+# region's server (core/redis_guard.py). A region not listed uses REDIS_URL, which also keeps the
+# global state (rate-limit buckets, idempotency records, the Celery broker). Separate servers,
+# not database numbers of one: residency is about where the bytes are.
+CHAT_REGION_REDIS_URLS: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_REDIS_URLS") or "{}")
 # Apps whose rows live in a region's database; everything else (accounts, organisations, API
 # keys, sessions, auth) is global and lives in `default`.
 CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback")
@@ -730,6 +736,12 @@ CHAT_ATTACHMENT_STORAGE = {
         "directory_permissions_mode": 0o700,
     },
 }
+# Regions whose attachment files live under a root of their own, as JSON {"us-east": DIR, ...}
+# (issue 20, "Region-scoped stores"): a conversation's files go under its region's root (the
+# conversation id names the region); a region not listed uses the location above.
+CHAT_REGION_ATTACHMENT_ROOTS: dict[str, str] = json.loads(
+    os.environ.get("CHAT_REGION_ATTACHMENT_ROOTS") or "{}"
+)
 # Largest file accepted (bytes; 413 above). A reverse proxy must let the chat page's form through:
 # up to CHAT_ATTACHMENT_MAX_FILES of these in one request (nginx client_max_body_size).
 CHAT_ATTACHMENT_MAX_BYTES = env_int("CHAT_ATTACHMENT_MAX_BYTES", 10 * 1024 * 1024)

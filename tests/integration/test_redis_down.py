@@ -182,7 +182,7 @@ def test_cancel_listener_reconnects_after_redis_comes_back(redis_server, setting
 
     async def scenario():
         turnlog.ensure_cancel_listener(received.append)
-        listener = turnlog._listeners[asyncio.get_running_loop()]
+        listener = turnlog._listeners[asyncio.get_running_loop()][None]  # the global server's
         publisher = redis.asyncio.Redis.from_url(redis_server.url)
         try:
             for _ in range(50):  # until subscribed
