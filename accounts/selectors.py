@@ -73,15 +73,20 @@ def user_session_get_for_user(*, session_id: int, user: User) -> UserSession:
     return row
 
 
-def turn_training_eligible(*, owner_id: int | None, org_id: int | None) -> bool:
+def turn_training_eligible(*, owner_id: int | None, org_id: int | None, owner: User | None = None) -> bool:
     """``Turn.training_eligible`` for a turn written now in a conversation of user ``owner_id``
     in organisation ``org_id`` (None: a personal conversation). False when either has opted
     out (``User.training_opt_out``, ``Organisation.not_for_training``): either opt-out wins
     (issue 20; DESIGN.md "Training opt-out"). Read afresh for every turn (one indexed query
     each, none for a missing id), so a change applies from the next turn and turns already
     stored keep their tag. Zero-retention and temporary chats store no turn at all
-    (conversations/selectors.py ``conversation_zero_retention``), so they need no tag."""
-    if owner_id is not None and User.objects.filter(pk=owner_id, training_opt_out=True).exists():
+    (conversations/selectors.py ``conversation_zero_retention``), so they need no tag.
+    ``owner``: the owner's row, when the caller loaded it for this very write (then its flag is
+    read with no query on the global database)."""
+    if owner is not None and owner.pk == owner_id:
+        if owner.training_opt_out:
+            return False
+    elif owner_id is not None and User.objects.filter(pk=owner_id, training_opt_out=True).exists():
         return False
     return (
         org_id is None or not Organisation.objects.filter(pk=org_id, not_for_training=True).exists()

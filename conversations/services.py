@@ -155,6 +155,7 @@ def turn_append_user(
     parent_id: UUID | None = None,
     moderation_verdict: dict | None = None,
     blocked: bool = False,
+    owner=None,
 ) -> Turn:
     """Append a user turn (committed before any generation starts) and return it.
 
@@ -165,7 +166,9 @@ def turn_append_user(
     and the turns after it stay in the log. The caller checks both are user turns of this
     conversation. ``moderation_verdict``: the input
     gate's verdict (moderation/verdicts.py ``Verdict.as_json``); ``blocked``: the gate stopped
-    the message, so it is stored with status ``blocked`` and is never answered.
+    the message, so it is stored with status ``blocked`` and is never answered. ``owner``:
+    the conversation owner's row if the caller has just loaded it (its training opt-out is then
+    read from it, accounts.selectors.turn_training_eligible; else it is queried).
     The conversation row is locked for the append so two appends to one conversation are
     serialised. The first message also names an untitled conversation.
     Raises ValidationError for an invalid message (see :func:`message_clean`); nothing is stored.
@@ -186,7 +189,7 @@ def turn_append_user(
     turn = Turn.objects.create(
         conversation=locked, role=Turn.Role.USER, content=text, created_at=now,
         replaces_id=replaces_id, parent_id=parent_id,
-        training_eligible=turn_training_eligible(owner_id=locked.owner_id, org_id=locked.org_id),
+        training_eligible=turn_training_eligible(owner_id=locked.owner_id, org_id=locked.org_id, owner=owner),
         **moderation,
     )  # fmt: skip
     locked.last_turn_at = now

@@ -374,7 +374,9 @@ def op_turn_append_user(username: str, conversation_id: str, content: str) -> st
     user = _user(username)
     with _unrecorded():
         conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
-    return str(services.turn_append_user(conversation=conversation, content=content).turn_id)
+    # The owner's row, loaded here as a request's user is, goes with the write (its training
+    # opt-out is read from it, not from the global database).
+    return str(services.turn_append_user(conversation=conversation, content=content, owner=user).turn_id)
 
 
 def op_turn_append_assistant(conversation_id: str, reply_to_id: str, content: str) -> str:
