@@ -18,8 +18,8 @@ from django.urls import path
 from chatsite import health, metrics
 from gateway import run
 from gateway.gate import Caller
-from inference.engine import EngineUnavailable, GenerationOptions
 from inference import serving
+from inference.engine import EngineUnavailable, GenerationOptions
 from inference.nodes import NodeSet, hrw_order, node_choose, node_sets
 from inference.pools import pool_engine, pool_set_reset, pools_load
 from inference.remote import OpenAIRemoteEngine
