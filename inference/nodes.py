@@ -194,6 +194,13 @@ class NodeSet:
             return
         self._watcher = loop.create_task(self._watch(), name=f"nodes-{self.pool}")
 
+    def stop_watching(self) -> None:
+        """Stop the background check (from any thread: the pools are reloaded, the loop ends)."""
+        task = self._watcher
+        if task is not None and not task.done() and not task.get_loop().is_closed():
+            task.get_loop().call_soon_threadsafe(task.cancel)
+        self._watcher = None
+
     async def _watch(self) -> None:
         while True:
             try:

@@ -378,6 +378,10 @@ def pool_set_reset() -> None:
     global _pool_set
     with _lock:
         _pool_set = None
+        for engine in _engines.values():
+            stop = getattr(engine, "stop_watching", None)  # a pool of several nodes' checks
+            if stop is not None:
+                stop()
         _engines.clear()
 
 

@@ -5,7 +5,6 @@ The real two-engine test is tests/integration/test_node_failover.py (real_engine
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit
@@ -20,7 +19,7 @@ from gateway import run
 from gateway.gate import Caller
 from inference import serving
 from inference.engine import EngineUnavailable, GenerationOptions
-from inference.nodes import NodeSet, hrw_order, node_choose, node_sets
+from inference.nodes import NodeSet, hrw_order, node_choose
 from inference.pools import pool_engine, pool_set_reset, pools_load
 from inference.remote import OpenAIRemoteEngine
 from inference.router import Route
@@ -202,9 +201,7 @@ async def node_set(nodes) -> AsyncIterator[NodeSet]:
     made = NodeSet.for_pool(pool)
     await made.ensure_started()
     yield made
-    if made._watcher is not None:
-        made._watcher.cancel()
-        await asyncio.gather(made._watcher, return_exceptions=True)
+    made.stop_watching()
 
 
 def home_and_other(key: str) -> tuple[str, str]:
@@ -362,10 +359,7 @@ async def test_readyz_and_metrics_show_each_nodes_state(nodes, settings, engine_
         response = await AsyncClient().get("/readyz")
         scraped = (await AsyncClient().get("/metrics")).content.decode()
     finally:
-        for node_set in node_sets().values():
-            if node_set._watcher is not None:
-                node_set._watcher.cancel()
-        pool_set_reset()
+        pool_set_reset()  # stops the node sets' checks
 
     assert response.status_code == 200, response.content  # one node down leaves the gateway ready
     states = response.json()["nodes"]["remote-big@1"]
