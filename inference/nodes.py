@@ -268,12 +268,15 @@ class NodeSet:
 
     async def choose(self, key: str, exclude: Iterable[str] = ()) -> Node:
         """The up node (not in ``exclude``, node URLs) that serves ``key``: :func:`node_choose`
-        over their waiting counts (each read at most every CHAT_ENGINE_LOAD_TTL_S). Raises
+        over their waiting counts (each read at most every CHAT_ENGINE_LOAD_TTL_S; not read when
+        one node is left). Raises
         EngineUnavailable when no such node is up."""
         skip = set(exclude)
         up = [node for node in self.nodes if node.up and node.url not in skip]
         if not up:
             raise EngineUnavailable(f"no other node of pool {self.pool} is up ({self._reasons()})")
+        if len(up) == 1:
+            return up[0]  # no choice to make: no queue to read (a failover goes out at once)
         loads = await asyncio.gather(*(node.engine.load() for node in up))
         waiting = {node.url: load.waiting for node, load in zip(up, loads, strict=True)}
         url = node_choose(key, waiting, spill=settings.CHAT_NODE_SPILL_WAITING)
