@@ -259,7 +259,7 @@ def run(args) -> int:
         "node loss: token gap, stayed (A)": summary([s.gap_over(killed_at) for s in stayed]),
     }
     errors = [s.end for s in steady_streams + loss_streams if s.end != "done"]
-    for name, phase in phases.items():
+    for phase in phases.values():
         phase["disturbed"] = disturbed(phase["cpu"])
     print(f"\n{'':36} {'n':>4} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
     for name, row in rows.items():
