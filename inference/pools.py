@@ -14,7 +14,9 @@ and raises :class:`PoolConfigError` naming the pool and the field; the system ch
 
 Several pools may share one engine: every local pool on ``settings.CHAT_MODEL_PATH`` is served by
 the process's engine (``inference.engine.get_engine()``); :func:`pool_engine` builds one more
-engine per other model folder and one remote client per (URL, model).
+engine per other model folder, one remote client per (URL, model), and for a remote pool of
+several nodes (``urls``) one node set (inference/nodes.py: node choice, readiness, retry on
+another node).
 """
 
 from __future__ import annotations
@@ -273,7 +275,11 @@ def _node_urls(spec: _PoolSpec, fail) -> list[str]:
     elif spec.url:
         field_name, given = "url", [spec.url]
     else:
-        raise fail("url", "a remote pool needs the base URL of its OpenAI-compatible server (url, or urls for several nodes)")
+        raise fail(
+            "url",
+            "a remote pool needs the base URL of its OpenAI-compatible server "
+            "(url, or urls for several nodes)",
+        )
     urls: list[str] = []
     for index, url in enumerate(given):
         where = field_name if field_name == "url" else f"urls[{index}]"
@@ -291,8 +297,8 @@ def pools_load(raw: list[dict] | None = None, path: str | None = None) -> PoolSe
 
     Give ``raw`` (a list of dicts, as ``settings.CHAT_POOLS``) or ``path`` (a YAML file holding
     such a list, or a mapping with a ``pools:`` list). Besides each field's type and range:
-    a remote pool needs ``url`` (or ``urls``: several nodes, distinct http(s) URLs) and ``model``; a local pool's model folder must exist and its
-    ``max_context`` fit ``settings.CHAT_MAX_MODEL_LEN``; ``max_tokens < max_context``; prices
+    a remote pool needs ``url`` (or ``urls``: several nodes, distinct http(s) URLs) and
+    ``model``; a local pool's model folder must exist and its ``max_context`` fit ``settings.CHAT_MAX_MODEL_LEN``; ``max_tokens < max_context``; prices
     >= 0; ``name@version`` unique; tiers known; each tier's default pool
     (``settings.CHAT_TIER_DEFAULT_POOL``) defined and open to that tier; at least one pool.
     Raises PoolConfigError (an ImproperlyConfigured) naming the pool and field.

@@ -272,7 +272,8 @@ CHAT_SYSTEM_PROMPT = os.environ.get(
 # naming the field. Prices are USD per 1M tokens (the design brief's). The default pools all share
 # the one shipped model (SmolLM2-135M-Instruct) in one in-process engine: they differ in
 # scheduling priority, answer and context ceilings, price and (reasoning) a system preamble.
-# A pool with its own `model_path` (local) or `url` (remote vLLM server) gets its own engine.
+# A pool with its own `model_path` (local) or `url` (remote vLLM server) gets its own engine;
+# `urls` lists several nodes of one remote pool (inference/nodes.py).
 CHAT_POOLS_FILE = os.environ.get("CHAT_POOLS_FILE", "")
 CHAT_POOLS: list[dict] = [
     {

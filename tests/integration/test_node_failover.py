@@ -117,6 +117,11 @@ def test_a_node_killed_under_eight_live_streams_moves_its_answers_and_none_is_lo
     # so the streams of node B are known before it is killed.
     settings.CHAT_NODE_SPILL_WAITING = 1000
     settings.CHAT_NODE_CHECK_INTERVAL_S = 0.5
+    # Generous margins: the session's server is node A and the gateway at once, and two engines
+    # on a small machine can slow its own /v1/models and the moderation classifiers for seconds
+    # (neither is what this test measures).
+    settings.CHAT_NODE_CHECK_TIMEOUT_S = 10
+    settings.CHAT_MODERATION_TIMEOUT_S = 10
     pool_set_reset()
     clients = [
         live.client(headers={"Authorization": f"Bearer {api_key_create(user=make_user(f'node-{i}', tier='paid'), name='nodes').raw}"})
@@ -133,6 +138,8 @@ def test_a_node_killed_under_eight_live_streams_moves_its_answers_and_none_is_lo
             if by_home[home] < STREAMS_PER_NODE:
                 by_home[home] += 1
                 streams.append(Stream(conversation_id, home))
+        ready = live.client().get("/readyz").json()  # both nodes checked and shown, per node
+        assert ready["nodes"][f"{POOL}@1"] == {node_a: "up", node_b: "up"}, ready
         requests_b = metrics.value("chat_node_requests_total", pool=POOL, node=node_b)
         moved_before = metrics.value("chat_node_retries_total", pool=POOL, phase="mid_answer")
 
