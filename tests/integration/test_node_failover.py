@@ -138,9 +138,11 @@ def test_a_node_killed_under_eight_live_streams_moves_its_answers_and_none_is_lo
             if by_home[home] < STREAMS_PER_NODE:
                 by_home[home] += 1
                 streams.append(Stream(conversation_id, home))
-        with live.client() as probe:  # both nodes checked and shown, per node
-            ready = probe.get("/readyz").json()
-        assert ready["nodes"][f"{POOL}@1"] == {node_a: "up", node_b: "up"}, ready
+        with live.client() as probe:  # both nodes checked and shown in /readyz, per node
+            deadline = time.monotonic() + 60
+            while (ready := probe.get("/readyz").json())["nodes"][f"{POOL}@1"] != {node_a: "up", node_b: "up"}:
+                assert time.monotonic() < deadline, ready
+                time.sleep(0.5)
         requests_b = metrics.value("chat_node_requests_total", pool=POOL, node=node_b)
         moved_before = metrics.value("chat_node_retries_total", pool=POOL, phase="mid_answer")
 
