@@ -13,7 +13,10 @@
   the engine is ready, PostgreSQL answers ``SELECT 1`` on the default database and Redis answers
   PING; else 503 ``{"status": "unavailable", "checks": {...}, "failing": [...]}`` naming each
   failing part (``engine``, ``postgres``, ``redis``) with a reason. Each check is bounded by
-  ``CHECK_TIMEOUT_S``.
+  ``CHECK_TIMEOUT_S``. Both bodies carry ``nodes``: for each pool of several nodes
+  (inference/nodes.py), node URL -> ``"up"`` or ``"down: <reason>"``. A node down does not make
+  the process unready (the pool's other nodes serve; a pool with none up fails its requests
+  with the engine's error), so a load balancer keeps the gateway.
 
 Both probes start the engine if it is not started yet (in the background; the probe does not
 wait), as the old ``conversations.views.healthz`` did: the first probe of a fresh process is
@@ -24,6 +27,7 @@ failing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from asgiref.sync import sync_to_async
@@ -35,6 +39,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from core import redis_guard
 from inference.engine import get_engine
+from inference.nodes import node_sets
 
 logger = logging.getLogger(__name__)
 
@@ -114,18 +119,37 @@ async def _run_check(check) -> str | None:
         return f"{type(exc).__name__}: {exc}"[:300]
 
 
+async def _node_states() -> dict[str, dict[str, str]]:
+    """Pool key -> node URL -> state, for each pool of several nodes. Starts each pool's
+    background check; nodes never checked yet are checked now (bounded by CHECK_TIMEOUT_S)."""
+    try:
+        sets = node_sets()
+    except Exception as exc:  # noqa: BLE001 - a bad pool file is the system check's to report
+        return {"(pools)": {"error": f"{type(exc).__name__}: {exc}"[:300]}}
+    unchecked = []
+    for node_set in sets.values():
+        node_set.watch()
+        if any(node.up is None for node in node_set.nodes):
+            unchecked.append(node_set.check())
+    if unchecked:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*unchecked), CHECK_TIMEOUT_S)
+    return {key: node_set.states() for key, node_set in sets.items()}
+
+
 @never_cache
 async def readyz(request: HttpRequest) -> HttpResponse:
     """Readiness: 200 when the engine, PostgreSQL and Redis are all good, else 503 naming each
-    failing part (see the module docstring). The checks run concurrently."""
+    failing part; ``nodes`` shows each pool node's state (see the module docstring). The checks
+    run concurrently."""
     names = ("engine", "postgres", "redis")
-    results = await asyncio.gather(
-        _run_check(_check_engine), _run_check(_check_postgres), _run_check(_check_redis)
+    *results, nodes = await asyncio.gather(
+        _run_check(_check_engine), _run_check(_check_postgres), _run_check(_check_redis), _node_states()
     )
     checks = {name: ("ok" if reason is None else reason) for name, reason in zip(names, results)}
     failing = [name for name, reason in zip(names, results) if reason is not None]
     if failing:
         return JsonResponse(
-            {"status": "unavailable", "checks": checks, "failing": failing}, status=503
+            {"status": "unavailable", "checks": checks, "failing": failing, "nodes": nodes}, status=503
         )
-    return JsonResponse({"status": "ready", "checks": checks}, status=200)
+    return JsonResponse({"status": "ready", "checks": checks, "nodes": nodes}, status=200)

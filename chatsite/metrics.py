@@ -47,6 +47,16 @@ Serving (issue 5; recorded by inference/serving.py ``pool_generate`` unless said
 - ``chat_rate_limited_total{scope,limit}``: requests refused by a rate limit (429), ``scope`` =
   ``user`` | ``org``, ``limit`` = ``rpm`` | ``tpm`` (inference/ratelimit.py's callers).
 
+Pools of several nodes (issue 20; recorded by inference/nodes.py):
+
+- ``chat_node_up{pool,node}`` (gauge): 1 while the node (its base URL) answers its readiness
+  check, 0 once a check or a request to it failed.
+- ``chat_node_requests_total{pool,node}``: requests sent to each node (a retried answer counts
+  once on each node it ran on).
+- ``chat_node_retries_total{pool,phase}``: answers moved to another node because theirs failed,
+  ``phase`` = ``before_first_token`` (sent again whole) | ``mid_answer`` (continued with the
+  text already streamed, re-prefilled).
+
 Moderation (issue 6; recorded by moderation/base.py ``acheck``):
 
 - ``chat_moderation_checks_total{gate,result}``: checks by ``gate`` (``input`` | ``output``)
@@ -189,6 +199,24 @@ RATE_LIMITED = Counter(
     "chat_rate_limited",
     "Requests refused by a rate limit (429), by scope (user, org) and limit (rpm, tpm).",
     ["scope", "limit"],
+)
+
+# --- pools of several nodes (issue 20) -----------------------------------------------------------
+NODE_UP = Gauge(
+    "chat_node_up",
+    "1 while a node of a pool answers its readiness check, 0 once a check or a request failed.",
+    ["pool", "node"],
+)
+NODE_REQUESTS = Counter(
+    "chat_node_requests",
+    "Requests sent to each node of a pool of several nodes.",
+    ["pool", "node"],
+)
+NODE_RETRIES = Counter(
+    "chat_node_retries",
+    "Answers moved to another node of their pool after theirs failed, by phase "
+    "(before_first_token, mid_answer).",
+    ["pool", "phase"],
 )
 
 # --- moderation (issue 6) ------------------------------------------------------------------------

@@ -80,11 +80,12 @@ def _stop_local(answer_id: UUID) -> None:
         stream.stop()
 
 
-def _options(max_tokens: int) -> GenerationOptions:
+def _options(max_tokens: int, conversation_id: UUID) -> GenerationOptions:
     return GenerationOptions(
         max_tokens=max_tokens,
         temperature=settings.CHAT_TEMPERATURE,
         stop=tuple(settings.CHAT_STOP),
+        affinity=str(conversation_id),  # its turns go to one node of a pool (prefix cache)
     )
 
 
@@ -96,7 +97,7 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
     output_gate = run.output_gate_for(plan.admitted, _on_flag(stream))
     try:
         async for text in run.generate(
-            plan.admitted, plan.token_ids, _options(plan.max_tokens), str(stream.answer_id), answer,
+            plan.admitted, plan.token_ids, _options(plan.max_tokens, stream.conversation_id), str(stream.answer_id), answer,
             output_gate=output_gate, resume_attempts=settings.CHAT_ENGINE_RESUME_ATTEMPTS,
         ):  # fmt: skip
             stream.publish("token", {"text": text})

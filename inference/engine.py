@@ -59,6 +59,9 @@ class GenerationOptions:
     # with the priority (inference/remote.py), so its admission queue keeps the reserved slots
     # for paid turns (DESIGN.md, "Production topology").
     tier: str = ""
+    # What a pool of several nodes hashes to pick a node (inference/nodes.py): the conversation
+    # id, so a conversation's turns reuse one node's prefix cache; "" hashes the request id.
+    affinity: str = ""
 
 
 @dataclass(frozen=True)

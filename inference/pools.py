@@ -14,7 +14,9 @@ and raises :class:`PoolConfigError` naming the pool and the field; the system ch
 
 Several pools may share one engine: every local pool on ``settings.CHAT_MODEL_PATH`` is served by
 the process's engine (``inference.engine.get_engine()``); :func:`pool_engine` builds one more
-engine per other model folder and one remote client per (URL, model).
+engine per other model folder, one remote client per (URL, model), and for a remote pool of
+several nodes (``urls``) one node set (inference/nodes.py: node choice, readiness, retry on
+another node).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Pool:
     ``settings.CHAT_MODEL_NAME`` unless given). ``model_path`` is the model folder of a local pool
     and the tokenizer folder of a remote one (prompts are built locally with its chat template).
     ``max_context`` is prompt + answer; ``max_tokens`` the most completion tokens of one answer.
+    ``urls`` are the base URLs of a remote pool's nodes (one or more, inference/nodes.py);
+    ``url`` is the first of them (empty for a local pool).
     """
 
     name: str
@@ -70,6 +74,7 @@ class Pool:
     price_cached_input_per_m: Decimal
     price_output_per_m: Decimal
     tiers: tuple[str, ...]
+    urls: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -124,6 +129,7 @@ class _PoolSpec(BaseModel):
     model: str = ""
     model_path: str = ""
     url: str = ""
+    urls: list[str] | None = None
     api_key: str = ""
     priority: int = 0
     max_context: int = Field(gt=0)
@@ -206,11 +212,9 @@ def _build(index: int, raw: Any, source: str) -> Pool:
         return PoolConfigError(f"model pool {spec.name!r} ({source}[{index}]): field {field!r}: {why}")
 
     model_path = spec.model_path or str(settings.CHAT_MODEL_PATH)
+    urls: list[str] = []
     if spec.backend == "remote":
-        if not spec.url:
-            raise fail("url", "a remote pool needs the base URL of its OpenAI-compatible server")
-        if not spec.url.startswith(("http://", "https://")):
-            raise fail("url", f"{spec.url!r} is not an http(s) URL")
+        urls = _node_urls(spec, fail)
         if not spec.model:
             raise fail("model", "a remote pool needs the model name its server serves")
         if not Path(model_path).is_dir():
@@ -218,6 +222,8 @@ def _build(index: int, raw: Any, source: str) -> Pool:
     else:
         if spec.url:
             raise fail("url", "a local pool has no URL (use backend: remote)")
+        if spec.urls is not None:
+            raise fail("urls", "a local pool has no URLs (use backend: remote)")
         if not Path(model_path).is_dir():
             raise fail("model_path", f"model folder {model_path!r} does not exist")
         if spec.max_context > settings.CHAT_MAX_MODEL_LEN:
@@ -242,7 +248,7 @@ def _build(index: int, raw: Any, source: str) -> Pool:
         backend=spec.backend,
         model=spec.model or (settings.CHAT_MODEL_NAME if spec.backend == "local" else ""),
         model_path=model_path,
-        url=spec.url.rstrip("/"),
+        url=urls[0] if urls else "",
         api_key=spec.api_key,
         priority=spec.priority,
         max_context=spec.max_context,
@@ -252,7 +258,38 @@ def _build(index: int, raw: Any, source: str) -> Pool:
         price_cached_input_per_m=spec.price_cached_input_per_m,
         price_output_per_m=spec.price_output_per_m,
         tiers=tuple(dict.fromkeys(spec.tiers)),
+        urls=tuple(urls),
     )
+
+
+def _node_urls(spec: _PoolSpec, fail) -> list[str]:
+    """A remote pool's node URLs: ``urls`` (several nodes, inference/nodes.py) or ``url`` (one),
+    each an http(s) base URL without a trailing slash, no two alike. ``fail(field, why)`` makes
+    the PoolConfigError naming the pool and field."""
+    if spec.url and spec.urls is not None:
+        raise fail("urls", "give url (one node) or urls (several), not both")
+    if spec.urls is not None:
+        field_name, given = "urls", spec.urls
+        if not given:
+            raise fail("urls", "lists no node; give at least one base URL")
+    elif spec.url:
+        field_name, given = "url", [spec.url]
+    else:
+        raise fail(
+            "url",
+            "a remote pool needs the base URL of its OpenAI-compatible server "
+            "(url, or urls for several nodes)",
+        )
+    urls: list[str] = []
+    for index, url in enumerate(given):
+        where = field_name if field_name == "url" else f"urls[{index}]"
+        if not url.startswith(("http://", "https://")):
+            raise fail(where, f"{url!r} is not an http(s) URL")
+        url = url.rstrip("/")
+        if url in urls:
+            raise fail(where, f"{url!r} is listed twice")
+        urls.append(url)
+    return urls
 
 
 def pools_load(raw: list[dict] | None = None, path: str | None = None) -> PoolSet:
@@ -260,8 +297,8 @@ def pools_load(raw: list[dict] | None = None, path: str | None = None) -> PoolSe
 
     Give ``raw`` (a list of dicts, as ``settings.CHAT_POOLS``) or ``path`` (a YAML file holding
     such a list, or a mapping with a ``pools:`` list). Besides each field's type and range:
-    a remote pool needs ``url`` and ``model``; a local pool's model folder must exist and its
-    ``max_context`` fit ``settings.CHAT_MAX_MODEL_LEN``; ``max_tokens < max_context``; prices
+    a remote pool needs ``url`` (or ``urls``: several nodes, distinct http(s) URLs) and
+    ``model``; a local pool's model folder must exist and its ``max_context`` fit ``settings.CHAT_MAX_MODEL_LEN``; ``max_tokens < max_context``; prices
     >= 0; ``name@version`` unique; tiers known; each tier's default pool
     (``settings.CHAT_TIER_DEFAULT_POOL``) defined and open to that tier; at least one pool.
     Raises PoolConfigError (an ImproperlyConfigured) naming the pool and field.
@@ -347,6 +384,10 @@ def pool_set_reset() -> None:
     global _pool_set
     with _lock:
         _pool_set = None
+        for engine in _engines.values():
+            stop = getattr(engine, "stop_watching", None)  # a pool of several nodes' checks
+            if stop is not None:
+                stop()
         _engines.clear()
 
 
@@ -397,7 +438,9 @@ def pool_engine(pool: Pool):
       test double installed there serves it too);
     - local pool on another folder: one engine per folder, built from
       ``settings.CHAT_ENGINE_CLASS`` (started lazily like the main one);
-    - remote pool: one ``inference.remote.OpenAIRemoteEngine`` per (url, model).
+    - remote pool of one node: one ``inference.remote.OpenAIRemoteEngine`` per (url, model);
+    - remote pool of several nodes (``urls``): one ``inference.nodes.NodeSet`` per (urls,
+      model): node choice by conversation, readiness, and retry on another node.
 
     Engines are created, not started: callers ``await engine.ensure_started()`` as usual.
     """
@@ -408,15 +451,16 @@ def pool_engine(pool: Pool):
             return get_engine()
         key = ("local", str(Path(pool.model_path).resolve()))
     else:
-        key = ("remote", pool.url, pool.model, pool.api_key)
+        key = ("remote", *pool.urls, pool.model, pool.api_key)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
             if pool.backend == "local":
                 engine = _local_engine_for(pool.model_path)
             else:
+                from inference.nodes import NodeSet  # noqa: PLC0415
                 from inference.remote import OpenAIRemoteEngine  # noqa: PLC0415
 
-                engine = OpenAIRemoteEngine.for_pool(pool)
+                engine = NodeSet.for_pool(pool) if len(pool.urls) > 1 else OpenAIRemoteEngine.for_pool(pool)
             _engines[key] = engine
         return engine

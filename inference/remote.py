@@ -55,6 +55,18 @@ WAITING_METRIC = "vllm:num_requests_waiting"
 RUNNING_METRIC = "vllm:num_requests_running"
 
 
+class NodeFailure(EngineUnavailable):
+    """The engine node itself failed, not the request: it could not be reached, the connection
+    broke, it answered 502/503/504, or its stream ended without a finish. A pool of several
+    nodes (inference/nodes.py) marks the node down and continues the request on another; for
+    everyone else it is an EngineUnavailable like any other."""
+
+
+# Replies that say the node cannot serve now (a proxy without its upstream, a restarting
+# engine), as opposed to a refusal of this request (4xx), which another node would repeat.
+NODE_DOWN_STATUSES = frozenset({502, 503, 504})
+
+
 @dataclass(frozen=True)
 class EngineLoad:
     """An engine node's queue as its ``/metrics`` reported it: requests ``waiting`` for a slot
@@ -187,7 +199,9 @@ class OpenAIRemoteEngine:
         Running ``completion_tokens`` count one per text chunk until the final delta, which
         carries the server's usage (prompt, completion and cached prompt tokens) and the finish
         reason. Closing or cancelling the iteration closes the HTTP stream, which aborts the
-        request remotely. Raises EngineUnavailable on transport errors and error replies.
+        request remotely. Raises :class:`NodeFailure` (an EngineUnavailable) on transport errors,
+        502/503/504 replies and a stream that ends with neither a finish reason nor ``[DONE]``
+        (the node died mid-answer), EngineUnavailable on other error replies.
         """
         body = {
             "model": self.model,
@@ -217,6 +231,7 @@ class OpenAIRemoteEngine:
         completion = 0
         finish_reason = None
         finished = False
+        done = False  # the server's "data: [DONE]" arrived
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=None)) as client:
                 async with client.stream(
@@ -224,9 +239,13 @@ class OpenAIRemoteEngine:
                 ) as response:
                     if response.status_code != 200:
                         detail = (await response.aread()).decode(errors="replace")[:300]
-                        raise EngineUnavailable(f"the model server answered {response.status_code}: {detail}")
+                        failure = NodeFailure if response.status_code in NODE_DOWN_STATUSES else EngineUnavailable
+                        raise failure(f"the model server answered {response.status_code}: {detail}")
                     async for line in response.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
+                        if line == "data: [DONE]":
+                            done = True
+                            continue
+                        if not line.startswith("data: "):
                             continue
                         chunk = json.loads(line[6:])
                         if "error" in chunk:
@@ -245,13 +264,15 @@ class OpenAIRemoteEngine:
                             if choice.get("text"):
                                 completion += 1
                                 yield Delta(choice["text"], prompt, completion)
+                    if not finished and not done and finish_reason is None:
+                        raise NodeFailure(f"the stream from {self.base_url} ended without a finish")
                     if not finished:
                         # A server that sends no usage chunk: end with our own count.
                         finished = True
                         yield Delta("", prompt, completion, finish_reason or "stop")
         except httpx.HTTPError as exc:
             self.ready = False
-            raise EngineUnavailable(f"the model server failed: {exc}") from exc
+            raise NodeFailure(f"the model server failed: {exc}") from exc
         finally:
             self._requests.pop(request_id, None)
 

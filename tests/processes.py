@@ -131,3 +131,66 @@ def celery_worker_process(
         except subprocess.TimeoutExpired:
             worker.kill()
         log.close()
+
+
+@dataclass
+class EngineProcess:
+    """An engine process of this project (daphne with the real vLLM engine) in its own process
+    group: its ``url``, the process and its log."""
+
+    url: str
+    proc: subprocess.Popen
+    log_path: str
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once (daphne, vLLM's EngineCore and its worker): the node
+        dies as a crashed machine would, without closing anything cleanly."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+
+@contextlib.contextmanager
+def engine_process(tmp_path, extra_env: dict[str, str] | None = None) -> Iterator[EngineProcess]:
+    """Start a second engine process on the test database and Redis, as chatsite/prodstack.py
+    starts its engine process (``python -m chatsite.serve`` with the vLLM engine); yield once its
+    ``/readyz`` answers 200 (the model loaded and warmed up, ~40 s); stop its whole process
+    group afterwards. Only tests/integration/test_node_failover.py starts one (issue 20: the
+    suite's one second engine)."""
+    port = free_port()
+    log_path = str(tmp_path / f"engine-{port}.log")
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    env = stack_env({"CELERY_TASK_ALWAYS_EAGER": "1", **(extra_env or {})})
+    for name in ("CHAT_ENGINE_CLASS", "CHAT_ENGINE_URL", "CHAT_ENGINE_API_KEY"):
+        env.pop(name, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chatsite.serve", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+        env=env, cwd=django_settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    engine = EngineProcess(f"http://127.0.0.1:{port}", proc, log_path)
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            try:
+                if httpx.get(f"{engine.url}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, "the engine process exited:\n" + engine.log()[-3000:]
+            assert time.monotonic() < deadline, "the engine process did not become ready:\n" + engine.log()[-3000:]
+            time.sleep(1)
+        yield engine
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # EngineCore and its worker, if they outlived it
+        log.close()

@@ -111,6 +111,7 @@ async def test_readyz_is_200_when_engine_postgres_and_redis_are_up(engine_double
     assert response.json() == {
         "status": "ready",
         "checks": {"engine": "ok", "postgres": "ok", "redis": "ok"},
+        "nodes": {},  # no pool of several nodes configured
     }
 
 

@@ -9,8 +9,8 @@ import json
 import httpx
 import pytest
 
-from inference.engine import Delta, GenerationOptions
-from inference.remote import OpenAIRemoteEngine
+from inference.engine import Delta, EngineUnavailable, GenerationOptions
+from inference.remote import NodeFailure, OpenAIRemoteEngine
 
 
 def sse(*chunks: dict) -> bytes:
@@ -18,16 +18,18 @@ def sse(*chunks: dict) -> bytes:
 
 
 class Server:
-    """What the scripted server answers (``reply``: an SSE body) and the bodies it got."""
+    """What the scripted server answers (``status``, ``reply``: an SSE body) and the bodies it
+    got."""
 
     def __init__(self):
         self.reply = b""
+        self.status = 200
         self.bodies: list[dict] = []
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.bodies.append(json.loads(request.content))
         headers = {"content-type": "text/event-stream"}
-        return httpx.Response(200, content=self.reply, headers=headers)
+        return httpx.Response(self.status, content=self.reply, headers=headers)
 
 
 @pytest.fixture
@@ -71,3 +73,25 @@ async def test_a_server_without_a_usage_chunk_ends_with_the_clients_own_count(se
     got = await deltas([1, 2, 3])
 
     assert got == [Delta("Hi", 3, 1, None, 0), Delta("", 3, 1, "stop", 0)]
+
+
+async def test_a_stream_that_ends_without_a_finish_is_a_node_failure(server):
+    """The node died mid-answer but the connection closed cleanly (no finish reason, no
+    [DONE]): a NodeFailure, so a pool of several nodes continues the answer elsewhere
+    (inference/nodes.py), never an answer silently cut short."""
+    server.reply = b"".join(
+        f"data: {json.dumps(c)}\n\n".encode() for c in ({"choices": [{"text": "Hel", "finish_reason": None}]},)
+    )
+
+    with pytest.raises(NodeFailure, match="ended without a finish"):
+        await deltas([1, 2, 3])
+
+
+@pytest.mark.parametrize(("status", "failure"), [(503, NodeFailure), (400, EngineUnavailable)])
+async def test_a_node_that_cannot_serve_now_is_a_node_failure_and_a_refusal_is_not(server, status, failure):
+    server.status, server.reply = status, b'{"error": {"message": "no"}}'
+
+    with pytest.raises(EngineUnavailable) as caught:
+        await deltas([1, 2, 3])
+
+    assert type(caught.value) is failure

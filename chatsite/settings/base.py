@@ -272,7 +272,8 @@ CHAT_SYSTEM_PROMPT = os.environ.get(
 # naming the field. Prices are USD per 1M tokens (the design brief's). The default pools all share
 # the one shipped model (SmolLM2-135M-Instruct) in one in-process engine: they differ in
 # scheduling priority, answer and context ceilings, price and (reasoning) a system preamble.
-# A pool with its own `model_path` (local) or `url` (remote vLLM server) gets its own engine.
+# A pool with its own `model_path` (local) or `url` (remote vLLM server) gets its own engine;
+# `urls` lists several nodes of one remote pool (inference/nodes.py).
 CHAT_POOLS_FILE = os.environ.get("CHAT_POOLS_FILE", "")
 CHAT_POOLS: list[dict] = [
     {
@@ -352,6 +353,18 @@ CHAT_SERVICE_API_KEY_PROVIDER = "accounts.services.service_api_key"
 # Behind gateways: how often a gateway re-reads a remote engine node's queue depth from its
 # /metrics (seconds; inference/remote.py). Shedding decisions in between use the last reading.
 CHAT_ENGINE_LOAD_TTL_S = float(os.environ.get("CHAT_ENGINE_LOAD_TTL_S", "0.2"))
+# Pools of several nodes (inference/nodes.py): a conversation goes to its rendezvous-hash node
+# unless that node has more than this many requests waiting beyond the least-loaded node. 2: a
+# difference of 1-2 is noise in a reading up to CHAT_ENGINE_LOAD_TTL_S old (a continuously
+# batched engine queues requests briefly between steps), while each request really queued ahead
+# costs about an answer time / decode slots (the brief: 16 s / 8 = 2 s), more than the re-prefill
+# of a 500-token prompt on a node without it in its prefix cache (one forward pass).
+CHAT_NODE_SPILL_WAITING = env_int("CHAT_NODE_SPILL_WAITING", 2)
+# How often each node's readiness (GET /v1/models) is checked in the background, and how long
+# one check may take (seconds). A node whose request fails is marked down at once; only a
+# check marks it up again.
+CHAT_NODE_CHECK_INTERVAL_S = float(os.environ.get("CHAT_NODE_CHECK_INTERVAL_S", "2"))
+CHAT_NODE_CHECK_TIMEOUT_S = float(os.environ.get("CHAT_NODE_CHECK_TIMEOUT_S", "2"))
 # Retry-After of a shed request, seconds (at least 1, PF-R3).
 CHAT_SHED_RETRY_AFTER_S = env_int("CHAT_SHED_RETRY_AFTER_S", 5)
 # A free turn is also shed at the door when the admission queue's estimated wait for it is
