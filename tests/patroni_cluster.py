@@ -6,9 +6,9 @@ the ``pgserver`` wheel ships (:func:`tests.pgcluster.pg_bin`), all on loopback p
 folder, and stops and removes everything when the block exits, also when a test fails.
 
 Patroni decides alone: the member holding the leader key in etcd is the primary; when that key
-expires (the primary's Patroni stops renewing it) the replica promotes itself. Timings are the
-issue's: ``ttl`` 10 s, ``loop_wait`` 2 s, ``retry_timeout`` 3 s, so writes come back within
-ttl + loop_wait (+ a margin). ``synchronous_mode``: a commit returns once the replica has it, so
+expires (the primary's Patroni stops renewing it) the replica promotes itself. Timings:
+``ttl`` 20 s (Patroni's floor; see :data:`TTL_S`), ``loop_wait`` 2 s, ``retry_timeout`` 3 s, so
+writes come back within ttl + loop_wait (+ a margin). ``synchronous_mode``: a commit returns once the replica has it, so
 a failover loses no acknowledged write. ``use_pg_rewind`` (with
 ``remove_data_directory_on_rewind_failure`` as the fallback) lets a killed primary rejoin as a
 replica of the new one when its Patroni is started again.
@@ -41,9 +41,11 @@ import yaml
 
 from tests.pgcluster import _free_port, _run_as, pg_bin
 
-# The issue's timings (seconds): the leader key's TTL, Patroni's loop period, and how long it
-# retries etcd and PostgreSQL before demoting.
-TTL_S = 10
+# Timings (seconds): the leader key's TTL, Patroni's loop period, and how long it retries etcd
+# and PostgreSQL before demoting. The issue asks for ttl 10; Patroni (3.x and 4.x alike,
+# patroni/config.py _validate_and_adjust_timeouts) raises any ttl below 20 to 20 with a warning,
+# so 20 is the shortest it runs with, and what is set here so the numbers say what runs.
+TTL_S = 20
 LOOP_WAIT_S = 2
 RETRY_TIMEOUT_S = 3
 

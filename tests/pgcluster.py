@@ -85,7 +85,15 @@ class Cluster:
         return result.stdout
 
     def start(self) -> None:
-        self._pg("pg_ctl", "start", "-w", "-D", str(self.data_dir), "-l", str(self.data_dir / "server.log"))
+        self._pg(
+            "pg_ctl",
+            "start",
+            "-w",
+            "-D",
+            str(self.data_dir),
+            "-l",
+            str(self.data_dir / "server.log"),
+        )
         self.running = True
 
     def stop(self, mode: str = "fast") -> None:
@@ -264,10 +272,12 @@ class Reply:
 class AppProcess:
     """This project in a subprocess, configured by ``env`` (added to a clean test env)."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], *, module: str = "tests.pgcluster"):
+        """``module``: the module run as the app (its ``__main__`` serves ops; default this
+        one's :data:`OPS`)."""
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.pgcluster"],
+            [sys.executable, "-m", module],
             env={
                 **os.environ,
                 "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
@@ -354,7 +364,9 @@ def op_user_create(username: str, region: str) -> int:
 def op_org_join(username: str, slug: str, region: str) -> int:
     from accounts.models import Membership, Organisation  # noqa: PLC0415
 
-    org, _ = Organisation.objects.get_or_create(slug=slug, defaults={"name": slug, "region": region})
+    org, _ = Organisation.objects.get_or_create(
+        slug=slug, defaults={"name": slug, "region": region}
+    )
     Membership.objects.create(organisation=org, user=_user(username))
     return org.pk
 
@@ -373,7 +385,9 @@ def op_turn_append_user(username: str, conversation_id: str, content: str) -> st
 
     user = _user(username)
     with _unrecorded():
-        conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
+        conversation = selectors.conversation_get_for_user(
+            conversation_id=conversation_id, user=user
+        )
     return str(services.turn_append_user(conversation=conversation, content=content).turn_id)
 
 
@@ -393,7 +407,9 @@ def op_history(username: str, conversation_id: str, limit: int = 100) -> list[st
     """The ids of a conversation's newest turns (the /v1 history page's selector)."""
     from conversations import selectors  # noqa: PLC0415
 
-    conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=_user(username))
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=_user(username)
+    )
     turns, _ = selectors.turn_page(conversation=conversation, before=None, limit=limit)
     return [str(t.turn_id) for t in turns]
 
@@ -414,7 +430,7 @@ def op_conversation_page(username: str, limit: int) -> list[str]:
 OPS = {name[3:]: fn for name, fn in dict(globals()).items() if name.startswith("op_")}
 
 
-def _serve() -> None:
+def _serve(ops: dict | None = None) -> None:
     """The app process's loop: one JSON op per stdin line, one JSON reply per stdout line:
     ``{"result": ..., "servers": [{"alias", "port", "in_recovery"}...]}`` or an error."""
     import django  # noqa: PLC0415
@@ -426,14 +442,12 @@ def _serve() -> None:
     sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
     for line in sys.stdin:
         request = json.loads(line)
-        op = OPS[request.pop("op")]
+        op = (ops or OPS)[request.pop("op")]
         used: list[str] = []
         try:
             with contextlib.ExitStack() as stack:
                 for alias in connections:
-                    stack.enter_context(
-                        connections[alias].execute_wrapper(_recorder(alias, used))
-                    )
+                    stack.enter_context(connections[alias].execute_wrapper(_recorder(alias, used)))
                 result = op(**request)
             reply = {"result": {"value": result, "servers": _servers(used)}}
         except Exception as exc:  # noqa: BLE001 - reported to the test

@@ -138,11 +138,17 @@ DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("CHAT_TEST_
 # A connection pool per process (psycopg_pool, Django >= 5.1): a burst of requests waits up to
 # `timeout` s for one of `max_size` connections instead of failing with PostgreSQL's "too many
 # clients" (max_connections is ~100 per server, shared by every process).
+# Failover (README "Failover"): while a primary is down a request waits at most `timeout` s for a
+# connection, and the pool gives up reconnecting after `reconnect_timeout` s (psycopg_pool
+# backs off 1, 2, 4, 8 ... s, default 300 s: a waiter could sit out a whole Patroni failover
+# behind one backed-off attempt). The next request then tries at once, so writes come back as
+# soon as the promoted standby accepts them.
 if env_int("DB_POOL_MAX", 20) > 0:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": env_int("DB_POOL_MAX", 20),
-        "timeout": 30,
+        "timeout": float(os.environ.get("DB_POOL_TIMEOUT_S", "30")),
+        "reconnect_timeout": float(os.environ.get("DB_POOL_RECONNECT_S", "2")),
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -172,7 +178,9 @@ LOGOUT_REDIRECT_URL = "login"
 
 # Behind a TLS-terminating proxy (deploy/nginx.conf): trust its X-Forwarded-Proto, and list the
 # public origins for CSRF, e.g. DJANGO_CSRF_TRUSTED_ORIGINS=https://chat.example.org
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+CSRF_TRUSTED_ORIGINS = [
+    o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
+]
 if env_bool("DJANGO_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
@@ -201,13 +209,12 @@ LOGGING = {
 CHAT_REDIS_POOL_MAX = env_int("CHAT_REDIS_POOL_MAX", 50)  # asyncio Redis connections per process
 
 
-
 def celery_broker_url(redis_url: str) -> str:
     """Kombu spells a Unix-socket Redis ``redis+socket:///path?virtual_host=N``; redis-py spells
     it ``unix:///path?db=N``. TCP URLs are the same for both."""
     if not redis_url.startswith("unix://"):
         return redis_url
-    path, _, query = redis_url[len("unix://"):].partition("?")
+    path, _, query = redis_url[len("unix://") :].partition("?")
     db = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("db", "0")
     return f"redis+socket://{path}?virtual_host={db}"
 
@@ -262,9 +269,7 @@ CHAT_BACKGROUND_PRIORITY = env_int("CHAT_BACKGROUND_PRIORITY", 10)
 CHAT_TEMPERATURE = float(os.environ.get("CHAT_TEMPERATURE", "0.7"))
 # Stop strings as a JSON list, e.g. CHAT_STOP='["<|endoftext|>"]'; never part of an answer.
 CHAT_STOP = tuple(json.loads(os.environ.get("CHAT_STOP", "[]")))
-CHAT_SYSTEM_PROMPT = os.environ.get(
-    "CHAT_SYSTEM_PROMPT", "You are a helpful, concise assistant."
-)
+CHAT_SYSTEM_PROMPT = os.environ.get("CHAT_SYSTEM_PROMPT", "You are a helpful, concise assistant.")
 
 # --- Model pools, routing, scheduling (issue 5; inference/pools.py, router.py, admission.py) ---
 # Pools come from a YAML file when CHAT_POOLS_FILE is set (same fields as below), else from
@@ -329,7 +334,9 @@ CHAT_CANARIES: list[dict] = json.loads(os.environ.get("CHAT_CANARIES", "[]"))
 #   "pools": {"control": "mini", "frontier": "frontier"}}].
 CHAT_EXPERIMENTS: list[dict] = json.loads(os.environ.get("CHAT_EXPERIMENTS", "[]"))
 # Feature flags (User.feature_flags) that open a pool beyond the user's tier: flag -> pool name.
-CHAT_FLAG_POOLS: dict[str, str] = json.loads(os.environ.get("CHAT_FLAG_POOLS", '{"beta-frontier": "frontier"}'))
+CHAT_FLAG_POOLS: dict[str, str] = json.loads(
+    os.environ.get("CHAT_FLAG_POOLS", '{"beta-frontier": "frontier"}')
+)
 # "priority": paid before free (vLLM priority scheduling + slots held back for paid turns);
 # "fcfs": first come, first served for everyone (the benchmark's baseline).
 CHAT_SCHEDULING = os.environ.get("CHAT_SCHEDULING", "priority")
@@ -498,7 +505,9 @@ CHAT_ZDR_TTL_S = env_int("CHAT_ZDR_TTL_S", 600)
 CHAT_ZDR_STREAM_LINGER_S = env_int("CHAT_ZDR_STREAM_LINGER_S", 5)
 # kombu's Redis transport looks for messages a dead worker took (older than the visibility
 # timeout) every this many seconds (its default: every 100 s); write-back wants them back soon.
-CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"] = env_int("CHAT_CELERY_RESTORE_INTERVAL_S", 10)
+CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"] = env_int(
+    "CHAT_CELERY_RESTORE_INTERVAL_S", 10
+)
 CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_throttle"] = 1
 CELERY_BEAT_SCHEDULE["conversations.turn_write_back_sweep"] = {
     "task": "conversations.turn_write_back_sweep",
@@ -574,7 +583,9 @@ for _region, _urls in CHAT_REGION_DATABASE_URLS.items():
     CHAT_REGION_DATABASES[_region] = _alias
     DATABASE_REPLICAS[_alias] = []
     for _i, _url in enumerate(_urls[1:], 1):
-        DATABASES[f"{_alias}_replica_{_i}"] = _database_pooled_like_default(_url, {"MIRROR": _alias})
+        DATABASES[f"{_alias}_replica_{_i}"] = _database_pooled_like_default(
+            _url, {"MIRROR": _alias}
+        )
         DATABASE_REPLICAS[_alias].append(f"{_alias}_replica_{_i}")
 if CHAT_REGION_DATABASES:
     CHAT_REGION_DATABASES.setdefault(CHAT_DEFAULT_REGION, "default")

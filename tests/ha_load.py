@@ -1,0 +1,99 @@
+"""The write load of the failover test and benchmark, run inside an app process.
+
+``python -m tests.ha_load`` is a :class:`tests.pgcluster.AppProcess` app with one more op,
+``append_loop``: user turns appended through the real service (``turn_append_user``) at a fixed
+rate, each attempt its own "request" (connections closed or returned at its end, as Django's
+``request_finished`` does), while the conversation's turns are counted through the router's read
+path (a replica when one is up). A turn is *acknowledged* when the service returned it; a failed
+attempt is never retried (a retry of a commit whose answer was lost could store it twice), so
+the test can demand: every acknowledged turn stored exactly once, nothing else stored twice.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tests import pgcluster
+
+
+def op_append_loop(
+    username: str,
+    conversation_id: str,
+    rate: float = 20.0,
+    max_s: float = 60.0,
+    settle_s: float = 3.0,
+    read_every: int = 4,
+) -> dict:
+    """Append user turns ``seq <n>`` at ``rate`` per second for at most ``max_s`` seconds,
+    stopping early once writes have failed and then succeeded again for ``settle_s`` seconds.
+    Every ``read_every``-th tick also counts the conversation's turns on the read path.
+
+    Returns ``{"acked": [[n, turn_id, t_start, t_end]], "failed": [[n, t_start, t_end, error]],
+    "reads": [[t, ok, port, in_recovery]]}``, times in Unix seconds (``time.time()``, so the
+    test can line them up with when it killed a server).
+    """
+    from django.db import DatabaseError, close_old_connections, connections  # noqa: PLC0415
+
+    from conversations import regions, selectors, services  # noqa: PLC0415
+    from conversations.models import Turn  # noqa: PLC0415
+
+    user = pgcluster._user(username)
+    conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
+    db = regions.conversation_db(conversation)
+    close_old_connections()
+    acked, failed, reads = [], [], []
+    started = time.monotonic()
+    failed_once_at = None
+    for n in range(int(rate * max_s)):
+        delay = started + n / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        t0 = time.time()
+        try:
+            turn = services.turn_append_user(conversation=conversation, content=f"seq {n}")
+            acked.append([n, str(turn.turn_id), t0, time.time()])
+        except DatabaseError as exc:
+            failed.append([n, t0, time.time(), f"{type(exc).__name__}: {str(exc)[:200]}"])
+            failed_once_at = time.monotonic()
+        finally:
+            close_old_connections()
+        if n % read_every == 0:
+            reads.append(_read(regions.manager(Turn, db), conversation_id, connections))
+            close_old_connections()
+        recovered = failed_once_at is not None and acked and acked[-1][2] > failed[-1][1]
+        if recovered and time.monotonic() - failed_once_at >= settle_s:
+            break
+    return {"acked": acked, "failed": failed, "reads": reads}
+
+
+def _read(objects, conversation_id: str, connections) -> list:
+    """[t, ok, port, in_recovery] of one count of the conversation's turns on the read path."""
+    from django.db import DatabaseError  # noqa: PLC0415
+
+    t = time.time()
+    query = objects.filter(conversation_id=conversation_id)
+    try:
+        query.count()
+        with connections[query.db].cursor() as cursor:
+            cursor.execute("SELECT inet_server_port(), pg_is_in_recovery()")
+            port, in_recovery = cursor.fetchone()
+        return [t, True, port, in_recovery]
+    except DatabaseError:
+        return [t, False, None, None]
+
+
+def write_unavailable_window(result: dict) -> float | None:
+    """Seconds from the last acknowledged write before the first failure to the first
+    acknowledged write after it (None: no write failed)."""
+    if not result["failed"]:
+        return None
+    first_failure = result["failed"][0][1]
+    before = [a[3] for a in result["acked"] if a[3] <= first_failure]
+    after = [a[3] for a in result["acked"] if a[2] > first_failure]
+    if not after:
+        return float("inf")
+    return after[0] - (before[-1] if before else first_failure)
+
+
+if __name__ == "__main__":
+    pgcluster._serve({**pgcluster.OPS, "append_loop": op_append_loop})
