@@ -85,15 +85,7 @@ class Cluster:
         return result.stdout
 
     def start(self) -> None:
-        self._pg(
-            "pg_ctl",
-            "start",
-            "-w",
-            "-D",
-            str(self.data_dir),
-            "-l",
-            str(self.data_dir / "server.log"),
-        )
+        self._pg("pg_ctl", "start", "-w", "-D", str(self.data_dir), "-l", str(self.data_dir / "server.log"))
         self.running = True
 
     def stop(self, mode: str = "fast") -> None:
@@ -364,9 +356,7 @@ def op_user_create(username: str, region: str) -> int:
 def op_org_join(username: str, slug: str, region: str) -> int:
     from accounts.models import Membership, Organisation  # noqa: PLC0415
 
-    org, _ = Organisation.objects.get_or_create(
-        slug=slug, defaults={"name": slug, "region": region}
-    )
+    org, _ = Organisation.objects.get_or_create(slug=slug, defaults={"name": slug, "region": region})
     Membership.objects.create(organisation=org, user=_user(username))
     return org.pk
 
@@ -385,9 +375,7 @@ def op_turn_append_user(username: str, conversation_id: str, content: str) -> st
 
     user = _user(username)
     with _unrecorded():
-        conversation = selectors.conversation_get_for_user(
-            conversation_id=conversation_id, user=user
-        )
+        conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
     return str(services.turn_append_user(conversation=conversation, content=content).turn_id)
 
 
@@ -407,9 +395,7 @@ def op_history(username: str, conversation_id: str, limit: int = 100) -> list[st
     """The ids of a conversation's newest turns (the /v1 history page's selector)."""
     from conversations import selectors  # noqa: PLC0415
 
-    conversation = selectors.conversation_get_for_user(
-        conversation_id=conversation_id, user=_user(username)
-    )
+    conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=_user(username))
     turns, _ = selectors.turn_page(conversation=conversation, before=None, limit=limit)
     return [str(t.turn_id) for t in turns]
 
@@ -447,7 +433,9 @@ def _serve(ops: dict | None = None) -> None:
         try:
             with contextlib.ExitStack() as stack:
                 for alias in connections:
-                    stack.enter_context(connections[alias].execute_wrapper(_recorder(alias, used)))
+                    stack.enter_context(
+                        connections[alias].execute_wrapper(_recorder(alias, used))
+                    )
                 result = op(**request)
             reply = {"result": {"value": result, "servers": _servers(used)}}
         except Exception as exc:  # noqa: BLE001 - reported to the test

@@ -178,9 +178,7 @@ LOGOUT_REDIRECT_URL = "login"
 
 # Behind a TLS-terminating proxy (deploy/nginx.conf): trust its X-Forwarded-Proto, and list the
 # public origins for CSRF, e.g. DJANGO_CSRF_TRUSTED_ORIGINS=https://chat.example.org
-CSRF_TRUSTED_ORIGINS = [
-    o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o
-]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 if env_bool("DJANGO_BEHIND_TLS_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
@@ -209,12 +207,13 @@ LOGGING = {
 CHAT_REDIS_POOL_MAX = env_int("CHAT_REDIS_POOL_MAX", 50)  # asyncio Redis connections per process
 
 
+
 def celery_broker_url(redis_url: str) -> str:
     """Kombu spells a Unix-socket Redis ``redis+socket:///path?virtual_host=N``; redis-py spells
     it ``unix:///path?db=N``. TCP URLs are the same for both."""
     if not redis_url.startswith("unix://"):
         return redis_url
-    path, _, query = redis_url[len("unix://") :].partition("?")
+    path, _, query = redis_url[len("unix://"):].partition("?")
     db = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("db", "0")
     return f"redis+socket://{path}?virtual_host={db}"
 
@@ -269,7 +268,9 @@ CHAT_BACKGROUND_PRIORITY = env_int("CHAT_BACKGROUND_PRIORITY", 10)
 CHAT_TEMPERATURE = float(os.environ.get("CHAT_TEMPERATURE", "0.7"))
 # Stop strings as a JSON list, e.g. CHAT_STOP='["<|endoftext|>"]'; never part of an answer.
 CHAT_STOP = tuple(json.loads(os.environ.get("CHAT_STOP", "[]")))
-CHAT_SYSTEM_PROMPT = os.environ.get("CHAT_SYSTEM_PROMPT", "You are a helpful, concise assistant.")
+CHAT_SYSTEM_PROMPT = os.environ.get(
+    "CHAT_SYSTEM_PROMPT", "You are a helpful, concise assistant."
+)
 
 # --- Model pools, routing, scheduling (issue 5; inference/pools.py, router.py, admission.py) ---
 # Pools come from a YAML file when CHAT_POOLS_FILE is set (same fields as below), else from
@@ -334,9 +335,7 @@ CHAT_CANARIES: list[dict] = json.loads(os.environ.get("CHAT_CANARIES", "[]"))
 #   "pools": {"control": "mini", "frontier": "frontier"}}].
 CHAT_EXPERIMENTS: list[dict] = json.loads(os.environ.get("CHAT_EXPERIMENTS", "[]"))
 # Feature flags (User.feature_flags) that open a pool beyond the user's tier: flag -> pool name.
-CHAT_FLAG_POOLS: dict[str, str] = json.loads(
-    os.environ.get("CHAT_FLAG_POOLS", '{"beta-frontier": "frontier"}')
-)
+CHAT_FLAG_POOLS: dict[str, str] = json.loads(os.environ.get("CHAT_FLAG_POOLS", '{"beta-frontier": "frontier"}'))
 # "priority": paid before free (vLLM priority scheduling + slots held back for paid turns);
 # "fcfs": first come, first served for everyone (the benchmark's baseline).
 CHAT_SCHEDULING = os.environ.get("CHAT_SCHEDULING", "priority")
@@ -505,9 +504,7 @@ CHAT_ZDR_TTL_S = env_int("CHAT_ZDR_TTL_S", 600)
 CHAT_ZDR_STREAM_LINGER_S = env_int("CHAT_ZDR_STREAM_LINGER_S", 5)
 # kombu's Redis transport looks for messages a dead worker took (older than the visibility
 # timeout) every this many seconds (its default: every 100 s); write-back wants them back soon.
-CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"] = env_int(
-    "CHAT_CELERY_RESTORE_INTERVAL_S", 10
-)
+CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"] = env_int("CHAT_CELERY_RESTORE_INTERVAL_S", 10)
 CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_throttle"] = 1
 CELERY_BEAT_SCHEDULE["conversations.turn_write_back_sweep"] = {
     "task": "conversations.turn_write_back_sweep",
@@ -583,9 +580,7 @@ for _region, _urls in CHAT_REGION_DATABASE_URLS.items():
     CHAT_REGION_DATABASES[_region] = _alias
     DATABASE_REPLICAS[_alias] = []
     for _i, _url in enumerate(_urls[1:], 1):
-        DATABASES[f"{_alias}_replica_{_i}"] = _database_pooled_like_default(
-            _url, {"MIRROR": _alias}
-        )
+        DATABASES[f"{_alias}_replica_{_i}"] = _database_pooled_like_default(_url, {"MIRROR": _alias})
         DATABASE_REPLICAS[_alias].append(f"{_alias}_replica_{_i}")
 if CHAT_REGION_DATABASES:
     CHAT_REGION_DATABASES.setdefault(CHAT_DEFAULT_REGION, "default")
