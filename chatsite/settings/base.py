@@ -601,6 +601,17 @@ CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback")
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
 DATABASE_ROUTERS = ["chatsite.dbrouter.PrimaryReplicaRouter"]
+# Outage region (README "Failover"; chatsite/db_breaker.py): CHAT_REGION_BREAKER_FAILURES failed
+# connects to a region's primary within CHAT_REGION_BREAKER_WINDOW_S seconds open its breaker;
+# after CHAT_REGION_BREAKER_OPEN_S one write is let through as a probe. While it is open, new
+# conversations go to CHAT_REGION_FAILOVER[region] (JSON {"us-east": "eu-west", ...}; none: 503)
+# when residency allows (an organisation's conversations stay in its region's zone:
+# CHAT_REGION_ZONES, JSON {"eu-west": "eu"}, default the name's part before the first "-").
+CHAT_REGION_BREAKER_FAILURES = env_int("CHAT_REGION_BREAKER_FAILURES", 3)
+CHAT_REGION_BREAKER_WINDOW_S = float(os.environ.get("CHAT_REGION_BREAKER_WINDOW_S", "30"))
+CHAT_REGION_BREAKER_OPEN_S = float(os.environ.get("CHAT_REGION_BREAKER_OPEN_S", "10"))
+CHAT_REGION_FAILOVER: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_FAILOVER") or "{}")
+CHAT_REGION_ZONES: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_ZONES") or "{}")
 
 # --- Context assembly and summarisation (inference/prompts.py, conversations/summaries.py) ---
 # A turn whose prompt had to leave out earlier exchanges, or fills at least this fraction of its
