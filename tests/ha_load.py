@@ -95,5 +95,34 @@ def write_unavailable_window(result: dict) -> float | None:
     return after[0] - (before[-1] if before else first_failure)
 
 
+_keys: dict[str, str] = {}
+
+
+def op_api(username: str, method: str, path: str, body: dict | None = None) -> dict:
+    """One ``/v1`` request as ``username`` (a bearer key issued on first use) through Django's
+    test client, in this process: ``{"status", "retry_after", "json"}``."""
+    import json  # noqa: PLC0415
+
+    from django.test import Client  # noqa: PLC0415
+
+    from accounts import services as account_services  # noqa: PLC0415
+
+    if username not in _keys:
+        _keys[username] = account_services.api_key_create(
+            user=pgcluster._user(username), name="ha"
+        ).raw
+    response = Client().generic(
+        method, path, json.dumps(body) if body is not None else "", content_type="application/json",
+        headers={"Authorization": f"Bearer {_keys[username]}"}, HTTP_HOST="localhost",
+    )  # fmt: skip
+    streaming = getattr(response, "streaming", False)
+    payload = None if streaming else json.loads(response.content or b"null")
+    return {
+        "status": response.status_code,
+        "retry_after": response.headers.get("Retry-After"),
+        "json": payload,
+    }
+
+
 if __name__ == "__main__":
-    pgcluster._serve({**pgcluster.OPS, "append_loop": op_append_loop})
+    pgcluster._serve({**pgcluster.OPS, "append_loop": op_append_loop, "api": op_api})
