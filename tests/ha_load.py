@@ -11,6 +11,7 @@ the test can demand: every acknowledged turn stored exactly once, nothing else s
 
 from __future__ import annotations
 
+import threading
 import time
 
 from tests import pgcluster
@@ -22,11 +23,12 @@ def op_append_loop(
     rate: float = 20.0,
     max_s: float = 60.0,
     settle_s: float = 3.0,
-    read_every: int = 4,
+    read_interval_s: float = 0.2,
 ) -> dict:
     """Append user turns ``seq <n>`` at ``rate`` per second for at most ``max_s`` seconds,
     stopping early once writes have failed and then succeeded again for ``settle_s`` seconds.
-    Every ``read_every``-th tick also counts the conversation's turns on the read path.
+    Meanwhile a second thread counts the conversation's turns on the read path every
+    ``read_interval_s`` seconds (reads do not wait behind refused writes).
 
     Returns ``{"acked": [[n, turn_id, t_start, t_end]], "failed": [[n, t_start, t_end, error]],
     "reads": [[t, ok, port, in_recovery]]}``, times in Unix seconds (``time.time()``, so the
@@ -42,10 +44,23 @@ def op_append_loop(
     db = regions.conversation_db(conversation)
     close_old_connections()
     acked, failed, reads = [], [], []
+    done = threading.Event()
+
+    def reader() -> None:
+        objects = regions.manager(Turn, db)
+        while not done.wait(read_interval_s):
+            reads.append(_read(objects, conversation_id, connections))
+            close_old_connections()
+        connections.close_all()
+
+    reading = threading.Thread(target=reader, daemon=True)
+    reading.start()
     started = time.monotonic()
     failed_once_at = None
     for n in range(int(rate * max_s)):
         delay = started + n / rate - time.monotonic()
+        if time.monotonic() - started >= max_s:
+            break
         if delay > 0:
             time.sleep(delay)
         t0 = time.time()
@@ -57,12 +72,11 @@ def op_append_loop(
             failed_once_at = time.monotonic()
         finally:
             close_old_connections()
-        if n % read_every == 0:
-            reads.append(_read(regions.manager(Turn, db), conversation_id, connections))
-            close_old_connections()
         recovered = failed_once_at is not None and acked and acked[-1][2] > failed[-1][1]
         if recovered and time.monotonic() - failed_once_at >= settle_s:
             break
+    done.set()
+    reading.join()
     return {"acked": acked, "failed": failed, "reads": reads}
 
 

@@ -121,7 +121,7 @@ def test_reads_continue_from_the_replica_during_the_outage(failover):
     first_failure = result["failed"][0][1]
     resumed = next(a[2] for a in result["acked"] if a[2] > first_failure)
     during = [r for r in result["reads"] if first_failure <= r[0] < resumed]
-    assert during, "no read was attempted during the outage"
+    assert len(during) >= 10, f"only {len(during)} reads during the outage"
     assert all(r[1] for r in during), f"reads failed during the outage: {during}"
     assert any(r[3] is True and r[2] == failover.new.pg_port for r in during)
 
