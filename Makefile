@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 MODEL_DIR ?= var/models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: run run-prod test test-fast screenshots bench bench-deps install model browser nginx node-tools clean
+.PHONY: run run-prod test test-fast screenshots bench bench-deps install model browser nginx etcd node-tools clean
 
 run: install model
 	$(PY) -m chatsite.devstack run
@@ -18,7 +18,7 @@ run: install model
 run-prod: install model nginx
 	$(PY) -m chatsite.prodstack run
 
-test: install model browser nginx node-tools
+test: install model browser nginx etcd node-tools
 	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # Unit tests only (scripted engine double, no model, no browser).
@@ -125,6 +125,14 @@ nginx:
 	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
 	  apt-get update -qq && { apt-get install -y -qq nginx-light >/dev/null || apt-get install -y -qq nginx >/dev/null; } \
 	  && { service nginx stop >/dev/null 2>&1 || true; }; }
+
+# etcd for the Patroni failover tests (tests/patroni_cluster.py: one etcd, two Patroni members on
+# loopback), from Debian's etcd-server. The packaged service its postinst may start is stopped
+# again (the tests run their own on free ports).
+etcd:
+	@command -v etcd >/dev/null || test -x /usr/bin/etcd || { \
+	  apt-get update -qq && apt-get install -y -qq etcd-server >/dev/null \
+	  && { service etcd stop >/dev/null 2>&1 || true; }; }
 
 clean:
 	rm -rf $(VENV) var

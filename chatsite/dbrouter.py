@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from chatsite import db_breaker
+
 logger = logging.getLogger(__name__)
 
 
@@ -107,6 +109,10 @@ def _read_alias(primary: str, user_id: int | None, pin: Pin | None) -> str:
         return primary
     if connections[primary].in_atomic_block or (pin is not None and pin.wrote):
         return primary  # a transaction (or call) reads what it wrote
+    if db_breaker.is_down(primary):
+        # The primary is down (chatsite/db_breaker.py): history keeps coming from replicas,
+        # read-your-writes or not (there is nothing newer a user could miss: writes fail).
+        return replicas[next(_round_robin) % len(replicas)]
     if user_id is not None:
         if pin is not None and pin.user_id == user_id:
             if pin.recent is None:  # one Redis question per selector or service call

@@ -20,6 +20,15 @@ counters:
   beyond ``CHAT_STREAM_MEMORY_EVENTS`` because the turn's Redis log could not take them
   (conversations/turnstream.py: no reader may lose an event, so the window stops shrinking).
 
+Region primaries (issue 20; chatsite/db_breaker.py):
+
+- ``chat_region_breaker_open{region}`` (gauge): 1 while the breaker of the region's primary is
+  open (writes there refused with 503, new conversations created in the failover region).
+- ``chat_region_connect_failures_total{region,result}``: ``failed`` connects to the primary,
+  and writes ``refused`` at once because the breaker was open.
+- ``chat_region_failover_creates_total{region,failover}``: conversations created in
+  ``failover`` while ``region``'s primary was down.
+
 Serving (issue 5; recorded by inference/serving.py ``pool_generate`` unless said otherwise):
 
 - ``chat_ttft_seconds{pool,tier}`` (histogram): time to first token, seconds from the call
@@ -244,6 +253,25 @@ MODERATION_SECONDS = Histogram(
     "Time of one moderation check (seconds), by gate.",
     ["gate"],
     buckets=MODERATION_BUCKETS,
+)
+
+
+# Region primaries (issue 20 part 4; chatsite/db_breaker.py). ``region`` is the region the
+# primary serves (the default region for ``default``).
+REGION_BREAKER_OPEN = Gauge(
+    "chat_region_breaker_open",
+    "1 while this process's circuit breaker for the region's primary database is open.",
+    ["region"],
+)
+REGION_CONNECT_FAILURES = Counter(
+    "chat_region_connect_failures",
+    "Failed connects to a region's primary, and writes refused at once while its breaker was open.",
+    ["region", "result"],
+)
+REGION_FAILOVER_CREATES = Counter(
+    "chat_region_failover_creates",
+    "Conversations created in the failover region because the home region's primary was down.",
+    ["region", "failover"],
 )
 
 

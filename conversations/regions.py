@@ -43,7 +43,7 @@ from django.core.exceptions import ValidationError
 from django.db import DEFAULT_DB_ALIAS, router, transaction
 from django.db.models import QuerySet
 
-from chatsite import dbrouter
+from chatsite import db_breaker, dbrouter
 
 
 class RegionUnavailable(ValidationError):
@@ -117,6 +117,52 @@ def home_region(*, owner, org=None) -> tuple[str, object | None]:
     region = org.region if org is not None else owner.region
     db_for_region(region)
     return region, org
+
+
+def residency_zone(region: str) -> str:
+    """The residency zone of ``region``: ``settings.CHAT_REGION_ZONES[region]``, else the part of
+    its name before the first ``-`` (``eu-west`` -> ``eu``)."""
+    return settings.CHAT_REGION_ZONES.get(region) or region.partition("-")[0]
+
+
+def region_for_new_conversation(region: str, *, org=None) -> str:
+    """The region a new conversation of home region ``region`` is created in now: ``region``
+    itself while its primary is up, else, once its circuit breaker is open
+    (chatsite/db_breaker.py), ``settings.CHAT_REGION_FAILOVER[region]`` (the design brief:
+    "conversations created during the outage land in the failover region").
+
+    Residency decides whether the failover region is allowed: an organisation's conversations
+    (``org`` given) may only move within the residency zone of their region
+    (:func:`residency_zone`), so an EU organisation never gets a US conversation; a user without
+    an organisation has no residency contract and may be served from any failover region.
+    Raises PrimaryDown (503 + Retry-After) when the home primary is down and no failover region
+    is allowed or up, or while the breaker is still counting failures (not yet open).
+    """
+    try:
+        db_breaker.primary_ensure(db_for_region(region))
+        return region
+    except db_breaker.PrimaryDown as down:
+        failover = settings.CHAT_REGION_FAILOVER.get(region)
+        if not db_breaker.breaker(db_for_region(region)).is_open or not failover:
+            raise
+        if org is not None and residency_zone(failover) != residency_zone(region):
+            raise db_breaker.PrimaryDown(
+                region=region, retry_after_s=down.retry_after_s,
+                message=(
+                    f"The {region} region's database is unavailable. Your organisation's data "
+                    f"must stay in {residency_zone(region).upper()} regions, so no conversation "
+                    f"is started elsewhere; try again in {down.retry_after_s} s."
+                ),
+            ) from None  # fmt: skip
+        try:
+            failover_db = db_for_region(failover)
+        except RegionUnavailable:
+            raise down from None
+        db_breaker.primary_ensure(failover_db)
+        from chatsite import metrics  # noqa: PLC0415
+
+        metrics.REGION_FAILOVER_CREATES.labels(region=region, failover=failover).inc()
+        return failover
 
 
 # --- ids that carry their region ---
@@ -328,7 +374,9 @@ def routed(fn: Callable) -> Callable:
 
 def atomic(fn: Callable) -> Callable:
     """Decorate a service, under its ``@transaction.atomic``: like :func:`routed`, and the call
-    is one transaction on that conversation's database too (the one on ``default`` does not
+    is one transaction on that conversation's database too. Before it starts, the database's
+    primary must be reachable (chatsite/db_breaker.py: raises PrimaryDown, a 503 with
+    Retry-After, while it is down) (the one on ``default`` does not
     cover writes to another database, and ``select_for_update`` needs one where it runs).
 
     Order: ``@transaction.atomic`` outside, this inside. The conversation's database commits
@@ -342,6 +390,8 @@ def atomic(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         db, user_id = _target(_arguments(signature, args, kwargs))
         db = db or default_db()
+        if not transaction.get_connection(db).in_atomic_block:
+            db_breaker.primary_ensure(db)  # PrimaryDown (503) while that primary is down
         with dbrouter.pinned(db, user_id), transaction.atomic(using=db, savepoint=False):
             return fn(*args, **kwargs)
 

@@ -81,9 +81,12 @@ def conversation_create(
     never listed; deleted when its page goes or CHAT_ZDR_TTL_S after its last turn).
     Raises ValidationError if ``model`` is given and names no pool or model here, if the owner
     is not a member of ``org``, or (RegionUnavailable) if the home region has no database here.
+    While the home region's primary is down the conversation is created in its failover region
+    if residency allows, else PrimaryDown (503) is raised (regions.region_for_new_conversation).
     """
     model_check(model)
     region, org = regions.home_region(owner=owner, org=org)
+    region = regions.region_for_new_conversation(region, org=org)
     objects = regions.manager(Conversation, regions.db_for_region(region), user_id=owner.pk)
     return objects.create(
         conversation_id=regions.new_conversation_id(region),

@@ -264,10 +264,12 @@ class Reply:
 class AppProcess:
     """This project in a subprocess, configured by ``env`` (added to a clean test env)."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], *, module: str = "tests.pgcluster"):
+        """``module``: the module run as the app (its ``__main__`` serves ops; default this
+        one's :data:`OPS`)."""
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.pgcluster"],
+            [sys.executable, "-m", module],
             env={
                 **os.environ,
                 "DJANGO_SETTINGS_MODULE": "chatsite.settings.base",
@@ -416,7 +418,7 @@ def op_conversation_page(username: str, limit: int) -> list[str]:
 OPS = {name[3:]: fn for name, fn in dict(globals()).items() if name.startswith("op_")}
 
 
-def _serve() -> None:
+def _serve(ops: dict | None = None) -> None:
     """The app process's loop: one JSON op per stdin line, one JSON reply per stdout line:
     ``{"result": ..., "servers": [{"alias", "port", "in_recovery"}...]}`` or an error."""
     import django  # noqa: PLC0415
@@ -428,7 +430,7 @@ def _serve() -> None:
     sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
     for line in sys.stdin:
         request = json.loads(line)
-        op = OPS[request.pop("op")]
+        op = (ops or OPS)[request.pop("op")]
         used: list[str] = []
         try:
             with contextlib.ExitStack() as stack:

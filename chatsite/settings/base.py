@@ -138,11 +138,17 @@ DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("CHAT_TEST_
 # A connection pool per process (psycopg_pool, Django >= 5.1): a burst of requests waits up to
 # `timeout` s for one of `max_size` connections instead of failing with PostgreSQL's "too many
 # clients" (max_connections is ~100 per server, shared by every process).
+# Failover (README "Failover"): while a primary is down a request waits at most `timeout` s for a
+# connection, and the pool gives up reconnecting after `reconnect_timeout` s (psycopg_pool
+# backs off 1, 2, 4, 8 ... s, default 300 s: a waiter could sit out a whole Patroni failover
+# behind one backed-off attempt). The next request then tries at once, so writes come back as
+# soon as the promoted standby accepts them.
 if env_int("DB_POOL_MAX", 20) > 0:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": env_int("DB_POOL_MAX", 20),
-        "timeout": 30,
+        "timeout": float(os.environ.get("DB_POOL_TIMEOUT_S", "30")),
+        "reconnect_timeout": float(os.environ.get("DB_POOL_RECONNECT_S", "2")),
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -614,6 +620,17 @@ CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback")
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
 DATABASE_ROUTERS = ["chatsite.dbrouter.PrimaryReplicaRouter"]
+# Outage region (README "Failover"; chatsite/db_breaker.py): CHAT_REGION_BREAKER_FAILURES failed
+# connects to a region's primary within CHAT_REGION_BREAKER_WINDOW_S seconds open its breaker;
+# after CHAT_REGION_BREAKER_OPEN_S one write is let through as a probe. While it is open, new
+# conversations go to CHAT_REGION_FAILOVER[region] (JSON {"us-east": "eu-west", ...}; none: 503)
+# when residency allows (an organisation's conversations stay in its region's zone:
+# CHAT_REGION_ZONES, JSON {"eu-west": "eu"}, default the name's part before the first "-").
+CHAT_REGION_BREAKER_FAILURES = env_int("CHAT_REGION_BREAKER_FAILURES", 3)
+CHAT_REGION_BREAKER_WINDOW_S = float(os.environ.get("CHAT_REGION_BREAKER_WINDOW_S", "30"))
+CHAT_REGION_BREAKER_OPEN_S = float(os.environ.get("CHAT_REGION_BREAKER_OPEN_S", "10"))
+CHAT_REGION_FAILOVER: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_FAILOVER") or "{}")
+CHAT_REGION_ZONES: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_ZONES") or "{}")
 
 # --- Context assembly and summarisation (inference/prompts.py, conversations/summaries.py) ---
 # A turn whose prompt had to leave out earlier exchanges, or fills at least this fraction of its
