@@ -402,11 +402,14 @@ def user_export_build(*, user: User) -> Export:
         data.array("conversations", conversation_items(builder, owner_id=user.pk))
         data.field(
             "memory",
-            list(
-                UserMemory.objects.filter(user=user)
+            [  # in every region's database: the user's home region may have changed
+                fact
+                for db in regions.region_dbs()
+                for fact in UserMemory.objects.using(db)
+                .filter(user=user)
                 .order_by("created_at", "fact_id")
                 .values("fact_id", "text", "source", "source_conversation_id", "created_at")
-            ),
+            ],
         )
         data.array("usage", _usage_items(user))
         data.array(
