@@ -373,7 +373,9 @@ def atomic(fn: Callable) -> Callable:
 
 # The user whose regional data the running call works on, and its database: nested memory
 # selectors of the same user reuse it instead of asking home_region again.
-_user_pin: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar("user_db_pin", default=None)
+_user_pin: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar(
+    "user_db_pin", default=None
+)
 
 
 @contextlib.contextmanager
@@ -390,8 +392,8 @@ def user_pinned(*, user=None, user_id: int | None = None, atomic: bool = False) 
     token = _user_pin.set((user_id, db))
     try:
         with dbrouter.pinned(db, user_id):
-            if atomic:
-                with transaction.atomic(using=db, savepoint=False):
+            if atomic:  # a savepoint when nested: a refused write rolls back only itself
+                with transaction.atomic(using=db):
                     yield db
             else:
                 yield db
