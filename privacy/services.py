@@ -65,6 +65,7 @@ from privacy.models import AccountDeletion
 from privacy.selectors import last_owner_orgs
 from sharing.models import ShareLink
 from usage.models import UsageRecord
+from usage.selectors import ledger_dbs
 from workspaces.models import Invitation
 
 logger = logging.getLogger(__name__)
@@ -206,11 +207,15 @@ def account_forget(*, user_id: int, swept: Swept) -> dict:
         "share_links": swept.counts["sharelink"],
         "feedback": swept.counts["feedback"],
         "memory_facts": sum(
-            UserMemory.objects.using(db).filter(user_id=user_id).count() for db in regions.region_dbs()
+            UserMemory.objects.using(db).filter(user_id=user_id).count()
+            for db in regions.region_dbs()
         ),
         "api_keys": ApiKey.objects.filter(user_id=user_id).count(),
-        "usage_records_anonymised": UsageRecord.objects.filter(user_id=user_id).update(
-            user=None, conversation_id=None
+        "usage_records_anonymised": sum(  # in default and in every region's database
+            UsageRecord.objects.using(db)
+            .filter(user_id=user_id)
+            .update(user=None, conversation_id=None)
+            for db in ledger_dbs()
         ),
     }
     label = f"deleted account #{user_id}"
