@@ -24,6 +24,8 @@ memory: no query embedding, no vector search.
 - **Read by a turn** (:func:`memory_block_current`): the stored block when it is current;
   otherwise (a change not rebuilt yet, or no row) built inline from the facts (one query, no
   embedding), so a deleted fact is gone from the very next turn.
+- **Where**: the user's home region's database, like their facts (conversations/regions.py
+  ``user_db``); the raw SQL here runs on that connection.
 - **Warmed** (memory/warm.py): after each rebuild, a 1-token request at
   background priority puts the new prefix into the engine's prefix cache.
 """
@@ -34,10 +36,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection, transaction
+from django.contrib.auth import get_user_model
+from django.db import connections, transaction
 from django.utils import timezone
 
+from conversations import regions
 from memory.models import MemoryBlock, UserMemory
 from memory.selectors import memory_fact_sanitise
 
@@ -83,6 +88,7 @@ def block_tokens(text: str) -> int:
         return -(-len(text) // 4)
 
 
+@regions.for_user
 def memory_block_build(
     *, user_id, count_tokens: Callable[[str], int] | None = None, budget: int | None = None
 ) -> BuiltBlock:
@@ -112,24 +118,29 @@ def memory_block_touch(*, user_id) -> None:
     commits (never if it rolls back, PF-J2). Call inside the writing transaction."""
     from memory.tasks import memory_block_rebuild as rebuild_task  # noqa: PLC0415 - tasks import this
 
-    with connection.cursor() as cursor:
-        cursor.execute(_TOUCH_SQL, [user_id])
-    transaction.on_commit(lambda: rebuild_task.delay(str(user_id)))
+    with regions.user_pinned(user_id=user_id) as db:
+        with connections[db].cursor() as cursor:
+            cursor.execute(_TOUCH_SQL, [user_id])
+        # On the transaction that holds the bump (the user's region's): queued once it commits.
+        transaction.on_commit(lambda: rebuild_task.delay(str(user_id)), using=db)
 
 
-@transaction.atomic
 def memory_block_rebuild(*, user_id, count_tokens: Callable[[str], int] | None = None) -> tuple[MemoryBlock, bool] | None:
     """Bring user ``user_id``'s stored block up to date; returns (the row, whether it was
     rebuilt), or None when the user no longer exists. Idempotent: a block already built from
     the current version under today's budget is left as it is, ``(row, False)``.
 
     Holds the row's lock (SELECT ... FOR UPDATE) from reading the version to writing the text,
-    so it serialises with writers' :func:`memory_block_touch` (module docstring: race-safe)."""
-    from django.contrib.auth import get_user_model  # noqa: PLC0415
-
+    so it serialises with writers' :func:`memory_block_touch` (module docstring: race-safe).
+    One transaction on the user's home region's database."""
     if not get_user_model().objects.filter(pk=user_id).exists():
         return None
-    with connection.cursor() as cursor:
+    with regions.user_pinned(user_id=user_id, atomic=True) as db:
+        return _rebuild(db, user_id=user_id, count_tokens=count_tokens)
+
+
+def _rebuild(db: str, *, user_id, count_tokens) -> tuple[MemoryBlock, bool]:
+    with connections[db].cursor() as cursor:
         cursor.execute(_ENSURE_SQL, [user_id])
     block = MemoryBlock.objects.select_for_update().get(user_id=user_id)
     budget = settings.CHAT_MEMORY_MAX_TOKENS
@@ -150,6 +161,7 @@ def _is_current(block: MemoryBlock | None) -> bool:
     )
 
 
+@regions.for_user
 def memory_block_current(*, user_id) -> BuiltBlock:
     """The memory block a turn of user ``user_id`` uses now: the stored one when it is current
     (one primary-key read), else built inline from the facts (:func:`memory_block_build`, one
@@ -172,6 +184,7 @@ async def amemory_block_needs_query(*, user_id) -> bool:
     """Whether a turn of user ``user_id`` may need query-time retrieval (so its message's
     embedding should start as the request arrives): False only when their stored block is
     current and not overflow - the common case, which then embeds nothing. One primary-key
-    read."""
-    block = await MemoryBlock.objects.filter(user_id=user_id).afirst()
+    read (and, with several region databases, the user's and their membership's to find it)."""
+    db = await sync_to_async(regions.user_db)(user_id=user_id)
+    block = await regions.manager(MemoryBlock, db, user_id=int(user_id)).filter(user_id=user_id).afirst()
     return not _is_current(block) or block.overflow

@@ -16,8 +16,9 @@
 
 Exactly once per idle period. Celery here acknowledges late and the Redis broker redelivers a
 task still unacknowledged after its visibility timeout, so two copies of one task may run, one
-after the other or at the same time. A row per conversation (:class:`ExtractionMarker`, default
-database) settles it:
+after the other or at the same time. A row per conversation (:class:`ExtractionMarker`, in the
+conversation's database; the facts go to the owner's home region's, conversations/regions.py
+``user_db``, usually the same one) settles it:
 
 - ``extracted_through`` is the ``last_turn_at`` the last extraction covered. A run for a
   conversation whose ``last_turn_at`` is already covered does nothing.
@@ -262,16 +263,21 @@ def _chunks(exchanges: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
     return chunks
 
 
+def _markers(conversation_id: UUID):
+    # The conversation's database's primary: the marker's compare-and-sets read what was written.
+    return ExtractionMarker.objects.using(regions.db_for_conversation_id(conversation_id))
+
+
 def _marker(conversation: Conversation) -> ExtractionMarker:
-    ExtractionMarker.objects.bulk_create(
+    _markers(conversation.pk).bulk_create(
         [ExtractionMarker(conversation_id=conversation.pk, user_id=conversation.owner_id)],
         ignore_conflicts=True,
     )
-    return ExtractionMarker.objects.get(pk=conversation.pk)
+    return _markers(conversation.pk).get(pk=conversation.pk)
 
 
 def _release(conversation_id: UUID, lease: datetime) -> None:
-    ExtractionMarker.objects.filter(pk=conversation_id, claimed_until=lease).update(claimed_until=None)
+    _markers(conversation_id).filter(pk=conversation_id, claimed_until=lease).update(claimed_until=None)
 
 
 def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None = None) -> Extraction:
@@ -299,7 +305,7 @@ def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None =
         return Extraction("done")
     lease = now + timedelta(seconds=extract_lease_s())
     claimed = (
-        ExtractionMarker.objects.filter(pk=conversation_id, extracted_through=expected)
+        _markers(conversation_id).filter(pk=conversation_id, extracted_through=expected)
         .exclude(claimed_until__gt=now)
         .update(claimed_until=lease)
     )
@@ -324,11 +330,14 @@ def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None =
 
 def _store(conversation, owner, facts: list[str], *, expected, through) -> Extraction:
     """Move the marker from ``expected`` to ``through`` and store ``facts``, in one transaction
-    on the default database; nothing when another run moved the marker first."""
+    on the conversation's database (the facts' own transaction, on the owner's home region's
+    database, is nested in it: one transaction when that is the same database); nothing when
+    another run moved the marker first."""
     from memory.services import memory_add  # noqa: PLC0415 - memory.services imports the models
 
-    with transaction.atomic():
-        moved = ExtractionMarker.objects.filter(
+    db = regions.db_for_conversation_id(conversation.pk)
+    with transaction.atomic(using=db):
+        moved = ExtractionMarker.objects.using(db).filter(
             pk=conversation.pk, extracted_through=expected
         ).update(extracted_through=through, claimed_until=None)
         if not moved:
@@ -336,7 +345,7 @@ def _store(conversation, owner, facts: list[str], *, expected, through) -> Extra
         stored = []
         if facts:
             try:
-                with transaction.atomic():
+                with transaction.atomic(using=db):
                     stored = memory_add(
                         user=owner, texts=facts, source="extracted",
                         source_conversation_id=conversation.pk,
@@ -388,7 +397,7 @@ def memory_sweep(*, now: datetime | None = None, limit: int | None = None) -> li
         )
         if not candidates:
             continue
-        markers = ExtractionMarker.objects.in_bulk([c[0] for c in candidates])
+        markers = ExtractionMarker.objects.using(alias).in_bulk([c[0] for c in candidates])
         memory_on = set(
             User.objects.filter(pk__in={c[1] for c in candidates}, memory_enabled=True).values_list("pk", flat=True)
         )
@@ -406,7 +415,7 @@ def memory_sweep(*, now: datetime | None = None, limit: int | None = None) -> li
             due.append((conversation_id, owner_id))
             if len(due) == limit:
                 break
-        ExtractionMarker.objects.bulk_create(
+        ExtractionMarker.objects.using(alias).bulk_create(
             [ExtractionMarker(conversation_id=c, user_id=o) for c, o in due], ignore_conflicts=True
         )
         for conversation_id, _ in due:
@@ -416,7 +425,7 @@ def memory_sweep(*, now: datetime | None = None, limit: int | None = None) -> li
                 logger.exception("could not queue the memory extraction of %s", conversation_id)
                 continue
             queued.append(conversation_id)
-        ExtractionMarker.objects.filter(pk__in=queued).update(queued_at=now)
+        ExtractionMarker.objects.using(alias).filter(pk__in=queued).update(queued_at=now)
     if queued:
         logger.info("memory sweep: queued %d extraction(s)", len(queued))
     return queued

@@ -2,8 +2,9 @@
 
 Kept apart from memory/models.py so that module stays the store's; memory/models.py imports
 :class:`ExtractionMarker` from here so Django (and ``makemigrations``) sees it. The row lives in
-the default database with the accounts (conversations may be in a region's database, so there is
-no foreign key to the conversation: a marker outlives a purged conversation harmlessly).
+its conversation's database (the ``memory`` app is regional, ``settings.CHAT_REGIONAL_APPS``), with
+no foreign key to the conversation (a marker outlives a purged conversation harmlessly) nor a
+database constraint to the user (users live in ``default``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ class ExtractionMarker(models.Model):
 
     conversation_id = models.UUIDField(primary_key=True)
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_extraction_markers"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memory_extraction_markers",
+        db_constraint=False,  # the marker lives in its conversation's database, users in default
     )
     extracted_through = models.DateTimeField(null=True, blank=True)
     claimed_until = models.DateTimeField(null=True, blank=True)

@@ -26,8 +26,13 @@ class UserMemory(models.Model):
 
     fact_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # No index of its own: the (user, created_at) index below serves user_id lookups.
+    # No constraint: facts live in the user's home region's database, users in ``default``.
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories", db_index=False
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="memories",
+        db_index=False,
+        db_constraint=False,
     )
     text = models.TextField()
     embedding = VectorField(dimensions=embedding_dimension())
@@ -76,6 +81,7 @@ class MemoryBlock(models.Model):
         on_delete=models.CASCADE,
         primary_key=True,
         related_name="memory_block",
+        db_constraint=False,  # the block lives in the user's home region's database
     )
     version = models.BigIntegerField(default=0)
     built_version = models.BigIntegerField(default=-1)

@@ -1,7 +1,8 @@
 """Writes of long-term memory: add facts (validated, de-duplicated), remove them, clear them.
 
 The reads (memory_list, memory_search, memory_block) live in memory/selectors.py and are
-re-exported here for callers that import the whole API from one place.
+re-exported here for callers that import the whole API from one place. Every write goes to the
+user's home region's database (conversations/regions.py ``user_db``), in one transaction there.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import connections, transaction
 
+from conversations import regions
 from memory.blocks import memory_block_touch
 from memory.embeddings import embed
 from memory.models import UserMemory
@@ -77,8 +79,8 @@ def memory_add(
     vectors = embed(cleaned)
     threshold = settings.CHAT_MEMORY_DEDUP_SIMILARITY
     cap = settings.CHAT_MEMORY_MAX_FACTS_PER_USER
-    with transaction.atomic():
-        with connection.cursor() as cursor:
+    with regions.user_pinned(user=user, atomic=True) as db:
+        with connections[db].cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_LOCK_CLASS, user.pk])
         kept: list[UserMemory] = []
         for text, vector in zip(cleaned, vectors, strict=True):
@@ -107,7 +109,7 @@ def memory_add(
         return stored
 
 
-@transaction.atomic
+@regions.atomic_for_user
 def memory_remove(*, user, fact_ids: list[UUID]) -> int:
     """Delete the user's facts among ``fact_ids`` (ids of other users' facts, or unknown ones,
     are ignored); returns how many were deleted. They are gone from the very next turn: the
@@ -121,7 +123,7 @@ def memory_remove(*, user, fact_ids: list[UUID]) -> int:
     return deleted
 
 
-@transaction.atomic
+@regions.atomic_for_user
 def memory_clear(*, user) -> int:
     """Delete all of the user's facts; returns how many (gone from the next turn, as for
     :func:`memory_remove`)."""
@@ -132,6 +134,7 @@ def memory_clear(*, user) -> int:
 
 
 @transaction.atomic
+@regions.atomic_for_user
 def memory_set_enabled(*, user, enabled: bool) -> None:
     """Switch the user's memory on or off (``User.memory_enabled``). Off: nothing is extracted
     from their conversations and nothing is retrieved into their prompts; stored facts are kept

@@ -46,6 +46,7 @@ from privacy.archive import ArchiveBuilder, Export
 from privacy.markdown import conversation_markdown
 from sharing.models import ShareLink
 from usage.models import UsageRecord
+from usage.selectors import ledger_dbs
 from workspaces.models import Invitation
 
 FORMAT, VERSION = "chatsite-export", 1
@@ -304,11 +305,19 @@ def conversation_json(
 
 
 def _usage_items(user: User) -> Iterator[dict]:
-    after = 0
+    """The user's ledger rows, from every database that holds some (usage/models.py)."""
     orgs: dict[int, str] = {}
+    for db in ledger_dbs():
+        yield from _usage_items_in(db, user, orgs)
+
+
+def _usage_items_in(db: str, user: User, orgs: dict[int, str]) -> Iterator[dict]:
+    after = 0
     while True:
         batch = list(
-            UsageRecord.objects.filter(user_id=user.pk, id__gt=after).order_by("id")[:BATCH]
+            UsageRecord.objects.using(db)
+            .filter(user_id=user.pk, id__gt=after)
+            .order_by("id")[:BATCH]
         )
         orgs.update(
             Organisation.objects.filter(
@@ -402,11 +411,14 @@ def user_export_build(*, user: User) -> Export:
         data.array("conversations", conversation_items(builder, owner_id=user.pk))
         data.field(
             "memory",
-            list(
-                UserMemory.objects.filter(user=user)
+            [  # in every region's database: the user's home region may have changed
+                fact
+                for db in regions.region_dbs()
+                for fact in UserMemory.objects.using(db)
+                .filter(user=user)
                 .order_by("created_at", "fact_id")
                 .values("fact_id", "text", "source", "source_conversation_id", "created_at")
-            ),
+            ],
         )
         data.array("usage", _usage_items(user))
         data.array(

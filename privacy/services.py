@@ -59,11 +59,13 @@ from audit.services import audit_record
 from conversations import deletion, regions
 from conversations.models import Conversation
 from feedback.models import Feedback
-from memory.models import UserMemory
+from memory.extraction_models import ExtractionMarker
+from memory.models import MemoryBlock, UserMemory
 from privacy.models import AccountDeletion
 from privacy.selectors import last_owner_orgs
 from sharing.models import ShareLink
 from usage.models import UsageRecord
+from usage.selectors import ledger_dbs
 from workspaces.models import Invitation
 
 logger = logging.getLogger(__name__)
@@ -129,6 +131,21 @@ def conversations_sweep(
     return swept
 
 
+def _memory_forget(*, user_id: int) -> list:
+    """Delete user ``user_id``'s memory facts, block and extraction markers in every region's
+    database (they live in the user's home region's, which may have changed; deleting the user
+    in ``default`` cascades there only). Returns the deleted facts' ids."""
+    fact_ids: list = []
+    for db in regions.region_dbs():
+        with transaction.atomic(using=db):
+            facts = UserMemory.objects.using(db).filter(user_id=user_id)
+            fact_ids += list(facts.values_list("pk", flat=True))
+            facts.delete()
+            MemoryBlock.objects.using(db).filter(user_id=user_id).delete()
+            ExtractionMarker.objects.using(db).filter(user_id=user_id).delete()
+    return fact_ids
+
+
 def _admin_log_scrub(*, model, ids: list, label: str) -> None:
     """Replace the names (``object_repr``) of the admin log's entries about rows ``ids`` of
     ``model`` with ``label``: a row's name can be a title or a username."""
@@ -189,10 +206,16 @@ def account_forget(*, user_id: int, swept: Swept) -> dict:
         "attachments": swept.counts["attachment"],
         "share_links": swept.counts["sharelink"],
         "feedback": swept.counts["feedback"],
-        "memory_facts": UserMemory.objects.filter(user_id=user_id).count(),
+        "memory_facts": sum(
+            UserMemory.objects.using(db).filter(user_id=user_id).count()
+            for db in regions.region_dbs()
+        ),
         "api_keys": ApiKey.objects.filter(user_id=user_id).count(),
-        "usage_records_anonymised": UsageRecord.objects.filter(user_id=user_id).update(
-            user=None, conversation_id=None
+        "usage_records_anonymised": sum(  # in default and in every region's database
+            UsageRecord.objects.using(db)
+            .filter(user_id=user_id)
+            .update(user=None, conversation_id=None)
+            for db in ledger_dbs()
         ),
     }
     label = f"deleted account #{user_id}"
@@ -201,9 +224,11 @@ def account_forget(*, user_id: int, swept: Swept) -> dict:
         model=Conversation, ids=swept.conversation_ids, label=f"conversation of {label}"
     )
     _admin_log_scrub(model=Attachment, ids=swept.attachment_ids, label=f"file of {label}")
-    for model in (ApiKey, UserMemory, UserSession):
+    for model in (ApiKey, UserSession):
         ids = list(model.objects.filter(user_id=user_id).values_list("pk", flat=True))
         _admin_log_scrub(model=model, ids=ids, label=f"{model._meta.verbose_name} of {label}")
+    memory_ids = _memory_forget(user_id=user_id)
+    _admin_log_scrub(model=UserMemory, ids=memory_ids, label=f"user memory of {label}")
     Invitation.objects.filter(accepted_by_id=user_id).exclude(email="").update(email="")
     requested_by = note.requested_by_id if note else None
     audit_record(

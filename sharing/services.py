@@ -194,7 +194,7 @@ def share_continue(*, token: str, user: User) -> Conversation:
     if last is not None:
         from memory.extraction_models import ExtractionMarker  # noqa: PLC0415
 
-        ExtractionMarker.objects.update_or_create(
+        ExtractionMarker.objects.using(db).update_or_create(
             conversation_id=copy.pk, defaults={"user_id": user.pk, "extracted_through": last}
         )
     return copy

@@ -36,13 +36,29 @@ def pool(name: str):
     return pool_set().get(name)
 
 
-def record(user, *, at: dt.datetime, org=None, pool_name="mini", prompt=0, cached=0,
-           completion=0, status="complete") -> UsageRecord:
+def record(
+    user,
+    *,
+    at: dt.datetime,
+    org=None,
+    pool_name="mini",
+    prompt=0,
+    cached=0,
+    completion=0,
+    status="complete",
+) -> UsageRecord:
     """A ledger row written through the service, then dated ``at``."""
     row = services.usage_record(
-        user=user, org=org, turn_id=uuid.uuid4(), conversation_id=uuid.uuid4(),
-        route_pool=pool(pool_name), tier=getattr(user, "tier", "free"), prompt_tokens=prompt,
-        cached_tokens=cached, completion_tokens=completion, status=status,
+        user=user,
+        org=org,
+        turn_id=uuid.uuid4(),
+        conversation_id=uuid.uuid4(),
+        route_pool=pool(pool_name),
+        tier=getattr(user, "tier", "free"),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        status=status,
     )
     UsageRecord.objects.filter(pk=row.pk).update(created_at=at)
     return row
@@ -164,9 +180,16 @@ def test_cost_charges_uncached_cached_and_completion_tokens_at_the_pools_prices(
     user = make_user(tier="paid")
     turn_id, conversation_id = uuid.uuid4(), uuid.uuid4()
     services.usage_record(
-        user=user, org=None, turn_id=turn_id, conversation_id=conversation_id,
-        route_pool=pool(pool_name), tier="paid", prompt_tokens=1000, cached_tokens=400,
-        completion_tokens=200, status="complete",
+        user=user,
+        org=None,
+        turn_id=turn_id,
+        conversation_id=conversation_id,
+        route_pool=pool(pool_name),
+        tier="paid",
+        prompt_tokens=1000,
+        cached_tokens=400,
+        completion_tokens=200,
+        status="complete",
     )
     row = UsageRecord.objects.get()
     assert row.cost_usd == expected
@@ -178,8 +201,16 @@ def test_cost_charges_uncached_cached_and_completion_tokens_at_the_pools_prices(
 def test_cost_is_rounded_half_up_to_the_ledgers_eight_decimals(make_user):
     """One cached token on mini costs $0.000000075: stored (and returned) as $0.00000008."""
     row = services.usage_record(
-        user=make_user(), org=None, turn_id=None, conversation_id=None, route_pool=pool("mini"),
-        tier="free", prompt_tokens=1, cached_tokens=1, completion_tokens=0, status="complete",
+        user=make_user(),
+        org=None,
+        turn_id=None,
+        conversation_id=None,
+        route_pool=pool("mini"),
+        tier="free",
+        prompt_tokens=1,
+        cached_tokens=1,
+        completion_tokens=0,
+        status="complete",
     )
     assert row.cost_usd == Decimal("0.00000008")
     row.refresh_from_db()
@@ -192,9 +223,16 @@ def test_usage_is_counted_once_per_turn(make_user):
     user = make_user()
     turn_id = uuid.uuid4()
     kwargs = dict(
-        user=user, org=None, turn_id=turn_id, conversation_id=uuid.uuid4(),
-        route_pool=pool("mini"), tier="free", prompt_tokens=100, cached_tokens=0,
-        completion_tokens=50, status="complete",
+        user=user,
+        org=None,
+        turn_id=turn_id,
+        conversation_id=uuid.uuid4(),
+        route_pool=pool("mini"),
+        tier="free",
+        prompt_tokens=100,
+        cached_tokens=0,
+        completion_tokens=50,
+        status="complete",
     )
     first = services.usage_record(**kwargs)
     second = services.usage_record(**{**kwargs, "completion_tokens": 80})
@@ -207,9 +245,16 @@ def test_a_cancelled_turn_is_charged_for_the_tokens_it_generated(make_user):
     """PF-R5: a turn cancelled after 37 tokens is stored as cancelled and charged for its
     prompt and those 37 tokens, not zero."""
     row = services.usage_record(
-        user=make_user(), org=None, turn_id=uuid.uuid4(), conversation_id=uuid.uuid4(),
-        route_pool=pool("mini"), tier="free", prompt_tokens=20, cached_tokens=0,
-        completion_tokens=37, status="cancelled",
+        user=make_user(),
+        org=None,
+        turn_id=uuid.uuid4(),
+        conversation_id=uuid.uuid4(),
+        route_pool=pool("mini"),
+        tier="free",
+        prompt_tokens=20,
+        cached_tokens=0,
+        completion_tokens=37,
+        status="cancelled",
     )
     row.refresh_from_db()
     assert row.status == "cancelled"
@@ -223,8 +268,16 @@ def test_a_cancelled_turn_is_charged_for_the_tokens_it_generated(make_user):
 )
 def test_bad_counts_or_status_are_refused(make_user, override):
     kwargs = dict(
-        user=make_user(), org=None, turn_id=None, conversation_id=None, route_pool=pool("mini"),
-        tier="free", prompt_tokens=10, cached_tokens=0, completion_tokens=1, status="complete",
+        user=make_user(),
+        org=None,
+        turn_id=None,
+        conversation_id=None,
+        route_pool=pool("mini"),
+        tier="free",
+        prompt_tokens=10,
+        cached_tokens=0,
+        completion_tokens=1,
+        status="complete",
     )
     with pytest.raises(ValueError):
         services.usage_record(**{**kwargs, **override})
@@ -237,31 +290,46 @@ def test_the_ledger_refuses_more_cached_than_prompt_tokens(make_user):
     rather than a second, silent clamp (tests/test_tiers.py checks the clamp end to end)."""
     with pytest.raises(ValueError, match="cached"):
         services.usage_record(
-            user=make_user(), org=None, turn_id=None, conversation_id=None, route_pool=pool("mini"),
-            tier="free", prompt_tokens=100, cached_tokens=120, completion_tokens=0, status="complete",
+            user=make_user(),
+            org=None,
+            turn_id=None,
+            conversation_id=None,
+            route_pool=pool("mini"),
+            tier="free",
+            prompt_tokens=100,
+            cached_tokens=120,
+            completion_tokens=0,
+            status="complete",
         )
 
 
 def test_the_answering_pool_is_charged_not_the_requested_one(make_user):
     """A paid turn degraded to mini (load shedding) is recorded with mini's name and prices."""
     row = services.usage_record(
-        user=make_user(tier="paid"), org=None, turn_id=None, conversation_id=None,
-        route_pool=pool("mini"), tier="paid", prompt_tokens=0, cached_tokens=0,
-        completion_tokens=1000, status="complete",
+        user=make_user(tier="paid"),
+        org=None,
+        turn_id=None,
+        conversation_id=None,
+        route_pool=pool("mini"),
+        tier="paid",
+        prompt_tokens=0,
+        cached_tokens=0,
+        completion_tokens=1000,
+        status="complete",
     )
     assert (row.pool, row.cost_usd) == ("mini", Decimal("0.00450000"))
 
 
-def test_usage_is_stored_in_the_default_database_whatever_region_is_pinned(settings):
-    """Usage is global data: written and read in ``default`` even inside a regional
-    conversation's pinned block, and never migrated into a region's database."""
+def test_the_ledger_is_migrated_into_region_databases_and_read_from_every_one(settings):
+    """Ledger rows of a conversation live in its region's database (issue 20 part 1): the usage
+    tables are migrated there, and readers visit default and every region's database.
+    tests/test_region_databases.py checks where rows land on two real servers."""
     settings.CHAT_REGION_DATABASES = {"us-east": "region_us-east", "eu-west": "default"}
     router = dbrouter.PrimaryReplicaRouter()
-    with dbrouter.pinned("region_us-east"):
-        assert router.db_for_write(UsageRecord) == "default"
-        assert router.db_for_read(UsageRecord) == "default"
-    assert router.allow_migrate("region_us-east", "usage") is False
+
+    assert router.allow_migrate("region_us-east", "usage") is True
     assert router.allow_migrate("default", "usage") is True
+    assert selectors.ledger_dbs() == ["default", "region_us-east"]
 
 
 # --- usage_daily / usage_totals: zero-filled UTC days ---------------------------------------
@@ -300,7 +368,9 @@ def test_days_are_utc_days_whatever_the_active_time_zone(make_user):
         days = selectors.usage_daily(user=user, days=3, now=NOW)
 
     assert [(d.date, d.completion_tokens) for d in days] == [
-        (dt.date(2026, 3, 8), 1), (dt.date(2026, 3, 9), 2), (dt.date(2026, 3, 10), 0),
+        (dt.date(2026, 3, 8), 1),
+        (dt.date(2026, 3, 9), 2),
+        (dt.date(2026, 3, 10), 0),
     ]
 
 
@@ -323,8 +393,13 @@ def test_the_window_starts_at_midnight_utc_of_its_first_day(make_user):
 def test_totals_are_the_sum_of_the_days(make_user):
     user = make_user()
     for i, (prompt, completion, pool_name) in enumerate([(100, 20, "mini"), (300, 40, "frontier")]):
-        record(user, at=NOW - dt.timedelta(days=i), prompt=prompt, completion=completion,
-               pool_name=pool_name)
+        record(
+            user,
+            at=NOW - dt.timedelta(days=i),
+            prompt=prompt,
+            completion=completion,
+            pool_name=pool_name,
+        )
     days = selectors.usage_daily(user=user, days=30, now=NOW)
     totals = selectors.usage_totals(user=user, days=30, now=NOW)
     assert totals.tokens == sum(d.tokens for d in days) == 460
@@ -377,7 +452,9 @@ def test_per_member_totals_include_idle_members_and_only_this_orgs_charges(acme)
     ]
     # olga: (1000*5 + 100*30) + (10*.75 + 10*4.5) = 8000 + 52.5; adam: 1000*.75+1000*.075+500*4.5
     assert [r.cost_usd for r in rows] == [
-        Decimal("0.00805250"), Decimal("0.00307500"), Decimal("0"),
+        Decimal("0.00805250"),
+        Decimal("0.00307500"),
+        Decimal("0"),
     ]
 
 
@@ -427,8 +504,9 @@ def test_org_usage_page_asks_anonymous_visitors_to_sign_in(acme):
 
 
 def test_org_usage_page_shows_each_members_totals(acme):
-    record(acme["adam"], org=acme["org"], at=timezone.now(), prompt=1500, cached=500,
-           completion=250)
+    record(
+        acme["adam"], org=acme["org"], at=timezone.now(), prompt=1500, cached=500, completion=250
+    )
     page = parse(client_for(acme["olga"]).get("/orgs/acme/usage/"))
     table = page.one("table", id="org-usage")
     rows = rows_by(table, "data-username")
@@ -499,7 +577,14 @@ def test_usage_page_links_the_orgs_the_user_administers(acme):
 
 def test_chart_axis_is_a_round_ceiling_of_the_busiest_day():
     assert [nice_ceiling(n) for n in (0, 1, 7, 10, 11, 1500, 2001, 60_000)] == [
-        1, 1, 10, 10, 20, 2000, 5000, 100_000,
+        1,
+        1,
+        10,
+        10,
+        20,
+        2000,
+        5000,
+        100_000,
     ]
     days = [
         selectors.DailyUsage(dt.date(2026, 1, i + 1), 0, 0, n, Decimal(0))
@@ -558,10 +643,18 @@ def test_settings_page_shows_the_organisations_shared_limits(acme, settings):
 def test_settings_page_does_not_claim_one_model_when_a_pool_runs_another(make_user, settings):
     """With a pool on a remote server the page names each pool's model instead."""
     remote = {
-        "name": "big", "label": "Big", "version": "1", "backend": "remote",
-        "url": "http://127.0.0.1:9/v1", "model": "Other-7B", "max_context": 4096,
-        "max_tokens": 512, "price_input_per_m": "1", "price_cached_input_per_m": "0.1",
-        "price_output_per_m": "2", "tiers": ["free"],
+        "name": "big",
+        "label": "Big",
+        "version": "1",
+        "backend": "remote",
+        "url": "http://127.0.0.1:9/v1",
+        "model": "Other-7B",
+        "max_context": 4096,
+        "max_tokens": 512,
+        "price_input_per_m": "1",
+        "price_cached_input_per_m": "0.1",
+        "price_output_per_m": "2",
+        "tiers": ["free"],
     }
     settings.CHAT_POOLS = [*settings.CHAT_POOLS, remote]
     page = parse(client_for(make_user(tier="free")).get("/settings/"))

@@ -1,9 +1,12 @@
 """The usage ledger: one row per answered turn (or /v1 completion) with its tokens and cost.
 
-Rows live in the global (``default``) database beside accounts and organisations, not in a
-conversation's region: billing reads them per user and per organisation across regions, and a
-conversation's deletion (or retention purge) must not erase what was charged. ``turn_id`` and
-``conversation_id`` therefore are plain UUIDs, not foreign keys.
+A row that names a conversation lives in that conversation's region's database (issue 20 part 1:
+its turn and conversation ids stay in the region); a row without one (a ``/v1/chat/completions``
+call that stores no turn) in ``default``. Readers (usage/selectors.py, privacy) visit every
+ledger database (:func:`usage.selectors.ledger_dbs`) and add up. A conversation's deletion (or
+retention purge) must not erase what was charged, so ``turn_id`` and ``conversation_id`` are plain
+UUIDs, not foreign keys, and users and organisations are referenced without a database
+constraint (they live in ``default``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class UsageRecord(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="usage_records",
+        db_constraint=False,
     )
     org = models.ForeignKey(
         "accounts.Organisation",
@@ -45,6 +49,7 @@ class UsageRecord(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="usage_records",
+        db_constraint=False,
     )
     turn_id = models.UUIDField(null=True, blank=True)
     conversation_id = models.UUIDField(null=True, blank=True)

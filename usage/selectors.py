@@ -3,6 +3,10 @@ an organisation's usage, and what a user's tier allows (the settings page).
 
 Days are UTC calendar days (``settings.TIME_ZONE`` is UTC and billing days must not move with
 a viewer's clock): "the last N days" is today (UTC) and the N - 1 days before it.
+
+The ledger is in several databases (usage/models.py: a conversation's rows in its region's,
+the rest in ``default``): every read here asks each of :func:`ledger_dbs` (their primaries:
+billing must see the latest charge) and adds the sums up; none joins the ledger with accounts.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, NamedTuple
 
 from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, DecimalField, IntegerField, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce, TruncDate
 from django.http import Http404
 from django.utils import timezone
 
 from accounts.models import Membership, Organisation, User
+from conversations import regions
 from usage.models import UsageRecord
 
 if TYPE_CHECKING:
@@ -103,6 +109,20 @@ def _sums() -> dict:
     }
 
 
+def ledger_dbs() -> list[str]:
+    """Every primary alias holding ledger rows: ``default``, then each region's database."""
+    return list(dict.fromkeys([DEFAULT_DB_ALIAS, *regions.region_dbs()]))
+
+
+def _added(rows: list[dict]) -> dict:
+    """The sums of :func:`_sums` rows from several databases, added up."""
+    total = {"prompt": 0, "cached": 0, "completion": 0, "cost": ZERO_COST, "requests": 0}
+    for row in rows:
+        for key in total:
+            total[key] += row[key]
+    return total
+
+
 def _in_window(
     records: QuerySet, *, days: int, now: dt.datetime | None
 ) -> tuple[QuerySet, dt.date]:
@@ -114,14 +134,20 @@ def usage_daily(*, user: User, days: int = 30, now: dt.datetime | None = None) -
     """The user's usage per UTC day over the last ``days`` days, oldest first: exactly ``days``
     rows, days without usage as zeros. ``now`` (for tests) defaults to the current time.
     Raises ValueError for ``days`` outside 1..366."""
-    records, first = _in_window(UsageRecord.objects.filter(user=user), days=days, now=now)
-    per_day = {
-        row["day"]: row
-        for row in records.annotate(day=TruncDate("created_at", tzinfo=UTC))
-        .values("day")
-        .annotate(**_sums())
-        .order_by("day")
-    }
+    grouped: dict[dt.date, list[dict]] = {}
+    first = None
+    for db in ledger_dbs():
+        records, first = _in_window(
+            UsageRecord.objects.using(db).filter(user=user), days=days, now=now
+        )
+        for row in (
+            records.annotate(day=TruncDate("created_at", tzinfo=UTC))
+            .values("day")
+            .annotate(**_sums())
+            .order_by("day")
+        ):
+            grouped.setdefault(row["day"], []).append(row)
+    per_day = {day: _added(rows) for day, rows in grouped.items()}
     result = []
     for offset in range(days):
         date = first + dt.timedelta(days=offset)
@@ -138,8 +164,14 @@ def usage_daily(*, user: User, days: int = 30, now: dt.datetime | None = None) -
 def usage_totals(*, user: User, days: int = 30, now: dt.datetime | None = None) -> UsageTotals:
     """The user's usage summed over the same window as :func:`usage_daily`.
     Raises ValueError for ``days`` outside 1..366."""
-    records, _ = _in_window(UsageRecord.objects.filter(user=user), days=days, now=now)
-    row = records.aggregate(**_sums())
+    row = _added(
+        [
+            _in_window(UsageRecord.objects.using(db).filter(user=user), days=days, now=now)[
+                0
+            ].aggregate(**_sums())
+            for db in ledger_dbs()
+        ]
+    )
     return UsageTotals(
         row["prompt"], row["cached"], row["completion"], row["cost"], row["requests"]
     )
@@ -152,18 +184,24 @@ def usage_by_member(
     per person: every current member (zeros when they used nothing), then anyone else charged
     to the organisation in the window (former members, deleted accounts). Sorted by cost, then
     tokens (highest first), then username. Raises ValueError for ``days`` outside 1..366."""
-    records, _ = _in_window(UsageRecord.objects.filter(org=org), days=days, now=now)
-    per_user = {
-        row["user_id"]: row
-        for row in records.values("user_id", "user__username").annotate(**_sums()).order_by()
-    }
+    grouped: dict[int | None, list[dict]] = {}
+    for db in ledger_dbs():
+        records, _ = _in_window(UsageRecord.objects.using(db).filter(org=org), days=days, now=now)
+        for row in records.values("user_id").annotate(**_sums()).order_by():
+            grouped.setdefault(row["user_id"], []).append(row)
+    per_user = {user_id: _added(rows) for user_id, rows in grouped.items()}
+    names = dict(
+        User.objects.filter(pk__in=[u for u in per_user if u is not None]).values_list(
+            "pk", "username"
+        )
+    )
     rows = []
     memberships = Membership.objects.filter(organisation=org).select_related("user")
     for membership in memberships:
         row = per_user.pop(membership.user_id, None)
         rows.append(_member_row(membership.user.username, membership.role, row))
-    for row in per_user.values():  # charged to the org, no longer a member
-        rows.append(_member_row(row["user__username"] or "", "", row))
+    for user_id, row in per_user.items():  # charged to the org, no longer a member
+        rows.append(_member_row(names.get(user_id, ""), "", row))
     rows.sort(key=lambda r: (-r.cost_usd, -r.tokens, r.username))
     return rows
 
@@ -172,8 +210,13 @@ def _member_row(username: str, role: str, row: dict | None) -> MemberUsage:
     if row is None:
         return MemberUsage(username, role, 0, 0, 0, ZERO_COST, 0)
     return MemberUsage(
-        username, role,
-        row["prompt"], row["cached"], row["completion"], row["cost"], row["requests"],
+        username,
+        role,
+        row["prompt"],
+        row["cached"],
+        row["completion"],
+        row["cost"],
+        row["requests"],
     )
 
 

@@ -6,8 +6,9 @@ import logging
 from typing import TYPE_CHECKING
 from uuid import UUID
 
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 
+from conversations import regions
 from usage.models import UsageRecord
 
 if TYPE_CHECKING:  # inference.pools imports settings-heavy code; only its types are needed here
@@ -15,7 +16,6 @@ if TYPE_CHECKING:  # inference.pools imports settings-heavy code; only its types
     from inference.pools import Pool
 
 logger = logging.getLogger(__name__)
-
 
 
 def _pk(value) -> int | None:
@@ -59,7 +59,8 @@ def usage_record(
     the output price, prices per 1M tokens, rounded half-up to 8 decimal places).
 
     Idempotent on ``turn_id``: a second call for a turn already recorded (a retried write-back)
-    returns the first record unchanged and charges nothing more. Returns the record.
+    returns the first record unchanged and charges nothing more. Returns the record. Stored in
+    ``conversation_id``'s region's database (its ids stay in the region), else in ``default``.
     Raises ValueError for a negative token count, an unknown status, or more cached than prompt
     tokens (the serving layer clamps what an engine reports before anything is tallied).
     """
@@ -75,7 +76,9 @@ def usage_record(
             f"usage_record: status must be one of {UsageRecord.Status.values}, got {status!r}"
         )
     cost = route_pool.charge(
-        prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, completion_tokens=completion_tokens
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        completion_tokens=completion_tokens,
     )
     fields = {
         "user_id": _pk(user),
@@ -90,10 +93,15 @@ def usage_record(
         "cost_usd": cost,
         "status": status,
     }
+    db = (
+        regions.db_for_conversation_id(conversation_id)
+        if conversation_id is not None
+        else DEFAULT_DB_ALIAS
+    )
+    ledger = UsageRecord.objects.using(db)
     if turn_id is None:
-        return UsageRecord.objects.create(turn_id=None, **fields)
-    record, created = UsageRecord.objects.get_or_create(turn_id=turn_id, defaults=fields)
+        return ledger.create(turn_id=None, **fields)
+    record, created = ledger.get_or_create(turn_id=turn_id, defaults=fields)
     if not created:
         logger.info("usage_record: turn %s was already recorded; not charged again", turn_id)
     return record
-

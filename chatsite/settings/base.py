@@ -615,7 +615,7 @@ CHAT_REGIONS = tuple(
 CHAT_REGION_REDIS_URLS: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_REDIS_URLS") or "{}")
 # Apps whose rows live in a region's database; everything else (accounts, organisations, API
 # keys, sessions, auth) is global and lives in `default`.
-CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback")
+CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback", "memory", "usage")
 # Read-your-writes: for this many seconds after a user's conversation data was written, that
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))

@@ -31,7 +31,9 @@ class Migration(migrations.Migration):
                 ('source_conversation_id', models.UUIDField(blank=True, null=True)),
                 ('source', models.CharField(choices=[('extracted', 'Extracted from a conversation'), ('manual', 'Added by hand')], default='manual', max_length=16)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='memories', to=settings.AUTH_USER_MODEL)),
+                # db_constraint=False from the start (edited after the fact, see 0004): a region's database
+                # has no accounts tables. Databases migrated with the constraint had it dropped by 0004.
+                ('user', models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='memories', to=settings.AUTH_USER_MODEL)),
             ],
             options={
                 'verbose_name': 'user memory',

@@ -23,6 +23,7 @@ class Migration(migrations.Migration):
                 (
                     "user",
                     models.ForeignKey(
+                        db_constraint=False,  # edited after the fact, see 0004
                         on_delete=django.db.models.deletion.CASCADE,
                         related_name="memory_extraction_markers",
                         to=settings.AUTH_USER_MODEL,

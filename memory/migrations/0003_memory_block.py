@@ -18,6 +18,7 @@ class Migration(migrations.Migration):
                 (
                     "user",
                     models.OneToOneField(
+                        db_constraint=False,  # edited after the fact, see 0004
                         on_delete=django.db.models.deletion.CASCADE,
                         primary_key=True,
                         related_name="memory_block",

@@ -31,8 +31,10 @@ class Migration(migrations.Migration):
                 ('cost_usd', models.DecimalField(decimal_places=8, default=0, max_digits=14)),
                 ('status', models.CharField(choices=[('complete', 'Complete'), ('cancelled', 'Cancelled'), ('failed', 'Failed')], default='complete', max_length=16)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('org', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_records', to='accounts.organisation')),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_records', to=settings.AUTH_USER_MODEL)),
+                # db_constraint=False from the start (edited after the fact, see 0003): ledger rows of a
+                # conversation live in its region's database, which has no accounts tables.
+                ('org', models.ForeignKey(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_records', to='accounts.organisation')),
+                ('user', models.ForeignKey(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_records', to=settings.AUTH_USER_MODEL)),
             ],
             options={
                 'ordering': ('-created_at', '-id'),
