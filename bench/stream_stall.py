@@ -23,7 +23,7 @@ import time
 from bench.harness import HOST, VAR
 from bench.stream_client import body_chunks, read_head
 from bench.stream_phases import dist, rnd
-from bench.stream_setup import Daphne, Fixture, mib, sample
+from bench.stream_setup import Fixture, Server, mib, sample
 
 STALL_RCVBUF = 4096  # bytes: the stalled clients' receive buffer (the kernel may double it)
 DELTA_PAUSE_S = 0.01  # between two deltas of the scripted answer
@@ -132,7 +132,7 @@ class TurnClient:
             self.writer.close()
 
 
-async def _rss_peak(server: Daphne, fixture: Fixture, stop: asyncio.Event, out: list[int]) -> None:
+async def _rss_peak(server: Server, fixture: Fixture, stop: asyncio.Event, out: list[int]) -> None:
     while not stop.is_set():
         kib = (await asyncio.to_thread(sample, server, fixture.redis))["rss_kib"]
         if kib is not None:
@@ -140,7 +140,7 @@ async def _rss_peak(server: Daphne, fixture: Fixture, stop: asyncio.Event, out: 
         await asyncio.sleep(0.5)
 
 
-async def _settled_rss(server: Daphne, fixture: Fixture, limit_s: float = 60) -> int | None:
+async def _settled_rss(server: Server, fixture: Fixture, limit_s: float = 60) -> int | None:
     """The server's RSS (KiB) once it stopped growing (the server warms its moderation and
     embedding models in a thread after it answers: chatsite/asgi.py); at most ``limit_s``."""
     deadline, last = now() + limit_s, None
@@ -152,7 +152,7 @@ async def _settled_rss(server: Daphne, fixture: Fixture, limit_s: float = 60) ->
         await asyncio.sleep(2)
 
 
-async def stall_phase(args, fixture: Fixture, server: Daphne, log) -> dict:
+async def stall_phase(args, fixture: Fixture, server: Server, log) -> dict:
     """The phase (module docstring) on ``server``, which runs with :func:`stall_env`; -> its
     numbers (RSS in MiB, per-client growth in KiB)."""
     s, r = args.stalled, args.readers
@@ -265,7 +265,7 @@ def print_stall(res: dict, log) -> None:
         log(f"  errors {json.dumps(res['errors'])}")
 
 
-async def run_stall(args, fixture: Fixture, server: Daphne, log) -> dict:
+async def run_stall(args, fixture: Fixture, server: Server, log) -> dict:
     """:func:`stall_phase` with its own error handling (a failed phase is reported, not
     raised, so the other server is still measured)."""
     try:

@@ -8,7 +8,7 @@ Unless ``DATABASE_URL`` / ``REDIS_URL`` are set, this starts
 
 Commands::
 
-    python -m chatsite.devstack run [--port 8000]   # migrate; daphne, Celery worker and beat
+    python -m chatsite.devstack run [--port 8000]   # migrate; uvicorn, Celery worker and beat
     python -m chatsite.devstack exec -- CMD ARGS     # run CMD with the stack's env, then stop
 
 Ctrl-C (SIGINT) or SIGTERM stops everything this started, the engine's processes included.
@@ -30,6 +30,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from chatsite.serve import serve_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
@@ -166,7 +168,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
 
 
 def celery_commands(python: str) -> dict[str, list[str]]:
-    """The background processes ``make run`` starts beside daphne: a Celery worker (one prefork
+    """The background processes ``make run`` starts beside the server: a Celery worker (one prefork
     child: this machine has two cores and the engine needs them) and beat (periodic tasks)."""
     return {
         "celery worker": [python, "-m", "celery", "-A", "chatsite", "worker", "-l", "INFO",
@@ -177,8 +179,8 @@ def celery_commands(python: str) -> dict[str, list[str]]:
 
 
 def run(port: int, host: str) -> int:
-    """Serve the app with daphne, plus a Celery worker and beat, until interrupted; returns the
-    exit status (daphne's)."""
+    """Serve the app with uvicorn (chatsite/serve.py), plus a Celery worker and beat, until
+    interrupted; returns the exit status (the server's)."""
     with stack_env() as env:
         python = sys.executable
         # Background jobs (summaries) reach the model through this server's /v1 on loopback.
@@ -187,7 +189,7 @@ def run(port: int, host: str) -> int:
         env.setdefault("CHAT_INTERNAL_API_URL", f"http://{loopback}:{port}")
         subprocess.run([python, "manage.py", "migrate", "--noinput"], env=env, check=True, cwd=ROOT)
         server = subprocess.Popen(
-            [python, "-m", "chatsite.serve", "-b", host, "-p", str(port), "chatsite.asgi:application"],
+            serve_argv(host=host, port=port),
             env=env,
             cwd=ROOT,
             start_new_session=True,
@@ -250,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m chatsite.devstack")
     sub = parser.add_subparsers(dest="command", required=True)
-    run_parser = sub.add_parser("run", help="serve the app with daphne")
+    run_parser = sub.add_parser("run", help="serve the app with uvicorn")
     run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     run_parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     exec_parser = sub.add_parser("exec", help="run a command with the stack's environment")
