@@ -270,9 +270,8 @@ class Stack:
 
 
 def server_argv(port: int) -> list[str]:
-    """uvicorn (chatsite/serve.py) on loopback ``port``. The client address is nginx's
-    ``$remote_addr``: the right-most ``X-Forwarded-For`` entry, which nginx appended
-    (chatsite/serve.py trusts loopback proxies only), never one the client wrote."""
+    """uvicorn (chatsite/serve.py) on loopback ``port``. The client address comes from
+    nginx's ``X-Real-IP`` (its ``$remote_addr``), never from a header the client wrote."""
     return serve_argv(port=port)
 
 

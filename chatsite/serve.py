@@ -16,11 +16,12 @@ memory per stalled client and on resume latency, with no code of ours.
 
 The options (each a reason, not a default left alone):
 
-- ``proxy_headers`` with ``forwarded_allow_ips`` = loopback: behind deploy/nginx.conf every
-  request comes from 127.0.0.1 and nginx appends the address it saw to ``X-Forwarded-For``;
-  uvicorn takes the right-most entry that is not a trusted proxy, i.e. nginx's
-  ``$remote_addr`` (the same address as its ``X-Real-IP``), never an address the client wrote
-  further left. ``X-Forwarded-Proto`` sets the scheme.
+- The client address is nginx's ``X-Real-IP`` (its ``$remote_addr``, which no client can set:
+  nginx overwrites the header) when the connection comes from a loopback proxy
+  (:class:`RealIPMiddleware`). uvicorn's own ``--proxy-headers`` reads ``X-Forwarded-For`` and
+  skips every trusted (loopback) entry from the right, so a client that itself connects from
+  loopback, or writes ``127.0.0.1`` into the header, would pick its own address; it is off.
+  ``X-Forwarded-Proto`` is read by Django (``SECURE_PROXY_SSL_HEADER``, settings/production.py).
 - ``timeout_keep_alive`` above nginx's upstream ``keepalive_timeout`` (50 s): nginx must drop an
   idle upstream connection before the server does, or a request sent on a connection the server
   is just closing fails (a 502).
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import sys
 import threading
@@ -47,29 +49,56 @@ import time
 from dataclasses import dataclass
 
 import uvicorn
+from uvicorn.importer import import_from_string
 
 APP = "chatsite.asgi:application"
-TRUSTED_PROXIES = "127.0.0.1,::1"  # deploy/nginx.conf runs on the same host, on loopback
+TRUSTED_PROXIES = ("127.0.0.1", "::1")  # deploy/nginx.conf runs on the same host, on loopback
 KEEP_ALIVE_S = 65  # > nginx's upstream keepalive_timeout (50 s, deploy/nginx.conf)
+
+
+class RealIPMiddleware:
+    """ASGI middleware: for an HTTP request whose peer is a trusted proxy
+    (:data:`TRUSTED_PROXIES`), the client address (``scope["client"]``, Django's REMOTE_ADDR)
+    becomes the proxy's ``X-Real-IP`` when that is an IP address; anything else is left as the
+    peer's own address (a missing or malformed header, a peer that is not a proxy of ours)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        client = scope.get("client")
+        if scope["type"] == "http" and client and client[0] in TRUSTED_PROXIES:
+            real = next((v for k, v in scope["headers"] if k == b"x-real-ip"), None)
+            try:
+                address = (
+                    str(ipaddress.ip_address(real.decode("latin-1").strip())) if real else None
+                )
+            except ValueError:
+                address = None
+            if address is not None:
+                scope = {**scope, "client": (address, 0)}
+        await self.app(scope, receive, send)
 
 
 def server_config(
     *, app: object = APP, host: str = "127.0.0.1", port: int = 8000, access_log: bool = False
 ) -> uvicorn.Config:
     """The uvicorn configuration of a gateway or engine process (module docstring) serving
-    ``app`` (an ASGI callable or its ``"module:attribute"`` path) on ``host``:``port`` (0: a
-    free port). ``access_log``: one line per request on stderr (nginx logs them in production)."""
+    ``app`` (an ASGI callable or its ``"module:attribute"`` path, imported now) behind
+    :class:`RealIPMiddleware` on ``host``:``port`` (0: a free port). ``access_log``: one line
+    per request on stderr (nginx logs them in production)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
     from django.conf import settings  # noqa: PLC0415 - after the settings module is named
 
+    if isinstance(app, str):
+        app = import_from_string(app)
     return uvicorn.Config(
-        app,
+        RealIPMiddleware(app),
         host=host,
         port=port,
         lifespan="off",
         ws="none",
-        proxy_headers=True,
-        forwarded_allow_ips=TRUSTED_PROXIES,
+        proxy_headers=False,  # RealIPMiddleware instead (module docstring)
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=settings.CHAT_SERVER_SHUTDOWN_GRACE_S,
         access_log=access_log,

@@ -62,10 +62,12 @@ class Nginx:
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
 
-    def login(self, username: str) -> httpx.Client:
+    def login(self, username: str, headers: dict[str, str] | None = None) -> httpx.Client:
         """A client signed in through nginx, posting the login form the way a browser does
-        (with an Origin header, which Django's CSRF check compares with the proxied Host)."""
+        (with an Origin header, which Django's CSRF check compares with the proxied Host);
+        ``headers``: more headers on every request of the client."""
         client = self.client()
+        client.headers.update(headers or {})
         assert client.get("/accounts/login/").status_code == 200
         response = client.post(
             "/accounts/login/",
@@ -384,3 +386,19 @@ def test_upstream_connections_to_uvicorn_are_kept_alive_and_reused(nginx, live):
     # No new upstream connection was opened for those 10 requests.
     after = {c.laddr.port for c in nginx.upstream_connections()}
     assert after and after <= kept, (kept, after)
+
+
+def test_the_client_address_behind_nginx_is_the_one_nginx_saw_not_one_the_client_wrote(
+    nginx, live, make_user
+):
+    """Behind the shipped nginx the app's client address (sign-in throttling, the sessions
+    page) is nginx's ``$remote_addr``: a client that sends its own ``X-Forwarded-For`` and
+    ``X-Real-IP`` must not choose the address its sign-ins count against
+    (chatsite/serve.py, accounts/request_info.py)."""
+    from accounts.models import UserSession
+
+    user = make_user("olga")
+    spoofed = {"X-Forwarded-For": "203.0.113.66", "X-Real-IP": "203.0.113.66"}
+    with contextlib.closing(nginx.login("olga", headers=spoofed)):
+        pass
+    assert list(UserSession.objects.filter(user=user).values_list("ip", flat=True)) == ["127.0.0.1"]
