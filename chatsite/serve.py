@@ -146,10 +146,12 @@ def serve_in_thread(
     app: object, *, host: str = "127.0.0.1", start_timeout_s: float = 30
 ) -> ThreadedServer:
     """Start :func:`server_config` for ``app`` on a free port of ``host`` in a daemon thread
-    with a new event loop (no signal handlers: uvicorn installs them only in the main thread);
+    with a new event loop of the kind ``uvicorn.Server.run`` makes (no signal handlers: uvicorn installs them only in the main thread);
     return once it listens. Raises RuntimeError if it does not within ``start_timeout_s``."""
-    server = uvicorn.Server(server_config(app=app, host=host, port=0))
-    loop = asyncio.new_event_loop()
+    config = server_config(app=app, host=host, port=0)
+    server = uvicorn.Server(config)
+    # The loop production gets (uvloop when installed), so tests see what production runs.
+    loop = (config.get_loop_factory() or asyncio.new_event_loop)()
 
     def run() -> None:
         asyncio.set_event_loop(loop)
