@@ -32,7 +32,7 @@ screenshots: install model browser
 	  $(PY) -m pytest tests/browser/test_layout_ui.py -k write_screenshots -q -p no:cacheprovider
 
 # Streaming benchmark (full HTTP/SSE stack vs the bare engine, same run), the resume benchmark
-# (resume latency, concurrent open SSE streams per daphne process), the state tier (turn append,
+# (resume latency, concurrent open SSE streams per server process), the state tier (turn append,
 # history pages: partitioned + keyset vs plain table + OFFSET, hot cache vs PostgreSQL), replica
 # read throughput, the prefix-cache hit rate of our prompt assembly vs a naive one, and paid-tier
 # TTFT under priority scheduling vs first come, first served (and with free traffic shed), and the

@@ -1,7 +1,7 @@
 """Who is asking: the client's IP address and user agent, as sign-in throttling and the sessions
 page need them.
 
-Behind the shipped nginx (deploy/nginx.conf) every request reaches daphne from 127.0.0.1 and
+Behind the shipped nginx (deploy/nginx.conf) every request reaches the server (uvicorn) from 127.0.0.1 and
 nginx appends the address it saw to ``X-Forwarded-For`` (``$proxy_add_x_forwarded_for``). The
 client is then the entry that many places from the right, counting the proxies we run
 (``settings.CHAT_ACCOUNTS_TRUSTED_PROXIES``); entries further left come from the client itself

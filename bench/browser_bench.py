@@ -5,7 +5,7 @@ Run through the dev stack (``make bench`` runs it)::
 
     python -m chatsite.devstack exec -- python -m bench.browser_bench [--runs 30]
 
-One daphne (``python -m chatsite.serve``) serves the app with the scripted engine double
+One uvicorn (``python -m chatsite.serve``) serves the app with the scripted engine double
 (``tests.fakes.ScriptedEngine``) streaming a fixed, Markdown-rich answer of ``--tokens`` (500)
 tokens, one every ``--token-ms`` (20) ms: headings, paragraphs, lists, a table and a Python code
 block, so the live renderer does the work a real answer gives it. Headless Debian Chromium
@@ -45,7 +45,15 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.harness import VAR, Spawned, daphne_argv, free_port, log, percentile, tier_machinery_off_env
+from bench.harness import (
+    VAR,
+    Spawned,
+    free_port,
+    log,
+    percentile,
+    server_argv,
+    tier_machinery_off_env,
+)
 
 ENGINE_CLASS = "tests.fakes.ScriptedEngine"
 CHROMIUM = "/usr/bin/chromium"
@@ -270,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         DJANGO_SETTINGS_MODULE="chatsite.settings.base",
         PYTHONUNBUFFERED="1",
     )
-    server = Spawned("daphne", daphne_argv(port=port), port=port, env=env,
-                     log_path=VAR / "bench" / "browser_bench.daphne.log")  # fmt: skip
+    server = Spawned("uvicorn", server_argv(port=port), port=port, env=env,
+                     log_path=VAR / "bench" / "browser_bench.server.log")  # fmt: skip
     users = {mode: make_user(mode) for mode in ("live", "plain")}
     runs: list[dict] = []
     failed = 0

@@ -1,4 +1,4 @@
-"""Chat throughput/latency: the bare vLLM engine vs the full stack (daphne + Django + SSE).
+"""Chat throughput/latency: the bare vLLM engine vs the full stack (uvicorn + Django + SSE).
 
 Run through the dev stack (it provides PostgreSQL and Redis)::
 
@@ -9,7 +9,7 @@ Phase 1 ("bare") drives :class:`inference.engine.VllmEngine` in this process: N 
 each the product's system prompt + one user prompt from a fixed list, greedy, 128 tokens.
 The engine is shut down before phase 2.
 
-Phase 2 ("full") starts the real server (``daphne chatsite.asgi:application``) as a subprocess
+Phase 2 ("full") starts the real server (``python -m chatsite.serve``: uvicorn) as a subprocess
 with greedy, 128-token settings, signs up one user per concurrent chat through the sign-up form,
 and runs the same chats the way the page does: ``POST /chat/turns`` (htmx), then the answer's
 event stream (``sse-connect`` URL) until ``event: done``.

@@ -1,4 +1,4 @@
-"""bench/chat_bench.py's phase 2: the full stack over HTTP. The real server (daphne,
+"""bench/chat_bench.py's phase 2: the full stack over HTTP. The real server (uvicorn,
 ``chatsite.asgi:application``) as a subprocess with greedy, MAX_TOKENS-token settings, one user
 per concurrent chat signed up through the sign-up form, and the chats the way the page runs
 them: ``POST /chat/turns`` (htmx), then the answer's event stream (``sse-connect`` URL) until
@@ -31,9 +31,9 @@ from bench.harness import (
     VAR,
     CpuMeter,
     Spawned,
-    daphne_argv,
     free_port,
     log,
+    server_argv,
     tier_machinery_off_env,
     tpot,
 )
@@ -179,10 +179,10 @@ async def run_full(args) -> dict[int, list[BatchResult]]:
     log_path = VAR / "bench" / "server.log"
     results: dict[int, list[BatchResult]] = {n: [] for n in args.concurrency}
     users: list[PageUser] = []
-    server = Spawned("the server", daphne_argv(app, port), port=port, env=env, log_path=log_path)
+    server = Spawned("the server", server_argv(app, port), port=port, env=env, log_path=log_path)
     server.start()
     try:
-        log(f"full: daphne on {server.url} (log: {log_path}); waiting for /readyz")
+        log(f"full: uvicorn on {server.url} (log: {log_path}); waiting for /readyz")
         t = time.perf_counter()
         server.wait_ready("/readyz", timeout_s=600)
         log(f"full: healthy in {time.perf_counter() - t:.1f} s; signing up users")

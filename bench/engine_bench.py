@@ -9,7 +9,7 @@ Parts (``--parts``, comma-separated; default all):
 - **ready**: the time ``make run``'s stack takes to serve: ``python -m chatsite.devstack run
   --port P`` spawned with this environment (the dev stack's PostgreSQL and Redis), polled on
   ``/readyz`` until 200 (the model loaded and warmed up). Target <= 90 s. Then stopped.
-- **single**: one stream through the full stack: daphne in this process serving
+- **single**: one stream through the full stack: uvicorn in this process serving
   ``chatsite.asgi.application`` with the real engine (``bench.harness.InProcessServer``), a
   bench user with an API key (``bench.clients.Api``, named ``enginebench-``), ``POST
   /v1/conversations/{id}/turns``
@@ -63,10 +63,6 @@ Results: tables, ratios and PASS/MISS per target on stdout, JSON in
 The workloads are bench/engine_workload.py, playing them bench/engine_runs.py, the llama.cpp
 baselines bench/llama_baseline.py.
 """
-
-# daphne installs Twisted's asyncio reactor at import; it must come before anything imports
-# twisted (as in tests/conftest.py).
-import daphne.server  # noqa: F401, I001  isort:skip
 
 import argparse
 import asyncio
@@ -207,8 +203,8 @@ def quality_part(args) -> dict:
     unquantised model, in the engine's dtype; the variant is made first if missing (~1 min)."""
     from django.conf import settings  # noqa: PLC0415
 
-    from inference.tuning import EngineTuning  # noqa: PLC0415
     from inference.quantize import cpu_supports, quality_report, quantize  # noqa: PLC0415
+    from inference.tuning import EngineTuning  # noqa: PLC0415
 
     variant = _served_variant() or args.quality_variant
     supported, why = cpu_supports(variant)

@@ -9,9 +9,9 @@ that drive the stack are in bench/clients.py.
   a low load average), :func:`free_port`.
 - **Settings.** :func:`tier_machinery_off` / :func:`tier_machinery_off_env`: no rate limits,
   reserved slots or shedding, in this process or in a server process's environment.
-- **Servers.** :class:`InProcessServer` (daphne in a thread of this process, the real engine in
+- **Servers.** :class:`InProcessServer` (uvicorn in a thread of this process, the real engine in
   its event loop, as tests/conftest.py's ``chat_server`` does) and :class:`Spawned` (a server
-  process in its own process group: daphne via :func:`daphne_argv`, ``make run``'s stack,
+  process in its own process group: uvicorn via :func:`server_argv`, ``make run``'s stack,
   llama.cpp).
 
 Benches run under the dev stack (``python -m chatsite.devstack exec -- ...``), which provides
@@ -20,7 +20,6 @@ PostgreSQL and Redis.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
@@ -28,8 +27,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -186,7 +183,7 @@ def _role(pid: int) -> str:
     for needle, name in (
         (b"VLLM::Worker", "vllm-worker"),
         (b"VLLM::EngineCore", "vllm-enginecore"),
-        (b"chatsite.serve", "daphne"),
+        (b"chatsite.serve", "server"),
         (b"postgres", "postgres"),
         (b"redis", "redis"),
     ):
@@ -342,10 +339,12 @@ def tier_machinery_off_env() -> dict[str, str]:
 # Servers under test
 
 
-def daphne_argv(app: str = "chatsite.asgi:application", port: int | None = None) -> list[str]:
-    """The product's server (``python -m chatsite.serve``: daphne with flow control) on
-    127.0.0.1:``port`` serving ``app``."""
-    return [sys.executable, "-m", "chatsite.serve", "-b", HOST, "-p", str(port), app]
+def server_argv(app: str = "chatsite.asgi:application", port: int | None = None) -> list[str]:
+    """The product's server (``python -m chatsite.serve``: uvicorn with the product's options)
+    on 127.0.0.1:``port`` serving ``app``."""
+    from chatsite.serve import serve_argv  # noqa: PLC0415
+
+    return serve_argv(host=HOST, port=port or 0, app=app)
 
 
 class Spawned:
@@ -411,56 +410,39 @@ class Spawned:
 
 
 class InProcessServer:
-    """daphne on 127.0.0.1 (a free port) in a background thread of this process, serving
-    ``chatsite.asgi.application`` with the real engine (``VllmEngine.from_settings()``) as the
-    process's engine; :meth:`call` runs a coroutine on the server's event loop.
-
-    daphne installs Twisted's asyncio reactor when ``daphne.server`` is first imported, which
-    must come before anything imports twisted: a bench module that imports Django's app or
-    twisted at its top imports ``daphne.server`` first (as tests/conftest.py does)."""
+    """uvicorn (chatsite/serve.py ``serve_in_thread``) on 127.0.0.1 (a free port) in a
+    background thread of this process, serving ``chatsite.asgi.application`` with the real
+    engine (``VllmEngine.from_settings()``) as the process's engine; :meth:`call` runs a
+    coroutine on the server's event loop (as tests/conftest.py's ``chat_server`` does)."""
 
     def __init__(self) -> None:
-        # The reactor first, then the app, as they always came (chatsite.asgi sets Django up).
-        import daphne.server  # noqa: F401, I001, PLC0415
-        from chatsite.asgi import application  # noqa: PLC0415
-        from chatsite.serve import FlowControlServer  # noqa: PLC0415
         import inference.engine as engine_module  # noqa: PLC0415
 
         self.engine_module = engine_module
         self.engine = engine_module.VllmEngine.from_settings()
         engine_module._engine = self.engine
-        self.server = FlowControlServer(
-            application,
-            endpoints=[f"tcp:port=0:interface={HOST}"],
-            signal_handlers=False,
-            verbosity=0,
-        )
-        self.thread = threading.Thread(target=self.server.run, name="daphne", daemon=True)
+        self.server = None
         self.url = ""
 
     def start(self) -> None:
         """Listen, then start the engine (minutes at most: RuntimeError after 30 s / 600 s)."""
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.listening_addresses:
-            if time.monotonic() > deadline:
-                raise RuntimeError("daphne did not start listening")
-            time.sleep(0.05)
-        _, port = self.server.listening_addresses[0]
-        self.url = f"http://{HOST}:{port}"
-        log(f"daphne listening on {self.url}; starting the vLLM engine")
+        from chatsite.asgi import application  # noqa: PLC0415
+        from chatsite.serve import serve_in_thread  # noqa: PLC0415
+
+        self.server = serve_in_thread(application, host=HOST)
+        self.url = f"http://{HOST}:{self.server.port}"
+        log(f"uvicorn listening on {self.url}; starting the vLLM engine")
         started = time.perf_counter()
         self.call(self.engine.ensure_started(), timeout=600)
         log(f"engine ready in {time.perf_counter() - started:.1f} s")
 
     def call(self, coro, timeout: float = 600):
-        import daphne.server  # noqa: PLC0415
-
-        return asyncio.run_coroutine_threadsafe(coro, daphne.server.twisted_loop).result(timeout)
+        return self.server.call(coro, timeout)
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.engine.shutdown()
         self.engine_module._engine = None
-        with contextlib.suppress(Exception):
-            self.server.stop()
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                self.server.stop()

@@ -15,7 +15,7 @@ Run through the dev stack (``make bench`` runs it)::
    the bench minutes; only the table's size, the user's row count and the index matter to the
    query). Then ``--queries`` calls of ``memory.selectors.memory_search`` for the target user
    (query embedding + top-k by cosine in PostgreSQL), timed end to end: p50 / p99.
-2. **Turn TTFT** (the default path: the stored memory block). Through the full stack (daphne in
+2. **Turn TTFT** (the default path: the stored memory block). Through the full stack (uvicorn in
    this process, ``POST /v1/conversations/{id}/turns``, the real engine; bench/harness.py's
    server): a user with 20 real facts (their block within ``CHAT_MEMORY_MAX_TOKENS``, rebuilt
    and warmed into the prefix cache as a Celery task would, through this server's own
@@ -179,7 +179,7 @@ def _median_ms(values: list[float]) -> float:
 
 
 def ttft(rounds: int, turns: int) -> dict:
-    """Turn TTFT through the full stack (daphne, the /v1 turn endpoint, the real engine) with
+    """Turn TTFT through the full stack (uvicorn, the /v1 turn endpoint, the real engine) with
     memory on vs off (settings.CHAT_MEMORY_ENABLED, read per turn), in alternating rounds of a
     new conversation with ``turns`` turns each; the bench user has the 20 real facts in a stored,
     warmed memory block. The harness's in-process server and API client (bench/harness.py,

@@ -6,7 +6,7 @@ Run through the dev stack (``make bench`` runs it)::
     python -m chatsite.devstack exec -- python -m bench.moderation_bench [--rounds 8]
 
 One real vLLM engine (:meth:`inference.engine.VllmEngine.from_settings`, the shipped model) runs
-in this process behind daphne (``chatsite.serve.FlowControlServer`` in a thread, serving
+in this process behind uvicorn (``chatsite.serve.serve_in_thread``, serving
 ``chatsite.asgi.application``, as tests/conftest.py's ``chat_server`` does), with the
 moderator the deployment is configured with (``settings.CHAT_MODERATOR``; default: the local
 classifiers). Three parts, one run:
@@ -50,10 +50,6 @@ the run completed (``--strict``: 1 on a missed target), 2 when requests failed.
 Part b is bench/moderation_input.py; the server and the API client come from bench/harness.py
 and bench/clients.py.
 """
-
-# daphne installs Twisted's asyncio reactor at import; it must come before anything imports
-# twisted (as in tests/conftest.py).
-import daphne.server  # noqa: F401, I001  isort:skip
 
 import argparse
 import contextlib

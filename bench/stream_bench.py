@@ -1,5 +1,5 @@
 """Resume-stream benchmark: latency and capacity of the real resume endpoint
-``GET /v1/conversations/{id}/turns/{turn_id}/events`` on ONE daphne process, for turns generated
+``GET /v1/conversations/{id}/turns/{turn_id}/events`` on ONE server process, for turns generated
 by *another* process (so every stream is read back from the turn's Redis Stream).
 
 Run through the dev stack (it provides PostgreSQL and Redis)::
@@ -11,7 +11,7 @@ K in-flight turns "generated elsewhere": for each, what ``conversations.turnlog.
 writes (``chat:a:{answer_id}:conversation`` and ``token`` entries ``0-1``, ``0-2``, ... in
 ``chat:turn:{answer_id}``) and no final ``done``, so the turn looks still generating.
 
-The server is ``python -m chatsite.serve chatsite.asgi:application`` (daphne with flow control) with ``CHAT_SSE_KEEPALIVE_S`` =
+The server is ``python -m chatsite.serve`` (uvicorn, chatsite/serve.py) with ``CHAT_SSE_KEEPALIVE_S`` =
 ``--keepalive`` (2) and ``CHAT_ENGINE_CLASS=tests.fakes.ScriptedEngine``: no model is loaded and
 the engine is never asked for anything; every byte of these streams comes from Redis.
 
@@ -19,7 +19,7 @@ the engine is never asked for anything; every byte of these streams comes from R
    replayed ``event: token`` line; baseline: time to first byte of ``GET /v1/openapi.json``.
 2. Capacity: N concurrent resume streams over the K turns (raw asyncio sockets, ramped in
    batches), held ``--hold`` s. Healthy: HTTP 200, still open when the hold ends, no error, and
-   at least ``hold / keepalive / 2`` keep-alive comments during the hold. Daphne's RSS, threads
+   at least ``hold / keepalive / 2`` keep-alive comments during the hold. Server's RSS, threads
    and fds, Redis ``connected_clients`` and PostgreSQL backends are sampled along the way.
 3. End: one ``done`` event per turn; every held stream should deliver it and end cleanly.
 
@@ -27,15 +27,15 @@ the engine is never asked for anything; every byte of these streams comes from R
    stop reading, R others read theirs; the server's RSS per stream and per stalled client, and
    whether each stalled client, reading again, gets every event once and in order.
 
-Every phase runs on each server of ``--servers`` in turn (default ``daphne,uvicorn``: the
-product's daphne with write backpressure, chatsite/serve.py, and uvicorn with its own flow
-control), each fresh, and a table compares them (ratios to the first).
+Every phase runs on each server of ``--servers`` in turn (default ``uvicorn``, the product's;
+``uvicorn,daphne-plain`` adds stock daphne, without write backpressure, for comparison),
+each fresh, and a table compares them (ratios to the first).
 
 If the requested N misses, smaller N are tried, each on a fresh server (``--no-fallback``: don't).
-Results: stdout and ``var/bench/stream_bench.json``; daphne's log:
-``var/bench/stream_bench_daphne.log``.
+Results: stdout and ``var/bench/stream_bench.json``; the servers' log:
+``var/bench/stream_bench_server.log``.
 
-The setup (fixture, daphne, sampling) is bench/stream_setup.py, the raw HTTP client
+The setup (fixture, server, sampling) is bench/stream_setup.py, the raw HTTP client
 bench/stream_client.py, the phases bench/stream_phases.py.
 """
 
@@ -52,7 +52,7 @@ import time
 
 from bench.harness import HOST, VAR
 from bench.stream_phases import capacity_trial, latency_phase, rnd
-from bench.stream_setup import ENGINE_CLASS, SERVERS, Daphne, Fixture, sample
+from bench.stream_setup import ENGINE_CLASS, SERVERS, Fixture, Server, sample
 from bench.stream_stall import print_stall, run_stall, stall_env
 
 OUT_DIR = VAR / "bench"
@@ -65,7 +65,7 @@ now = time.monotonic
 
 
 def raise_fd_limit() -> tuple[int, int]:
-    """Soft RLIMIT_NOFILE up to the hard limit (thousands of sockets here and in daphne)."""
+    """Soft RLIMIT_NOFILE up to the hard limit (thousands of sockets here and in the server)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -115,40 +115,40 @@ def print_trial(res: dict, log) -> None:
         ("healthy at end of hold", f"{res['healthy_at_end_of_hold']}  ({res['healthy_rule']})"),
         ("ended before hold end", ended),
         ("heartbeats total", beats),
-        ("daphne RSS", memory),
+        ("server RSS", memory),
         ("KiB per open stream", per_stream),
-        ("daphne threads", res["daphne_threads"]),
-        ("daphne fds", res["daphne_fds"]),
-        ("daphne CPU during hold", f"{res['daphne_cpu_percent_during_hold']}% of one core"),
+        ("server threads", res["server_threads"]),
+        ("server fds", res["server_fds"]),
+        ("server CPU during hold", f"{res['server_cpu_percent_during_hold']}% of one core"),
         ("Redis connected_clients", res["redis_connected_clients"]),
-        ("PG backends of daphne", res["pg_backends"]),
+        ("PG backends of the server", res["pg_backends"]),
         ("PG backends server-wide", res["pg_backends_server_wide"]),
         ("done: received / ended", finish),
         ("client loop lag p99/max", f"{lag['p99']}/{lag['max']} ms"),
     ]
     if res["errors"]:
         rows.append(("errors", json.dumps(res["errors"])))
-    found = {k: v for k, v in res.get("daphne_log", {}).items() if k != "sample_lines" and v}
+    found = {k: v for k, v in res.get("server_log", {}).items() if k != "sample_lines" and v}
     if found:
-        rows.append(("daphne log", json.dumps(found)))
+        rows.append(("server log", json.dumps(found)))
     for name, value in rows:
         log(f"  {name:<27}{value}")
-    for line in res.get("daphne_log", {}).get("sample_lines", [])[:3]:
+    for line in res.get("server_log", {}).get("sample_lines", [])[:3]:
         log(f"    | {line[:220]}")
     log(f"  result N={res['streams_requested']}: {'PASS' if res['pass'] else 'MISS'}")
 
 
 def diagnose(trials: list[dict], env: dict) -> list[str]:
-    """Plain-language reasons, from each trial's numbers and daphne's log."""
+    """Plain-language reasons, from each trial's numbers and the server's log."""
     out: list[str] = []
     for res in trials:
-        tag, found = f"N={res['streams_requested']}:", res.get("daphne_log", {})
+        tag, found = f"N={res['streams_requested']}:", res.get("server_log", {})
         if found.get("redis_timeout") and res["ended_by_server_without_done"]:
             out.append(
                 f"{tag} {res['ended_by_server_without_done']} of {res['streams_opened_200']} "
                 "opened streams were ended by the server without a done, after "
                 f"~{res['lifetime_of_ended_s']['p50']} s ({found['redis_timeout']} x 'Timeout "
-                "reading from' Redis in daphne's log): turnlog.redis_client() sets "
+                "reading from' Redis in the server's log): turnlog.redis_client() sets "
                 "socket_timeout=2 s and turnlog.follow() blocks in XREAD for "
                 f"CHAT_SSE_KEEPALIVE_S = {env['keepalive_s']:g} s, so an idle read times out "
                 "client-side and follow() returns"
@@ -164,23 +164,23 @@ def diagnose(trials: list[dict], env: dict) -> list[str]:
         red_peak = res["redis_connected_clients"]["after_ramp"] or 0
         if not_found and red_peak - 1 >= env["redis_asyncio_pool_max"]:
             out.append(
-                f"{tag} {not_found} resumes of live turns got 404 'No such turn' once daphne "
+                f"{tag} {not_found} resumes of live turns got 404 'No such turn' once the server "
                 f"held {red_peak - 1} Redis connections = the redis.asyncio pool's max "
                 f"({env['redis_asyncio_pool_max']}): every blocked XREAD holds a pooled "
                 "connection, so turnlog.exists() gets MaxConnectionsError, which it reads as "
                 "'no such log' (and every other Redis call of that process fails too)"
             )
         if found.get("too_many_open_files"):
-            out.append(f"{tag} 'Too many open files' in daphne (limit {env['rlimit_nofile']})")
+            out.append(f"{tag} 'Too many open files' in the server (limit {env['rlimit_nofile']})")
         if found.get("redis_max_clients"):
             out.append(f"{tag} Redis refused clients (maxclients {env['redis_maxclients']})")
         held = res["open_after_ramp"]
         growth = []
         for name, key in (
             ("Redis connections", "redis_connected_clients"),
-            ("daphne's PostgreSQL backends", "pg_backends"),
-            ("daphne threads", "daphne_threads"),
-            ("daphne fds", "daphne_fds"),
+            ("the server's PostgreSQL backends", "pg_backends"),
+            ("server threads", "server_threads"),
+            ("server fds", "server_fds"),
         ):
             a, b = res[key]["before"], res[key]["after_ramp"]
             if a is not None and b is not None and held:
@@ -192,7 +192,7 @@ def diagnose(trials: list[dict], env: dict) -> list[str]:
 
 def compare(servers: dict[str, dict], log) -> dict:
     """One row per server: streams held, resume latency p50, memory per stream and per stalled
-    client, each with its ratio to the first server's (daphne's by default)."""
+    client, each with its ratio to the first server's (uvicorn's by default)."""
     rows: dict[str, dict] = {}
     for kind, found in servers.items():
         stall, main = found["stall"], found["main"]
@@ -223,7 +223,7 @@ def setup_django() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
     os.environ.setdefault("CHAT_ENGINE_CLASS", ENGINE_CLASS)  # never load the model here
     # The sampler queries PostgreSQL from this process's event loop (short, read-only);
-    # daphne's environment drops this again.
+    # the server's environment drops this again.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     import django
 
@@ -267,14 +267,23 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--turns", type=int, default=50, help="in-flight turns K they spread over")
     parser.add_argument("--batch", type=int, default=100, help="streams opened per ramp step")
     parser.add_argument("--resumes", type=int, default=50, help="sequential resumes timed (M)")
-    parser.add_argument("--keepalive", type=float, default=2, help="daphne's CHAT_SSE_KEEPALIVE_S")
+    parser.add_argument(
+        "--keepalive", type=float, default=2, help="the server's CHAT_SSE_KEEPALIVE_S"
+    )
     parser.add_argument("--no-fallback", action="store_true", help="no smaller N after a miss")
-    parser.add_argument("--servers", default="daphne,uvicorn",
-                        help=f"ASGI servers measured in turn, comma-separated ({', '.join(SERVERS)})")
+    parser.add_argument(
+        "--servers",
+        default="uvicorn",
+        help=f"ASGI servers measured in turn, comma-separated ({', '.join(SERVERS)})",
+    )
     parser.add_argument("--stalled", type=int, default=40, help="stalled clients S")
     parser.add_argument("--readers", type=int, default=40, help="reading clients R beside them")
-    parser.add_argument("--stall-deltas", type=int, default=1000,
-                        help="deltas of the stalled phase's answer (<= 1023)")
+    parser.add_argument(
+        "--stall-deltas",
+        type=int,
+        default=1000,
+        help="deltas of the stalled phase's answer (<= 1023)",
+    )
     parser.add_argument("--stall-chars", type=int, default=1000, help="characters per delta")
     return parser.parse_args(argv)
 
@@ -297,23 +306,25 @@ def main(argv: list[str] | None = None) -> int:
     fixture = Fixture(rclient)
     fixture.create_user()
     env = environment(args, fd_limit, rclient)
-    log("== stream_bench: resuming turns generated elsewhere (Redis Streams), ONE daphne ==")
+    log(
+        "== stream_bench: resuming turns generated elsewhere (Redis Streams), ONE server process =="
+    )
     log(f"engine: {ENGINE_NOTE}")
     log(
-        f"CPUs {env['cpus']}; RLIMIT_NOFILE (bench and daphne) {fd_limit[0]}/{fd_limit[1]}; "
+        f"CPUs {env['cpus']}; RLIMIT_NOFILE (bench and server) {fd_limit[0]}/{fd_limit[1]}; "
         f"Redis maxclients {env['redis_maxclients']}; redis.asyncio pool max "
         f"{env['redis_asyncio_pool_max']}; PostgreSQL max_connections "
         f"{env['pg_max_connections']}; CONN_MAX_AGE {env['db_conn_max_age']}; "
         f"CHAT_SSE_KEEPALIVE_S={args.keepalive:g}"
     )
     results: dict = {"env": env, "args": vars(args), "trials": [], "servers": {}}
-    log_path = OUT_DIR / "stream_bench_daphne.log"
+    log_path = OUT_DIR / "stream_bench_server.log"
     with contextlib.suppress(FileNotFoundError):
         log_path.unlink()
     extra_env = stall_env(args.stall_deltas, args.stall_chars)
-    servers: list[Daphne] = []
+    servers: list[Server] = []
 
-    def trial(n: int, server: Daphne) -> dict:
+    def trial(n: int, server: Server) -> dict:
         log("")
         log(
             f"-- capacity ({server.kind}): {n} concurrent resume streams over "
@@ -322,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         res = asyncio.run(capacity_trial(args, n, fixture, server, log))
         res["server"] = server.kind
-        res["daphne_log"] = server.log_findings()
+        res["server_log"] = server.log_findings()
         print_trial(res, log)
         results["trials"].append(res)
         return res
@@ -330,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     def measure(kind: str) -> dict:
         """Every phase on a fresh ``kind`` server; smaller N on fresh ones after a miss."""
         t_server = now()
-        server = Daphne(args.keepalive, log_path, kind, extra_env)
+        server = Server(args.keepalive, log_path, kind, extra_env)
         servers.append(server)
         boot = server.start()
         log("")
@@ -340,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         turn = fixture.inflight_turn(fixture.conversations(1)[0], LATENCY_EVENTS)
         lat = asyncio.run(latency_phase(server.port, fixture.key, turn, args.resumes))
         r, o = lat["resume_first_token_ms"], lat["openapi_ttfb_ms"]
-        log(f"-- latency ({kind}): {args.resumes} sequential resumes (Last-Event-ID: 1, 5-event turn)")
+        log(
+            f"-- latency ({kind}): {args.resumes} sequential resumes (Last-Event-ID: 1, 5-event turn)"
+        )
         log(f"  resume -> first token      p50 {r['p50']} ms, p99 {r['p99']} ms, max {r['max']} ms")
         log(f"  GET /v1/openapi.json TTFB  p50 {o['p50']} ms, p99 {o['p99']} ms")
         log(f"  ratio (p50 resume/openapi) {lat['ratio_resume_p50_over_openapi_p50']}x")
@@ -365,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         cap = min(pg_cap, env["redis_asyncio_pool_max"] - 10)
 
         def next_tries(res: dict, n: int) -> list[int]:
-            found = res["daphne_log"]
+            found = res["server_log"]
             pool_full = any("No such turn" in k for k in res["errors"])
             if (found.get("pg_too_many_clients") or pool_full) and n > cap:
                 return [cap]  # one PostgreSQL and one Redis connection per open stream
@@ -377,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         queue = [] if main_res["pass"] or args.no_fallback else next_tries(main_res, args.streams)
         while queue and now() - t_server < FALLBACK_BUDGET_S:
             n = queue.pop(0)
-            fallback = Daphne(args.keepalive, log_path, kind, extra_env)
+            fallback = Server(args.keepalive, log_path, kind, extra_env)
             servers.append(fallback)
             fallback.start()
             res = trial(n, fallback)

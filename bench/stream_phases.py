@@ -11,7 +11,7 @@ import time
 
 from bench.harness import percentile
 from bench.stream_client import HEAD_TIMEOUT_S, Stream, run_stream, time_openapi, time_resume
-from bench.stream_setup import Daphne, Fixture, mib, sample
+from bench.stream_setup import Fixture, Server, mib, sample
 
 PRE_EVENTS = 3  # token events in each capacity turn before its streams open
 RAMP_LIMIT_S = 90.0
@@ -105,7 +105,7 @@ async def ramp(streams: list[Stream], batch: int, port: int, key: str, log) -> d
     }
 
 
-async def capacity_trial(args, n: int, fixture: Fixture, daphne: Daphne, log) -> dict:
+async def capacity_trial(args, n: int, fixture: Fixture, server: Server, log) -> dict:
     k = min(args.turns, n)
     turns = [fixture.inflight_turn(c, PRE_EVENTS) for c in fixture.conversations(k)]
     streams = [Stream(i, turns[i % k]) for i in range(n)]
@@ -113,12 +113,12 @@ async def capacity_trial(args, n: int, fixture: Fixture, daphne: Daphne, log) ->
     stop_probe, lags = asyncio.Event(), []
     probe = asyncio.create_task(loop_lag_probe(stop_probe, lags))
 
-    before = sample(daphne, fixture.redis)
+    before = sample(server, fixture.redis)
     log(snapshot_line(f"  [N={n}] before:", before))
-    rmp = await ramp(streams, args.batch, daphne.port, fixture.key, log)
+    rmp = await ramp(streams, args.batch, server.port, fixture.key, log)
     tasks = rmp["tasks"]
     ramped = [s for s in streams if s.t_send is not None]
-    after_ramp = sample(daphne, fixture.redis)
+    after_ramp = sample(server, fixture.redis)
     open_after_ramp = after_ramp["open"] = sum(s.is_open() for s in ramped)
     log(
         snapshot_line(
@@ -130,7 +130,7 @@ async def capacity_trial(args, n: int, fixture: Fixture, daphne: Daphne, log) ->
     end_hold = after_ramp
     while now() - hold_start < args.hold:
         await asyncio.sleep(min(5.0, args.hold - (now() - hold_start)))
-        end_hold = sample(daphne, fixture.redis)
+        end_hold = sample(server, fixture.redis)
         open_now = end_hold["open"] = sum(s.is_open() for s in ramped)
         log(
             snapshot_line(f"  [N={n}] hold {now() - hold_start:4.1f} s, {open_now} open;", end_hold)
@@ -169,7 +169,7 @@ async def capacity_trial(args, n: int, fixture: Fixture, daphne: Daphne, log) ->
     await asyncio.gather(*tasks, return_exceptions=True)
     stop_probe.set()
     await probe
-    final = sample(daphne, fixture.redis)
+    final = sample(server, fixture.redis)
 
     def series(key: str) -> dict:
         return {
@@ -225,9 +225,9 @@ async def capacity_trial(args, n: int, fixture: Fixture, daphne: Daphne, log) ->
         "rss_mib": {key: mib(v) for key, v in series("rss_kib").items()},
         "kib_per_open_stream_after_ramp": kib_per_open_stream(after_ramp),
         "kib_per_open_stream_end_of_hold": kib_per_open_stream(end_hold),
-        "daphne_threads": series("threads"),
-        "daphne_fds": series("fds"),
-        "daphne_cpu_percent_during_hold": cpu,
+        "server_threads": series("threads"),
+        "server_fds": series("fds"),
+        "server_cpu_percent_during_hold": cpu,
         "redis_connected_clients": series("redis_clients"),
         "redis_blocked_clients": series("redis_blocked"),
         "pg_backends": series("pg_backends"),

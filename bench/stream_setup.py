@@ -1,6 +1,7 @@
 """bench/stream_bench.py's setup: the Django objects and the Redis turn logs exactly as
 ``conversations.turnlog.TurnLogWriter`` writes them (:class:`Fixture`), the server under test
-(:class:`Daphne`: daphne, or uvicorn for the comparison), and samples of it, Redis and PostgreSQL (:func:`sample`)."""
+(:class:`Server`: the product's uvicorn, or stock daphne for the comparison), and samples of
+it, Redis and PostgreSQL (:func:`sample`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.harness import HOST, Spawned, daphne_argv, free_port
+from bench.harness import HOST, Spawned, free_port
+from bench.harness import server_argv as product_argv
 
 ENGINE_CLASS = "tests.fakes.ScriptedEngine"
 
@@ -99,33 +101,34 @@ LOG_PATTERNS = {
 }
 
 
-SERVERS = ("daphne", "uvicorn", "daphne-plain")
+SERVERS = ("uvicorn", "daphne-plain")
 
 
 def server_argv(kind: str, port: int, app: str = "chatsite.asgi:application") -> list[str]:
-    """The command line of ASGI server ``kind`` on 127.0.0.1:``port``: ``daphne`` (the
-    product's: daphne with chatsite/serve.py's write backpressure), ``uvicorn`` (its own write
-    flow control; uvloop and httptools when installed, no lifespan, no access log) or
-    ``daphne-plain`` (stock daphne, no backpressure: the reference for a stalled client)."""
-    if kind == "daphne":
-        return daphne_argv(port=port, app=app)
+    """The command line of ASGI server ``kind`` on 127.0.0.1:``port``: ``uvicorn`` (the
+    product's, ``python -m chatsite.serve``: its own write flow control) or ``daphne-plain``
+    (stock daphne, no write backpressure: the reference for a stalled client; installed with
+    the ``bench`` extra). The daphne with chatsite's own Twisted producer that uvicorn replaced
+    is measured in the README's table (issue 19 part 5)."""
     if kind == "uvicorn":
-        return [sys.executable, "-m", "uvicorn", "--host", HOST, "--port", str(port),
-                "--lifespan", "off", "--no-access-log", "--timeout-graceful-shutdown", "5",
-                app]  # fmt: skip
+        return product_argv(app=app, port=port)
     if kind == "daphne-plain":
         return [sys.executable, "-m", "daphne", "-b", HOST, "-p", str(port), app]
     raise ValueError(f"unknown server {kind!r} (one of {', '.join(SERVERS)})")
 
 
-class Daphne(Spawned):
-    """One ASGI server process (``kind``: :func:`server_argv`; daphne unless said) with
+class Server(Spawned):
+    """One ASGI server process (``kind``: :func:`server_argv`; the product's unless said) with
     ``CHAT_SSE_KEEPALIVE_S`` = ``keepalive_s`` and the scripted engine, appending to
     ``log_path``; its PostgreSQL backends are told apart by ``PGAPPNAME`` = :attr:`app_name`.
     ``extra_env``: more settings (the stalled-client phase's long answer)."""
 
     def __init__(
-        self, keepalive_s: float, log_path: Path, kind: str = "daphne", extra_env: dict | None = None
+        self,
+        keepalive_s: float,
+        log_path: Path,
+        kind: str = "uvicorn",
+        extra_env: dict | None = None,
     ):
         port = free_port()
         super().__init__(kind, server_argv(kind, port), port=port, log_path=log_path,
@@ -136,14 +139,14 @@ class Daphne(Spawned):
         self.app_name = f"stream-bench-{kind}-{port}"
 
     def start(self) -> float:
-        """Start daphne; return the seconds until ``/v1/openapi.json`` answered 200."""
+        """Start the server; return the seconds until ``/v1/openapi.json`` answered 200."""
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
         env.update(
             CHAT_SSE_KEEPALIVE_S=str(self.keepalive_s),
             CHAT_ENGINE_CLASS=ENGINE_CLASS,
             DJANGO_SETTINGS_MODULE="chatsite.settings.base",
             PYTHONUNBUFFERED="1",
-            PGAPPNAME=self.app_name,  # libpq: tells this daphne's PostgreSQL backends apart
+            PGAPPNAME=self.app_name,  # libpq: tells this server's PostgreSQL backends apart
             # Thousands of streams from one bench user: no RPM / TPM limits, no shedding.
             CHAT_RATE_LIMITS_BY_TIER='{"free": {"rpm": null, "tpm": null}}',
             CHAT_SHED_FREE_WAITING="100000",
@@ -160,7 +163,7 @@ class Daphne(Spawned):
         return super().stop(10)
 
     def log_findings(self) -> dict:
-        """Counts of telling lines in this daphne's part of the log, and a few samples."""
+        """Counts of telling lines in this server's part of the log, and a few samples."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(self.log_offset)
@@ -174,16 +177,16 @@ class Daphne(Spawned):
 
 
 # --------------------------------------------------------------------------------------------
-# Sampling: the daphne process, Redis, PostgreSQL
+# Sampling: the server process, Redis, PostgreSQL
 
 
-def sample(daphne: Daphne, redis_client) -> dict:
+def sample(server: Server, redis_client) -> dict:
     import psutil
     from django.db import connection
 
     out: dict = {"t": now()}
     try:
-        p = psutil.Process(daphne.proc.pid)
+        p = psutil.Process(server.proc.pid)
         cpu = p.cpu_times()
         out.update(
             rss_kib=p.memory_info().rss // 1024,
@@ -204,7 +207,7 @@ def sample(daphne: Daphne, redis_client) -> dict:
                 "SELECT count(*) FILTER (WHERE application_name = %s),"
                 " count(*) FILTER (WHERE backend_type = 'client backend')"
                 " FROM pg_stat_activity",
-                [daphne.app_name],
+                [server.app_name],
             )
             out["pg_backends"], out["pg_backends_all"] = cur.fetchone()
     except Exception:  # noqa: BLE001

@@ -20,10 +20,10 @@ import json
 import socket
 import time
 
-from bench.harness import HOST
-from bench.stream_client import read_head
+from bench.harness import HOST, VAR
+from bench.stream_client import body_chunks, read_head
 from bench.stream_phases import dist, rnd
-from bench.stream_setup import Daphne, Fixture, mib, sample
+from bench.stream_setup import Fixture, Server, mib, sample
 
 STALL_RCVBUF = 4096  # bytes: the stalled clients' receive buffer (the kernel may double it)
 DELTA_PAUSE_S = 0.01  # between two deltas of the scripted answer
@@ -33,19 +33,35 @@ now = time.monotonic
 
 def stall_env(deltas: int, chars: int) -> dict[str, str]:
     """The server settings of the phase: a scripted answer of ``deltas`` deltas of ``chars``
-    characters (tests/fakes.py ``ScriptedEngine.from_settings``); at most 1,023 deltas (the
-    free tier's answer ceiling, settings.CHAT_MAX_TOKENS_CEILING_BY_TIER)."""
+    characters (tests/fakes.py ``ScriptedEngine.from_settings``), at most 1,023 (the free
+    tier's answer ceiling, settings.CHAT_MAX_TOKENS_CEILING_BY_TIER). The pools' own answer
+    ceilings (``max_tokens``, 512 for the default pools) would cut it short, and a client
+    would then rightly get fewer events than asked: the pools are written to
+    ``var/bench/stall_pools.yaml`` with ``max_tokens`` = ``deltas`` + 1 (JSON is YAML)."""
+    from django.conf import settings
+
+    pools = [
+        {**pool, "max_tokens": max(pool["max_tokens"], deltas + 1)} for pool in settings.CHAT_POOLS
+    ]
+    path = VAR / "bench" / "stall_pools.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(pools, indent=1))
     delta = ("lorem ipsum " * (chars // 12 + 1))[: chars - 1] + " "
     return {
         "CHAT_SCRIPTED_ENGINE_SCRIPT": json.dumps([delta, DELTA_PAUSE_S]),
         "CHAT_SCRIPTED_ENGINE_REPEAT": str(deltas),
         "CHAT_MAX_TOKENS": str(deltas + 1),
+        "CHAT_POOLS_FILE": str(path),
         "CHAT_MODERATION_OUTPUT": "false",
     }
 
 
 class TurnClient:
-    """One POST of a turn over a raw socket, read as SSE events (ids and names)."""
+    """One POST of a turn over a raw socket, read as SSE events (ids, names, the done's usage).
+
+    The body is de-chunked before it is parsed (bench/stream_client.py ``body_chunks``): the
+    server may split one event over several HTTP chunks (a ``done`` carries the whole answer's
+    HTML), so reading SSE lines straight off the socket would misread them."""
 
     def __init__(self, port: int, key: str, conversation_id: str, rcvbuf: int | None) -> None:
         self.port, self.key, self.conversation_id, self.rcvbuf = port, key, conversation_id, rcvbuf
@@ -54,8 +70,12 @@ class TurnClient:
         self.status: int | None = None
         self.ids: list[int] = []
         self.got_done = False
+        self.completion_tokens: int | None = None  # from the done event's usage
+        self.clean_end = False  # set by body_chunks at the terminating chunk
         self.error: str | None = None
         self.t_send = self.t_done = None
+        self._body = None  # the body's chunks (an async iterator), once the head is read
+        self._buf, self._event = b"", None
 
     async def open(self) -> None:
         """Connect, send the turn, read the head and the first event."""
@@ -78,29 +98,41 @@ class TurnClient:
         self.t_send = now()
         self.writer.write(head.encode() + body)
         await self.writer.drain()
-        self.status, _ = await asyncio.wait_for(read_head(self.reader), 30)
+        self.status, headers = await asyncio.wait_for(read_head(self.reader), 30)
         if self.status != 200:
             raise ConnectionError(f"HTTP {self.status}")
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self._body = aiter(body_chunks(self.reader, chunked, self))
         await self.read(until_events=1)
 
     async def read(self, until_events: int | None = None) -> None:
-        """Read events (chunk framing is skipped: SSE lines only) until ``until_events`` have
-        come, or the ``done`` event."""
-        while not self.got_done and (until_events is None or len(self.ids) < until_events):
-            line = await self.reader.readline()
-            if not line:
-                raise ConnectionError("closed before done")
+        """Read events until ``until_events`` have come, or the ``done`` event and its data
+        (the answer's usage)."""
+        while not (self.got_done and self.completion_tokens is not None) and (
+            until_events is None or len(self.ids) < until_events
+        ):
+            if b"\n" not in self._buf:
+                try:
+                    self._buf += await anext(self._body)
+                except StopAsyncIteration:
+                    raise ConnectionError("closed before done") from None
+                continue
+            line, self._buf = self._buf.split(b"\n", 1)
             if line.startswith(b"id:"):
                 self.ids.append(int(line[3:].strip()))
-            elif line.startswith(b"event: done"):
-                self.got_done, self.t_done = True, now()
+            elif line.startswith(b"event:"):
+                self._event = line[6:].strip()
+                if self._event == b"done":
+                    self.got_done, self.t_done = True, now()
+            elif line.startswith(b"data:") and self._event == b"done":
+                self.completion_tokens = json.loads(line[5:])["usage"]["completion_tokens"]
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
 
 
-async def _rss_peak(server: Daphne, fixture: Fixture, stop: asyncio.Event, out: list[int]) -> None:
+async def _rss_peak(server: Server, fixture: Fixture, stop: asyncio.Event, out: list[int]) -> None:
     while not stop.is_set():
         kib = (await asyncio.to_thread(sample, server, fixture.redis))["rss_kib"]
         if kib is not None:
@@ -108,7 +140,7 @@ async def _rss_peak(server: Daphne, fixture: Fixture, stop: asyncio.Event, out: 
         await asyncio.sleep(0.5)
 
 
-async def _settled_rss(server: Daphne, fixture: Fixture, limit_s: float = 60) -> int | None:
+async def _settled_rss(server: Server, fixture: Fixture, limit_s: float = 60) -> int | None:
     """The server's RSS (KiB) once it stopped growing (the server warms its moderation and
     embedding models in a thread after it answers: chatsite/asgi.py); at most ``limit_s``."""
     deadline, last = now() + limit_s, None
@@ -120,7 +152,7 @@ async def _settled_rss(server: Daphne, fixture: Fixture, limit_s: float = 60) ->
         await asyncio.sleep(2)
 
 
-async def stall_phase(args, fixture: Fixture, server: Daphne, log) -> dict:
+async def stall_phase(args, fixture: Fixture, server: Server, log) -> dict:
     """The phase (module docstring) on ``server``, which runs with :func:`stall_env`; -> its
     numbers (RSS in MiB, per-client growth in KiB)."""
     s, r = args.stalled, args.readers
@@ -172,8 +204,12 @@ async def stall_phase(args, fixture: Fixture, server: Daphne, log) -> dict:
         if client.error:
             errors[client.error] = errors.get(client.error, 0) + 1
     peak = max(peaks, default=held)
-    complete = [c for c in stalled if c.ids == expected]
-    mismatch = next((c for c in stalled if c.ids != expected and c.error is None), None)
+    # Complete: every id once, in order, and the server's own count (the done's usage) says
+    # the answer had every delta (a short answer would be a short expectation, not a loss).
+    complete = [
+        c for c in stalled if c.ids == expected and c.completion_tokens == args.stall_deltas
+    ]
+    mismatch = next((c for c in stalled if c not in complete and c.error is None), None)
     return {
         "server": server.kind,
         "stalled": s,
@@ -191,20 +227,22 @@ async def stall_phase(args, fixture: Fixture, server: Daphne, log) -> dict:
         "reader_answer_s": dist([c.t_done - c.t_send for c in readers if c.t_done], 1, 2),
         "readers_done": sum(c.got_done for c in readers),
         "stalled_complete_after_drain": len(complete),
-        "first_mismatch": _describe(mismatch.ids, expected) if mismatch else None,
+        "first_mismatch": _describe(mismatch, expected) if mismatch else None,
         "phase_s": rnd(now() - t0),
         "errors": errors,
     }
 
 
-def _describe(ids: list[int], expected: list[int]) -> str:
-    """Where ``ids`` first differs from ``expected`` (for the report)."""
+def _describe(client: TurnClient, expected: list[int]) -> str:
+    """Where ``client``'s event ids first differ from ``expected`` (for the report)."""
+    ids = client.ids
     at = next(
         (i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), min(len(ids), len(expected))
     )
     return (
         f"{len(ids)} events of {len(expected)}; first difference at position {at}: "
-        f"got {ids[at : at + 3]}, expected {expected[at : at + 3]}"
+        f"got {ids[at : at + 3]}, expected {expected[at : at + 3]}; the done's usage says "
+        f"{client.completion_tokens} completion tokens"
     )
 
 
@@ -227,7 +265,7 @@ def print_stall(res: dict, log) -> None:
         log(f"  errors {json.dumps(res['errors'])}")
 
 
-async def run_stall(args, fixture: Fixture, server: Daphne, log) -> dict:
+async def run_stall(args, fixture: Fixture, server: Server, log) -> dict:
     """:func:`stall_phase` with its own error handling (a failed phase is reported, not
     raised, so the other server is still measured)."""
     try:

@@ -1,4 +1,4 @@
-"""ASGI entry point for daphne: ``daphne chatsite.asgi:application``."""
+"""ASGI entry point: ``python -m chatsite.serve`` (uvicorn, chatsite/serve.py) serves ``application``."""
 
 import logging
 import os
@@ -13,7 +13,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-# daphne runs no system checks: refuse to start on an invalid model-pool or routing
+# The ASGI server runs no system checks: refuse to start on an invalid model-pool or routing
 # configuration (the checks `manage.py check` runs, inference/checks.py), with their messages.
 from django.core import checks  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
@@ -22,7 +22,7 @@ _config_errors = [e for e in checks.run_checks(tags=["chat"]) if e.is_serious()]
 if _config_errors:
     raise ImproperlyConfigured("; ".join(f"{e.id}: {e.msg}" for e in _config_errors))
 
-# Static files (htmx, the chat script, CSS) are served by daphne itself on a single box; a
+# Static files (htmx, the chat script, CSS) are served by the app itself on a single box; a
 # production deployment behind nginx serves the collected files from nginx instead.
 application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)})
 

@@ -1,6 +1,6 @@
 """The Celery app (broker: the same Redis as the cache).
 
-``make run`` starts a worker and beat beside daphne (chatsite/devstack.py); by hand::
+``make run`` starts a worker and beat beside the server (chatsite/devstack.py); by hand::
 
     celery -A chatsite worker -l INFO
     celery -A chatsite beat -l INFO

@@ -15,7 +15,7 @@ in the main database) a PostgreSQL of its own in ``var/pgdata-<region>``
 
 Commands::
 
-    python -m chatsite.devstack run [--port 8000]   # migrate; daphne, Celery worker and beat
+    python -m chatsite.devstack run [--port 8000]   # migrate; uvicorn, Celery worker and beat
     python -m chatsite.devstack exec -- CMD ARGS     # run CMD with the stack's env, then stop
 
 Ctrl-C (SIGINT) or SIGTERM stops everything this started, the engine's processes included.
@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from chatsite.placement import Placement, postmaster_pid
+from chatsite.serve import serve_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("CHAT_VAR_DIR", ROOT / "var"))
@@ -206,7 +207,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
 
 
 def celery_commands(python: str) -> dict[str, list[str]]:
-    """The background processes ``make run`` starts beside daphne: a Celery worker (one prefork
+    """The background processes ``make run`` starts beside the server: a Celery worker (one prefork
     child: this machine has two cores and the engine needs them) and beat (periodic tasks)."""
     return {
         "celery worker": [python, "-m", "celery", "-A", "chatsite", "worker", "-l", "INFO",
@@ -217,11 +218,11 @@ def celery_commands(python: str) -> dict[str, list[str]]:
 
 
 def run(port: int, host: str) -> int:
-    """Serve the app with daphne, plus a Celery worker and beat, until interrupted; returns the
-    exit status (daphne's)."""
+    """Serve the app with uvicorn (chatsite/serve.py), plus a Celery worker and beat, until
+    interrupted; returns the exit status (the server's)."""
     # Every process of the stack on the CPUs the model's threads are not bound to, background
     # work at a lower priority (chatsite/placement.py); set before anything starts, so the
-    # embedded servers, daphne and the engine's scheduler inherit it.
+    # embedded servers, the web server and the engine's scheduler inherit it.
     placement = Placement.from_env()
     placement.apply_here()
     print("placement:", placement.describe(), flush=True)
@@ -241,7 +242,7 @@ def run(port: int, host: str) -> int:
                 env=env, check=True, cwd=ROOT,
             )  # fmt: skip
         server = subprocess.Popen(
-            [python, "-m", "chatsite.serve", "-b", host, "-p", str(port), "chatsite.asgi:application"],
+            serve_argv(host=host, port=port),
             env=env,
             cwd=ROOT,
             start_new_session=True,
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m chatsite.devstack")
     sub = parser.add_subparsers(dest="command", required=True)
-    run_parser = sub.add_parser("run", help="serve the app with daphne")
+    run_parser = sub.add_parser("run", help="serve the app with uvicorn")
     run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     run_parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     exec_parser = sub.add_parser("exec", help="run a command with the stack's environment")

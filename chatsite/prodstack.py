@@ -11,11 +11,11 @@
 
 ``run`` (``make run-prod``) starts, all with ``chatsite.settings.production``:
 
-- the **engine process**: daphne with the vLLM engine, on loopback only (``--base-port``), the
-  one process that holds the model; gateways and Celery jobs reach it through its
+- the **engine process**: uvicorn (chatsite/serve.py) with the vLLM engine, on loopback only
+  (``--base-port``), the one process that holds the model; gateways and Celery jobs reach it through its
   OpenAI-compatible ``/v1`` with the service key. With ``--engine-url`` none is started and that
   server (another machine's engine process, or ``vllm serve``) is used instead.
-- **N gateways**: daphne processes with no engine of their own
+- **N gateways**: uvicorn processes with no engine of their own
   (``CHAT_ENGINE_CLASS=inference.remote.OpenAIRemoteEngine``), on the ports after it; they serve
   the pages, the API and the answer streams.
 - a **Celery worker** and **Celery beat**;
@@ -56,6 +56,7 @@ from pathlib import Path
 
 from chatsite import devstack
 from chatsite.placement import Placement
+from chatsite.serve import serve_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE_TEMPLATE = ROOT / "deploy" / "nginx.conf"
@@ -99,7 +100,9 @@ def render_template(text: str, values: dict[str, str | list[str]]) -> str:
     return "".join(out)
 
 
-def render_site(*, listen: str, server_name: str, upstreams: list[str], static_root: Path | str) -> str:
+def render_site(
+    *, listen: str, server_name: str, upstreams: list[str], static_root: Path | str
+) -> str:
     """deploy/nginx.conf for ``upstreams`` (``host:port`` of each gateway)."""
     if not upstreams:
         raise ValueError("at least one upstream (gateway address) is needed")
@@ -123,7 +126,7 @@ def render_tls(*, listen: str, cert: Path | str, key: Path | str) -> str:
 
 def self_signed_certificate(cert_path: Path, key_path: Path, hosts: Iterable[str]) -> None:
     """A self-signed certificate (EC P-256, 30 days) for ``hosts`` (names and IP addresses):
-    for trying HTTPS out locally only. Uses ``cryptography`` (installed with daphne)."""
+    for trying HTTPS out locally only. Uses ``cryptography`` (a mozilla-django-oidc dependency)."""
     import ipaddress  # noqa: PLC0415
 
     from cryptography import x509  # noqa: PLC0415
@@ -270,13 +273,10 @@ class Stack:
                 devstack.stop_process_group(child.proc, grace_s=10)
 
 
-def daphne_argv(port: int) -> list[str]:
-    """daphne with write backpressure (chatsite/serve.py) on loopback ``port``. The client
-    address comes from nginx's ``X-Real-IP`` (its ``$remote_addr``), not ``X-Forwarded-For``,
-    whose first entry (the one daphne would take) is whatever the client sent."""
-    return [sys.executable, "-m", "chatsite.serve", "-b", "127.0.0.1", "-p", str(port),
-            "--proxy-headers", "--proxy-headers-host", "X-Real-IP",
-            "chatsite.asgi:application"]  # fmt: skip
+def server_argv(port: int) -> list[str]:
+    """uvicorn (chatsite/serve.py) on loopback ``port``. The client address comes from
+    nginx's ``X-Real-IP`` (its ``$remote_addr``), never from a header the client wrote."""
+    return serve_argv(port=port)
 
 
 def manage(env: dict[str, str], *args: str) -> str:
@@ -358,7 +358,10 @@ def run(args: argparse.Namespace) -> int:
     with production_env(work, https_port) as env:
         stack = Stack(work)
         try:
-            ports = [free_port() if args.base_port == 0 else args.base_port + i for i in range(args.gateways + 1)]
+            ports = [
+                free_port() if args.base_port == 0 else args.base_port + i
+                for i in range(args.gateways + 1)
+            ]
             engine_url = (args.engine_url or f"http://127.0.0.1:{ports[0]}").rstrip("/")
             # Every process's background jobs reach the model there.
             env["CHAT_INTERNAL_API_URL"] = engine_url
@@ -371,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
                     "DJANGO_SECURE_SSL_REDIRECT": "off",
                 }
                 engine_env["CHAT_ENGINE_CLASS"] = args.engine_class or LOCAL_ENGINE
-                engine = stack.spawn("engine", daphne_argv(ports[0]), engine_env)
+                engine = stack.spawn("engine", server_argv(ports[0]), engine_env)
                 print("starting the engine process (loading the model: ~30 s)...", flush=True)
                 if not wait_http_ok(f"{engine_url}/readyz", engine.proc, args.ready_timeout):
                     print(f"the engine did not become ready:\n{engine.log_tail()}", file=sys.stderr)
@@ -383,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
                 "CHAT_ENGINE_API_KEY": service_key,
             }
             gateways = [
-                stack.spawn(f"gateway-{i}", daphne_argv(port), gateway_env)
+                stack.spawn(f"gateway-{i}", server_argv(port), gateway_env)
                 for i, port in enumerate(ports[1:], 1)
             ]
             stack.spawn("celery-worker", [
@@ -396,8 +399,13 @@ def run(args: argparse.Namespace) -> int:
             ], env, background=True)  # fmt: skip
             start_nginx(stack, env, ports[1:], http_port, https_port)
             for gateway, port in zip(gateways, ports[1:], strict=True):
-                if not wait_http_ok(f"http://127.0.0.1:{port}/readyz", gateway.proc, args.ready_timeout):
-                    print(f"{gateway.name} did not become ready:\n{gateway.log_tail()}", file=sys.stderr)
+                if not wait_http_ok(
+                    f"http://127.0.0.1:{port}/readyz", gateway.proc, args.ready_timeout
+                ):
+                    print(
+                        f"{gateway.name} did not become ready:\n{gateway.log_tail()}",
+                        file=sys.stderr,
+                    )
                     return 1
             url = f"https://127.0.0.1:{https_port}/"
             state = {
@@ -455,7 +463,9 @@ def start_nginx(
             static_root=env["DJANGO_STATIC_ROOT"],
         )
     )
-    (tls_dir / "tls.conf").write_text(render_tls(listen=f"127.0.0.1:{https_port}", cert=cert, key=key))
+    (tls_dir / "tls.conf").write_text(
+        render_tls(listen=f"127.0.0.1:{https_port}", cert=cert, key=key)
+    )
     conf = work / "nginx.conf"
     conf.write_text(nginx_main_conf(binary, work, site))
     child = stack.spawn("nginx", [
@@ -492,16 +502,34 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="start engine, gateways, Celery and nginx")
     run_parser.add_argument("--gateways", type=int, default=int(os.environ.get("GATEWAYS", "3")))
-    run_parser.add_argument("--https-port", type=int, default=int(os.environ.get("HTTPS_PORT", "8443")),
-                            help="nginx's HTTPS port (0: any free one)")
-    run_parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", "8080")),
-                            help="nginx's plain-HTTP port, redirected to HTTPS (0: any free one)")
-    run_parser.add_argument("--base-port", type=int, default=int(os.environ.get("BASE_PORT", "8100")),
-                            help="the engine's port; gateways use the next ones (0: free ports)")
-    run_parser.add_argument("--engine-url", default=os.environ.get("CHAT_ENGINE_URL", ""),
-                            help="use this engine server instead of starting one")
-    run_parser.add_argument("--engine-class", default="",
-                            help="the engine process's CHAT_ENGINE_CLASS (default: the vLLM engine)")
+    run_parser.add_argument(
+        "--https-port",
+        type=int,
+        default=int(os.environ.get("HTTPS_PORT", "8443")),
+        help="nginx's HTTPS port (0: any free one)",
+    )
+    run_parser.add_argument(
+        "--http-port",
+        type=int,
+        default=int(os.environ.get("HTTP_PORT", "8080")),
+        help="nginx's plain-HTTP port, redirected to HTTPS (0: any free one)",
+    )
+    run_parser.add_argument(
+        "--base-port",
+        type=int,
+        default=int(os.environ.get("BASE_PORT", "8100")),
+        help="the engine's port; gateways use the next ones (0: free ports)",
+    )
+    run_parser.add_argument(
+        "--engine-url",
+        default=os.environ.get("CHAT_ENGINE_URL", ""),
+        help="use this engine server instead of starting one",
+    )
+    run_parser.add_argument(
+        "--engine-class",
+        default="",
+        help="the engine process's CHAT_ENGINE_CLASS (default: the vLLM engine)",
+    )
     run_parser.add_argument("--workdir", default=str(devstack.VAR / "prodstack"))
     run_parser.add_argument("--state-file", default="")
     run_parser.add_argument("--ready-timeout", type=float, default=600)

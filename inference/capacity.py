@@ -306,7 +306,7 @@ def size(
 
 
 def streams_per_gateway_from(stream_bench: dict) -> int | None:
-    """One daphne process's concurrent SSE streams from bench/stream_bench.py's JSON: its
+    """One server process's concurrent SSE streams from bench/stream_bench.py's JSON: its
     ``largest_n_passing`` (the most resume streams one process held healthy); None if none
     passed."""
     value = stream_bench.get("largest_n_passing")

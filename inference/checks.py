@@ -11,7 +11,7 @@ are out of the design's order (inference/router.py ``shed``). ``chat.E005``: a
 ``LimiterConfig``).
 
 ``InferenceConfig.ready`` (inference/apps.py) registers them with the tag ``chat``. They read no
-database, so they run before migrations too. (daphne does not run system checks: the ASGI entry point calls
+database, so they run before migrations too. (the ASGI server does not run system checks: the ASGI entry point calls
 ``inference.pools.pool_set()`` at start for that.)
 """
 

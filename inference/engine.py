@@ -405,7 +405,9 @@ def _install_shutdown_on_signals(engine: VllmEngine) -> None:
     """Shut the engine down on SIGINT/SIGTERM, then run the previous handler.
 
     Measured here (DESIGN.md): daphne did not exit on SIGTERM while the engine ran, so Ctrl-C on
-    ``make run`` hung. Only possible from the main thread; elsewhere it is skipped.
+    ``make run`` hung. Under uvicorn (chatsite/serve.py) the previous handler is uvicorn's
+    graceful shutdown, which this runs after the engine's. Only possible from the main thread;
+    elsewhere it is skipped.
     """
     if threading.current_thread() is not threading.main_thread():
         return

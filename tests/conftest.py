@@ -1,7 +1,8 @@
 """Shared fixtures.
 
 - ``engine_double``: the scripted engine (``tests/fakes.py``) as the process's engine.
-- ``chat_server``: daphne (the production ASGI server, with chatsite/serve.py's flow control) in a thread of this process, serving the
+- ``chat_server``: uvicorn (the production ASGI server, configured by chatsite/serve.py) in a
+  thread of this process, on its own event loop, serving the
   real app with the real vLLM engine. Started once per test session, on first use, and shared by
   every real-engine and browser test; tests reach the same engine object through it.
 - ``make_user`` / ``login``: accounts and signed-in HTTP clients.
@@ -9,15 +10,9 @@
 
 from __future__ import annotations
 
-# daphne installs Twisted's asyncio reactor at import; it must come before anything imports
-# twisted, so it is imported first.
-import daphne.server  # noqa: F401, I001  isort:skip
-
 import asyncio
 import contextlib
 import os
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -26,7 +21,7 @@ import pytest
 from django.conf import settings
 
 import inference.engine as engine_module
-from chatsite.serve import FlowControlServer
+from chatsite.serve import ThreadedServer, serve_in_thread
 from conversations import locks, turnstream
 from tests.fakes import ScriptedEngine
 
@@ -78,7 +73,7 @@ def _celery_tasks_run_in_process():
 
 @pytest.fixture(autouse=True, scope="session")
 def _release_test_database(django_db_setup, django_db_blocker):
-    """Close sessions other threads left open (the async ORM's executor thread, the daphne
+    """Close sessions other threads left open (the async ORM's executor thread, the server
     thread) so the test database can be dropped at the end."""
     yield
     from django.db import connection  # noqa: PLC0415
@@ -135,12 +130,13 @@ def make_user(django_user_model):
 
 @dataclass
 class ChatServer:
-    """daphne on 127.0.0.1:``port`` in a background thread, with the real engine."""
+    """uvicorn on 127.0.0.1:``port`` in a background thread, with the real engine; ``loop`` is
+    the server's event loop (run code there with :meth:`call`)."""
 
     url: str
     loop: asyncio.AbstractEventLoop
     engine: engine_module.VllmEngine
-    server: FlowControlServer
+    server: ThreadedServer
 
     def call(self, coro, timeout: float = 30):
         """Run ``coro`` in the server's event loop and return its result."""
@@ -186,26 +182,14 @@ async def _unfinished(engine) -> int:
 
 @pytest.fixture(scope="session")
 def chat_server(django_db_setup, django_db_blocker) -> Iterator[ChatServer]:
-    """Start daphne with the real engine once per session (the engine warms up before use)."""
+    """Start uvicorn with the real engine once per session (the engine warms up before use)."""
     from chatsite.asgi import application  # noqa: PLC0415
 
     real = engine_module.VllmEngine.from_settings()
     engine_module._engine = real
-    server = FlowControlServer(
-        application,
-        endpoints=["tcp:port=0:interface=127.0.0.1"],
-        signal_handlers=False,
-        verbosity=0,
-    )
-    thread = threading.Thread(target=server.run, name="daphne", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.listening_addresses:
-        assert time.monotonic() < deadline, "daphne did not start listening"
-        time.sleep(0.05)
-    _, port = server.listening_addresses[0]
+    server = serve_in_thread(application)
     chat = ChatServer(
-        url=f"http://127.0.0.1:{port}", loop=daphne.server.twisted_loop, engine=real, server=server
+        url=f"http://127.0.0.1:{server.port}", loop=server.loop, engine=real, server=server
     )
     chat.call(real.ensure_started(), timeout=600)
     try:

@@ -1,5 +1,5 @@
-"""Real server processes for tests: daphne gateways and Celery workers on the test database and
-Redis (the same ones the in-process test server uses)."""
+"""Real server processes for tests: uvicorn gateways (chatsite/serve.py) and Celery workers on
+the test database and Redis (the same ones the in-process test server uses)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings as django_settings
 from django.db import connections
+
+from chatsite.serve import serve_argv
 
 
 def database_url(alias: str = "default") -> str:
@@ -51,14 +53,14 @@ def stack_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def daphne_process(extra_env: dict[str, str], ready_path: str) -> Iterator[str]:
-    """A daphne subprocess on the test database and Redis; yields its URL once ``ready_path``
-    answers 200, and stops it afterwards."""
+def server_process(extra_env: dict[str, str], ready_path: str) -> Iterator[str]:
+    """A server subprocess (chatsite/serve.py) on the test database and Redis; yields its URL
+    once ``ready_path`` answers 200, and stops it afterwards."""
     port = free_port()
     # Tasks run in the gateway itself unless a test starts a real worker for them.
     env = stack_env({"CELERY_TASK_ALWAYS_EAGER": "1", **extra_env})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chatsite.serve", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+        serve_argv(port=port),
         env=env, cwd=django_settings.BASE_DIR,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -72,7 +74,7 @@ def daphne_process(extra_env: dict[str, str], ready_path: str) -> Iterator[str]:
             except httpx.HTTPError:
                 pass
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the daphne subprocess did not become ready"
+            assert time.monotonic() < deadline, "the server subprocess did not become ready"
             time.sleep(0.3)
         yield url
     finally:

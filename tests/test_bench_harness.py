@@ -248,10 +248,10 @@ def test_spawned_server_that_exits_is_reported_with_its_log(tmp_path):
 
 
 def test_spawned_appended_log_keeps_earlier_output(tmp_path):
-    log_path = tmp_path / "daphne.log"
+    log_path = tmp_path / "server.log"
     log_path.write_text("earlier server\n")
     argv = [sys.executable, "-c", "print('this one')"]
-    server = Spawned("daphne", argv, port=free_port(), log_path=log_path, append=True)
+    server = Spawned("uvicorn", argv, port=free_port(), log_path=log_path, append=True)
 
     server.start()
     server.proc.wait(30)
@@ -259,7 +259,7 @@ def test_spawned_appended_log_keeps_earlier_output(tmp_path):
     text = log_path.read_text()
     assert text.startswith("earlier server\n")
     assert server.log_offset == len("earlier server\n")
-    assert f"===== daphne on port {server.port} =====" in text
+    assert f"===== uvicorn on port {server.port} =====" in text
     assert text.rstrip().endswith("this one")
 
 

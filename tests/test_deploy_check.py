@@ -129,7 +129,7 @@ def test_the_nginx_site_gets_one_upstream_server_per_gateway():
         upstreams=["127.0.0.1:8101", "127.0.0.1:8102", "127.0.0.1:8103"],
         static_root="/srv/chatsite/var/staticfiles/",
     )
-    upstream = site[site.index("upstream chatsite_daphne {"):site.index("}", site.index("upstream chatsite_daphne {"))]
+    upstream = site[site.index("upstream chatsite_gateways {"):site.index("}", site.index("upstream chatsite_gateways {"))]
     servers = [line.strip() for line in upstream.splitlines() if line.strip().startswith("server ")]
     assert servers == ["server 127.0.0.1:8101;", "server 127.0.0.1:8102;", "server 127.0.0.1:8103;"]
     assert "alias /srv/chatsite/var/staticfiles/;" in site

@@ -2,7 +2,7 @@
 the scripted engine double. The summariser calls the model through the OpenAI-compatible
 endpoint; here that endpoint is the real app, served in this process over an httpx transport.
 (tests/integration/test_summaries_real.py runs the same with a real Celery worker, the real
-daphne server and the real engine.)"""
+uvicorn server and the real engine.)"""
 
 from __future__ import annotations
 

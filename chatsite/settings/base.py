@@ -43,7 +43,6 @@ DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -479,6 +478,9 @@ CHAT_TITLE_CHARS = 60
 # DESIGN.md's disconnect rule: a dropped events connection is not a stop; generation goes on this
 # many seconds so the client can resume with Last-Event-ID, then is aborted (0: at once).
 CHAT_STREAM_DISCONNECT_GRACE_S = float(os.environ.get("CHAT_STREAM_DISCONNECT_GRACE_S", "30"))
+# On SIGTERM the server (uvicorn, chatsite/serve.py) lets open responses, answer streams included,
+# run this long before it cancels them; a cancelled stream is a dropped connection (resumable).
+CHAT_SERVER_SHUTDOWN_GRACE_S = float(os.environ.get("CHAT_SERVER_SHUTDOWN_GRACE_S", "5"))
 # Events of one turn this process keeps in memory (conversations/turnstream.py); a reader further
 # behind (a stalled client, a late resume) reads the older ones from the turn's Redis log. 256
 # events is ~5 s of decode at the design brief's 50 tokens/s per stream (one event per delta),

@@ -90,12 +90,12 @@ if os.environ.get("DJANGO_STATIC_ROOT"):
     STATIC_ROOT = os.environ["DJANGO_STATIC_ROOT"]
 
 # --- HTTPS behind nginx (deploy/nginx.conf sets X-Forwarded-Proto $scheme) ---
-# daphne listens on loopback only, so the header can only come from nginx.
+# The server (uvicorn) listens on loopback only, so the header can only come from nginx.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # Plain HTTP gets a redirect to https://. The engine process, which only gateways and Celery
 # reach over loopback, runs with DJANGO_SECURE_SSL_REDIRECT=off (deploy/systemd/chat-engine.service).
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
-# Probes and metrics are asked of each daphne process directly, over plain HTTP on loopback.
+# Probes and metrics are asked of each server process directly, over plain HTTP on loopback.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 # The redirect keeps the request's host (and port); name the HTTPS host[:port] when the HTTPS
 # port is not 443, e.g. DJANGO_SECURE_SSL_HOST=chat.example.org:8443.

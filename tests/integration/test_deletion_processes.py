@@ -19,7 +19,7 @@ from django.test import Client
 from accounts.services import api_key_create
 from conversations import deletion, held, writeback
 from conversations.models import Conversation, Turn
-from tests.processes import daphne_process
+from tests.processes import server_process
 from tests.test_writeback import BROKER_QUEUE, plain_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,7 +36,7 @@ def generating_process(django_db_setup):
         "CELERY_TASK_ALWAYS_EAGER": "0",
         "CHAT_SSE_KEEPALIVE_S": "1",
     }
-    with daphne_process(env, "/v1/openapi.json") as url:
+    with server_process(env, "/v1/openapi.json") as url:
         yield url
     plain_redis().delete(BROKER_QUEUE)
 

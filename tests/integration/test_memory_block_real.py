@@ -3,7 +3,7 @@ facts change, the rebuild's 1-token background request (memory/warm.py, through 
 own /v1/completions with the service key) leaves the user's new-chat prefix in vLLM's prefix
 cache, so the first turn of their next new conversation reads it from there.
 
-Shares the session's engine and daphne server (tests/conftest.py ``live``); the rebuild runs
+Shares the session's engine and uvicorn server (tests/conftest.py ``live``); the rebuild runs
 eagerly in this thread after the facts commit and calls that server over loopback."""
 
 from __future__ import annotations

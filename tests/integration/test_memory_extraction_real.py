@@ -1,4 +1,4 @@
-"""Memory extraction for real: the extraction asks the real daphne server's /v1/chat/completions
+"""Memory extraction for real: the extraction asks the real uvicorn server's /v1/chat/completions
 (the service credential) for facts, the real vLLM engine answers under the JSON schema (structured
 output), and the facts are embedded and stored. The pipeline is what is judged here, not the
 135M model's judgement of what a fact is."""

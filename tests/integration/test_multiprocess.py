@@ -10,16 +10,16 @@ import pytest
 from django.conf import settings as django_settings
 
 from accounts.services import api_key_create, service_api_key
-from tests.processes import daphne_process
+from tests.processes import server_process
 
-pytestmark = pytest.mark.real_engine  # uses the shared daphne server (process 1)
+pytestmark = pytest.mark.real_engine  # uses the shared uvicorn server (process 1)
 
 
 @pytest.fixture(scope="module")
 def second_gateway(chat_server):
-    """Another daphne process on the same database and Redis. It has no real engine (the
+    """Another uvicorn process on the same database and Redis. It has no real engine (the
     scripted double's class, never asked to generate here): it only resumes streams."""
-    with daphne_process(
+    with server_process(
         {"CHAT_ENGINE_CLASS": "tests.fakes.ScriptedEngine", "CHAT_SSE_KEEPALIVE_S": "1"},
         "/v1/openapi.json",
     ) as url:
@@ -156,11 +156,11 @@ def test_a_resumed_stream_survives_silence_with_keep_alives(live, engine_double,
 
 @pytest.fixture
 def engineless_gateway(live, make_user):
-    """A daphne process with no engine of its own: its model is process 1's, reached through
+    """A uvicorn process with no engine of its own: its model is process 1's, reached through
     process 1's OpenAI-compatible /v1/completions with the service credential (as
     ``make run-prod`` does; only it may forward a turn's tier and priority, issue 17)."""
     service_key = service_api_key()
-    with daphne_process(
+    with server_process(
         {
             "CHAT_ENGINE_CLASS": "inference.remote.OpenAIRemoteEngine",
             "CHAT_ENGINE_URL": live.url,

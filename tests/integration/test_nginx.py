@@ -1,7 +1,7 @@
-"""The shipped nginx site (deploy/nginx.conf) in front of daphne: streaming survives the proxy.
+"""The shipped nginx site (deploy/nginx.conf) in front of uvicorn: streaming survives the proxy.
 
 A real nginx (Debian's package, ``make nginx``) runs as a child process on a free loopback port
-with the shipped file, its placeholders filled in, proxying to the session's daphne server.
+with the shipped file, its placeholders filled in, proxying to the session's uvicorn server.
 Checks: PF-S3 through nginx (a gzip-accepting client gets token 1 before a 2 s engine stall
 ends, uncompressed), a real answer streams through token by token, closing the client at nginx
 aborts the engine request, and pages/static files are compressed and served from disk.
@@ -31,7 +31,7 @@ from django.test import override_settings
 
 from tests.conftest import PASSWORD
 
-pytestmark = pytest.mark.real_engine  # uses the shared daphne server
+pytestmark = pytest.mark.real_engine  # uses the shared uvicorn server
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE_CONF = ROOT / "deploy" / "nginx.conf"
@@ -48,7 +48,7 @@ class Nginx:
     upstream_port: int
 
     def upstream_connections(self) -> list:
-        """nginx's open TCP connections to daphne (its workers', from /proc via psutil)."""
+        """nginx's open TCP connections to uvicorn (its workers', from /proc via psutil)."""
         workers = psutil.Process(self.pid).children()
         return [
             c
@@ -62,10 +62,12 @@ class Nginx:
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
 
-    def login(self, username: str) -> httpx.Client:
+    def login(self, username: str, headers: dict[str, str] | None = None) -> httpx.Client:
         """A client signed in through nginx, posting the login form the way a browser does
-        (with an Origin header, which Django's CSRF check compares with the proxied Host)."""
+        (with an Origin header, which Django's CSRF check compares with the proxied Host);
+        ``headers``: more headers on every request of the client."""
         client = self.client()
+        client.headers.update(headers or {})
         assert client.get("/accounts/login/").status_code == 200
         response = client.post(
             "/accounts/login/",
@@ -152,7 +154,7 @@ http {{
 
 @pytest.fixture(scope="module")
 def nginx(chat_server, tmp_path_factory) -> Iterator[Nginx]:
-    """nginx in the foreground, as a child of this process, in front of the shared daphne."""
+    """nginx in the foreground, as a child of this process, in front of the shared uvicorn."""
     binary = _nginx_binary()
     tmp = tmp_path_factory.mktemp("nginx")
     static_root = tmp / "staticfiles"
@@ -293,7 +295,7 @@ def test_closing_the_client_at_nginx_aborts_the_engine_request(
     nginx, live, engine_double, make_user, settings
 ):
     """The client goes away at nginx while the view waits for the next token: nginx closes its
-    daphne connection and the engine request is aborted within a second."""
+    uvicorn connection and the engine request is aborted within a second."""
     settings.CHAT_STREAM_DISCONNECT_GRACE_S = 0
     engine_double.scripts = [["first", 30.0, "never"]]
     make_user("pavel")
@@ -345,7 +347,7 @@ def test_pages_are_compressed_and_static_files_come_from_disk(nginx, live):
         script = client.get("/static/chat/chat.js")
         assert script.status_code == 200
         assert "javascript" in script.headers["Content-Type"]
-        # Compressed by nginx (daphne's static handler never compresses), cached for an hour.
+        # Compressed by nginx (uvicorn's static handler never compresses), cached for an hour.
         assert script.headers["Content-Encoding"] == "gzip"
         assert "max-age=3600" in script.headers["Cache-Control"]
         assert script.content == (ROOT / "static" / "chat" / "chat.js").read_bytes()
@@ -353,7 +355,7 @@ def test_pages_are_compressed_and_static_files_come_from_disk(nginx, live):
         for path in ("/static/vendor/htmx-2.0.11.min.js", "/static/vendor/htmx-ext-sse-2.2.4.js"):
             assert client.get(path).status_code == 200, path
 
-        # A file that exists only in the collected root: nginx serves it from disk, not daphne.
+        # A file that exists only in the collected root: nginx serves it from disk, not uvicorn.
         probe = client.get(f"/static/{PROBE_FILE}")
         assert probe.status_code == 200
         assert probe.text == (nginx.static_root / PROBE_FILE).read_text()
@@ -368,8 +370,8 @@ def test_pages_are_compressed_and_static_files_come_from_disk(nginx, live):
     assert django_settings.STATIC_ROOT != nginx.static_root  # the override did not leak
 
 
-def test_upstream_connections_to_daphne_are_kept_alive_and_reused(nginx, live):
-    """HTTP/1.1 keepalive to daphne: sequential requests from separate clients reuse one idle
+def test_upstream_connections_to_uvicorn_are_kept_alive_and_reused(nginx, live):
+    """HTTP/1.1 keepalive to uvicorn: sequential requests from separate clients reuse one idle
     upstream connection instead of a new TCP connection each."""
     for _ in range(3):
         with nginx.client() as client:  # a new client connection to nginx every time
@@ -384,3 +386,19 @@ def test_upstream_connections_to_daphne_are_kept_alive_and_reused(nginx, live):
     # No new upstream connection was opened for those 10 requests.
     after = {c.laddr.port for c in nginx.upstream_connections()}
     assert after and after <= kept, (kept, after)
+
+
+def test_the_client_address_behind_nginx_is_the_one_nginx_saw_not_one_the_client_wrote(
+    nginx, live, make_user
+):
+    """Behind the shipped nginx the app's client address (sign-in throttling, the sessions
+    page) is nginx's ``$remote_addr``: a client that sends its own ``X-Forwarded-For`` and
+    ``X-Real-IP`` must not choose the address its sign-ins count against
+    (chatsite/serve.py, accounts/request_info.py)."""
+    from accounts.models import UserSession
+
+    user = make_user("olga")
+    spoofed = {"X-Forwarded-For": "203.0.113.66", "X-Real-IP": "203.0.113.66"}
+    with contextlib.closing(nginx.login("olga", headers=spoofed)):
+        pass
+    assert list(UserSession.objects.filter(user=user).values_list("ip", flat=True)) == ["127.0.0.1"]

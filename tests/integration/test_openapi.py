@@ -12,7 +12,7 @@ from schemathesis.specs.openapi.checks import content_type_conformance, status_c
 from accounts.services import api_key_create
 from api.openapi import build_document
 
-pytestmark = pytest.mark.real_engine  # runs against the shared daphne server
+pytestmark = pytest.mark.real_engine  # runs against the shared uvicorn server
 
 
 def v1_routes() -> set[str]:

@@ -1,7 +1,7 @@
 """The production run mode, end to end: ``python -m chatsite.prodstack run`` with
 ``chatsite.settings.production`` (secrets from the environment), on the test database and Redis.
 
-What runs (each a real process): the engine process (daphne; the scripted engine double stands
+What runs (each a real process): the engine process (uvicorn; the scripted engine double stands
 in for vLLM so turns are quick and their text known), three gateways with no engine of their
 own that reach it over its OpenAI-compatible ``/v1`` with the service key, a Celery worker and
 beat, and a real nginx with the shipped site (deploy/nginx.conf, three upstream servers) and
@@ -383,7 +383,7 @@ def test_session_and_csrf_cookies_are_secure_httponly_and_samesite(stack):
 
 
 def test_probes_answer_on_each_gateway_over_plain_http_but_pages_redirect(stack):
-    """Monitoring asks each daphne process directly over plain HTTP: /readyz and /healthz
+    """Monitoring asks each uvicorn process directly over plain HTTP: /readyz and /healthz
     answer there (exempt from the HTTPS redirect); a page asked the same way is redirected."""
     for gateway in stack.gateways:
         ready = httpx.get(f"{gateway}/readyz")

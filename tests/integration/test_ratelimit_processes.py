@@ -6,7 +6,7 @@ test Redis, on Redis's own clock (no injected ``now``). RPM = 10; each scenario 
 bucket: 20 requests sent round-robin across the processes, and 20 sent at the same moment (10
 concurrent in each process, released together): exactly 10 succeed each time.
 
-The same over HTTP: two daphne server processes (the production server, scripted engine)
+The same over HTTP: two uvicorn server processes (the production server, scripted engine)
 answer /v1/chat/completions, 20 requests round-robin and 20 simultaneous: exactly 10 get 200
 and 10 a 429 with Retry-After >= 1. And PF-R1 / PF-R2 over HTTP: streamed and non-streamed
 requests draw the same TPM bucket by the same amount (prompt + max_tokens reserved, refunded
@@ -36,7 +36,7 @@ from django.conf import settings
 
 from accounts.services import api_key_create
 from inference.ratelimit import bucket_key
-from tests.processes import daphne_process
+from tests.processes import server_process
 
 # One worker process: reads one JSON command a line, answers one JSON line.
 #   {"warm": n}                                       -> opens n Redis connections, loads the script
@@ -186,14 +186,14 @@ class Reply:
 
 @pytest.fixture(scope="module")
 def gateways(django_db_setup) -> Iterator[list[str]]:
-    """The URLs of two daphne server processes sharing the test Redis."""
+    """The URLs of two uvicorn server processes sharing the test Redis."""
     env = {
         "CHAT_ENGINE_CLASS": "tests.fakes.ScriptedEngine",
         "CHAT_RATE_LIMITS_BY_TIER": json.dumps(GATEWAY_LIMITS),
         "CHAT_SHED_FREE_WAITING": "1000",  # nothing here may be shed: only the limits refuse
     }
-    with daphne_process(env, "/v1/openapi.json") as first:
-        with daphne_process(env, "/v1/openapi.json") as second:
+    with server_process(env, "/v1/openapi.json") as first:
+        with server_process(env, "/v1/openapi.json") as second:
             yield [first, second]
 
 

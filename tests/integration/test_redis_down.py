@@ -24,7 +24,7 @@ from accounts.services import api_key_create
 from core import redis_guard
 from conversations import turnlog
 from conversations.models import Turn
-from tests.processes import daphne_process
+from tests.processes import server_process
 from tests.redis_server import RedisServer
 
 
@@ -48,7 +48,7 @@ def gateway(redis_server, transactional_db):
         "CHAT_REDIS_BREAKER_OPEN_S": "1",
         "CHAT_SSE_KEEPALIVE_S": "1",
     }
-    with daphne_process(env, "/v1/openapi.json") as url:
+    with server_process(env, "/v1/openapi.json") as url:
         yield url
 
 

@@ -1,4 +1,4 @@
-"""Summaries for real: a conversation outgrows its budget on the real daphne server with the real
+"""Summaries for real: a conversation outgrows its budget on the real uvicorn server with the real
 vLLM engine; the summarisation task goes through the real broker to a real Celery worker
 (tests/processes.py), which calls the server's own /v1/chat/completions with the service key;
 the next turn's prompt carries the summary and fewer raw turns.

@@ -24,7 +24,7 @@ from accounts.services import api_key_create
 from chatsite.celery import app
 from conversations import held, retention, services, writeback
 from conversations.models import Conversation, Turn
-from tests.processes import celery_worker_process, daphne_process
+from tests.processes import celery_worker_process, server_process
 from tests.test_writeback import conversation_row_locked, plain_redis, sessions_waiting_on_a_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -185,7 +185,7 @@ def test_pf_p2_disconnect_while_the_partial_turn_is_written_leaves_no_idle_trans
         "CHAT_SCRIPTED_ENGINE_SCRIPT": json.dumps(["a", "b", 60, "c"]),
         "CHAT_STREAM_DISCONNECT_GRACE_S": "0",
     }
-    with daphne_process(env, "/v1/openapi.json") as url:
+    with server_process(env, "/v1/openapi.json") as url:
         conversation_id = httpx.post(f"{url}/v1/conversations", json={}, headers=headers).json()["conversation_id"]
         with contextlib.ExitStack() as lock, httpx.stream(
             "POST", f"{url}/v1/conversations/{conversation_id}/turns",
