@@ -5,9 +5,9 @@ Run through the dev stack (``make bench`` runs it)::
 
     python -m chatsite.devstack exec -- python -m bench.failover_bench [--clients 8] [--steady-s 30]
 
-The stack: two engine processes of this project (A and B: daphne with the real vLLM engine, on
+The stack: two engine processes of this project (A and B: uvicorn with the real vLLM engine, on
 loopback, as chatsite/prodstack.py starts its engine process) and one gateway without an engine
-(daphne, ``CHAT_ENGINE_CLASS=inference.remote.OpenAIRemoteEngine``) whose pool ``nodes`` lists
+(uvicorn, ``CHAT_ENGINE_CLASS=inference.remote.OpenAIRemoteEngine``) whose pool ``nodes`` lists
 both (``urls``, inference/nodes.py; the pool file is written to var/bench/). Every request is a
 paid user's streamed turn on the gateway's ``/v1``: ``POST /v1/conversations`` then ``POST
 .../turns``. Rate limits and shedding are off (bench/harness.py ``TIER_MACHINERY_OFF``).
@@ -47,7 +47,7 @@ from bench.harness import (
     VAR,
     CpuMeter,
     Spawned,
-    daphne_argv,
+    server_argv,
     disturbed,
     free_port,
     log,
@@ -213,13 +213,13 @@ def run(args) -> int:
         env.pop(name, None)
     ports = [free_port() for _ in range(3)]
     node_a, node_b = (
-        Spawned(name, daphne_argv(port=port), port=port, env=env, log_path=work / f"{name}.log")
+        Spawned(name, server_argv(port=port), port=port, env=env, log_path=work / f"{name}.log")
         for name, port in (("node-a", ports[0]), ("node-b", ports[1]))
     )
     pools_path = work / "pools.yaml"
     pools_file(pools_path, [node_a.url, node_b.url], service_key)
     gateway = Spawned(
-        "gateway", daphne_argv(port=ports[2]), port=ports[2], log_path=work / "gateway.log",
+        "gateway", server_argv(port=ports[2]), port=ports[2], log_path=work / "gateway.log",
         env={**env, "CHAT_ENGINE_CLASS": "inference.remote.OpenAIRemoteEngine", "CHAT_ENGINE_URL": node_a.url,
              "CHAT_ENGINE_API_KEY": service_key, "CHAT_POOLS_FILE": str(pools_path)},
     )  # fmt: skip

@@ -137,7 +137,7 @@ def celery_worker_process(
 
 @dataclass
 class EngineProcess:
-    """An engine process of this project (daphne with the real vLLM engine) in its own process
+    """An engine process of this project (uvicorn with the real vLLM engine) in its own process
     group: its ``url``, the process and its log."""
 
     url: str
@@ -149,7 +149,7 @@ class EngineProcess:
             return f.read()
 
     def kill(self) -> None:
-        """SIGKILL the whole group at once (daphne, vLLM's EngineCore and its worker): the node
+        """SIGKILL the whole group at once (the server, vLLM's EngineCore and its worker): the node
         dies as a crashed machine would, without closing anything cleanly."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -170,7 +170,7 @@ def engine_process(tmp_path, extra_env: dict[str, str] | None = None) -> Iterato
     for name in ("CHAT_ENGINE_CLASS", "CHAT_ENGINE_URL", "CHAT_ENGINE_API_KEY"):
         env.pop(name, None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chatsite.serve", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+        serve_argv(port=port),
         env=env, cwd=django_settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     engine = EngineProcess(f"http://127.0.0.1:{port}", proc, log_path)
