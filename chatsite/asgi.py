@@ -1,8 +1,6 @@
 """ASGI entry point: ``python -m chatsite.serve`` (uvicorn, chatsite/serve.py) serves ``application``."""
 
-import logging
 import os
-import threading
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
 
@@ -27,27 +25,8 @@ if _config_errors:
 application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)})
 
 
-def _warm_up() -> None:
-    """Load the moderation classifiers (the first check loads and trains them, ~1 s) so the
-    first turn is not refused for a check that timed out (settings.CHAT_MODERATION_TIMEOUT_S),
-    and the memory embedding model (~1-2 s) so the first turn with memory does not wait for
-    it. Either failing is logged and shows on the first turn (moderation fails closed)."""
-    from moderation.base import moderator  # noqa: PLC0415
-    from moderation.verdicts import policy_for  # noqa: PLC0415
+# The classifiers and the embedding model load in the background; /readyz says "warming up"
+# until they have (chatsite/warmup.py).
+from chatsite import warmup  # noqa: E402
 
-    try:
-        checker = moderator()
-        checker.check_input("warm-up", policy_for(None))
-        checker.check_output("warm-up", policy_for(None))
-    except Exception:  # noqa: BLE001
-        logging.getLogger(__name__).exception("moderation warm-up failed")
-    if getattr(settings, "CHAT_MEMORY_ENABLED", False):
-        try:
-            from memory.embeddings import embeddings_warm  # noqa: PLC0415
-
-            embeddings_warm()
-        except Exception:  # noqa: BLE001
-            logging.getLogger(__name__).exception("memory embedding warm-up failed")
-
-
-threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
+warmup.start()

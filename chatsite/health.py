@@ -12,7 +12,8 @@
 - ``/readyz``: may this process take traffic? 200 ``{"status": "ready", "checks": {...}}`` when
   the engine is ready, PostgreSQL answers ``SELECT 1`` on the default database and Redis answers
   PING; else 503 ``{"status": "unavailable", "checks": {...}, "failing": [...]}`` naming each
-  failing part (``engine``, ``postgres``, ``redis``) with a reason. Each check is bounded by
+  failing part (``engine``, ``postgres``, ``redis``, ``warm_up``: the process's classifiers and
+  embedding model still loading, chatsite/warmup.py) with a reason. Each check is bounded by
   ``CHECK_TIMEOUT_S``. Both bodies carry ``nodes``: for each pool of several nodes
   (inference/nodes.py), node URL -> ``"up"`` or ``"down: <reason>"``. A node down does not make
   the process unready (the pool's other nodes serve; a pool with none up fails its requests
@@ -37,6 +38,7 @@ from django.views.decorators.cache import never_cache
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from chatsite import warmup
 from core import redis_guard
 from inference.engine import get_engine
 from inference.nodes import node_sets
@@ -109,6 +111,12 @@ async def _check_redis() -> str | None:
     return None if await redis_guard.aping() else "PING failed (Redis unreachable or circuit open)"
 
 
+async def _check_warm_up() -> str | None:
+    # The classifiers and the embedding model still loading (chatsite/warmup.py): turns now
+    # could find Redis's breaker opened by the GIL-held load, and rate limits open.
+    return "warming up" if warmup.pending() else None
+
+
 async def _run_check(check) -> str | None:
     """None when the check passes, else a reason (an exception or a timeout is a failure)."""
     try:
@@ -142,10 +150,11 @@ async def readyz(request: HttpRequest) -> HttpResponse:
     """Readiness: 200 when the engine, PostgreSQL and Redis are all good, else 503 naming each
     failing part; ``nodes`` shows each pool node's state (see the module docstring). The checks
     run concurrently."""
-    names = ("engine", "postgres", "redis")
+    names = ("engine", "postgres", "redis", "warm_up")
     *results, nodes = await asyncio.gather(
-        _run_check(_check_engine), _run_check(_check_postgres), _run_check(_check_redis), _node_states()
-    )
+        _run_check(_check_engine), _run_check(_check_postgres), _run_check(_check_redis),
+        _run_check(_check_warm_up), _node_states(),
+    )  # fmt: skip
     checks = {name: ("ok" if reason is None else reason) for name, reason in zip(names, results)}
     failing = [name for name, reason in zip(names, results) if reason is not None]
     if failing:

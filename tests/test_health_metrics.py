@@ -110,9 +110,30 @@ async def test_readyz_is_200_when_engine_postgres_and_redis_are_up(engine_double
     assert response.status_code == 200, response.content
     assert response.json() == {
         "status": "ready",
-        "checks": {"engine": "ok", "postgres": "ok", "redis": "ok"},
+        "checks": {"engine": "ok", "postgres": "ok", "redis": "ok", "warm_up": "ok"},
         "nodes": {},  # no pool of several nodes configured
     }
+
+
+@pytest.mark.django_db
+async def test_readyz_is_503_while_the_process_warms_up(engine_double, monkeypatch):
+    """A server process is not ready until its classifiers and embedding model have loaded
+    (chatsite/warmup.py): loading holds the GIL, and a turn meanwhile could find Redis's breaker
+    open and the rate limits with it."""
+    from chatsite import warmup
+
+    # Given: a warm-up started and not finished
+    started, done = warmup._started.__class__(), warmup._done.__class__()
+    started.set()
+    monkeypatch.setattr(warmup, "_started", started)
+    monkeypatch.setattr(warmup, "_done", done)
+    # When / Then: 503 naming it; ready once it is done
+    response = await AsyncClient().get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["failing"] == ["warm_up"]
+    assert response.json()["checks"]["warm_up"] == "warming up"
+    done.set()
+    assert (await AsyncClient().get("/readyz")).status_code == 200
 
 
 @pytest.mark.django_db

@@ -192,8 +192,8 @@ def gateways(django_db_setup) -> Iterator[list[str]]:
         "CHAT_RATE_LIMITS_BY_TIER": json.dumps(GATEWAY_LIMITS),
         "CHAT_SHED_FREE_WAITING": "1000",  # nothing here may be shed: only the limits refuse
     }
-    with server_process(env, "/v1/openapi.json") as first:
-        with server_process(env, "/v1/openapi.json") as second:
+    with server_process(env, "/readyz") as first:
+        with server_process(env, "/readyz") as second:
             yield [first, second]
 
 
