@@ -65,7 +65,9 @@ def op_append_loop(
             time.sleep(delay)
         t0 = time.time()
         try:
-            turn = services.turn_append_user(conversation=conversation, content=f"seq {n}")
+            # The owner's row goes with the write, as tests/pgcluster.py's op does: the training
+            # flag is then read from it, not from the global database's replica alias.
+            turn = services.turn_append_user(conversation=conversation, content=f"seq {n}", owner=user)
             acked.append([n, str(turn.turn_id), t0, time.time()])
         except DatabaseError as exc:
             failed.append([n, t0, time.time(), f"{type(exc).__name__}: {str(exc)[:200]}"])
