@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from audit.models import AuditEntry
+from audit.services import with_region_details
 
 
 @admin.register(AuditEntry)
@@ -26,8 +27,9 @@ class AuditEntryAdmin(admin.ModelAdmin):
         "target_type",
         "target_id",
         "details_json",
+        "region",
     )
-    list_filter = ("action", "target_type")
+    list_filter = ("action", "target_type", "region")
     date_hierarchy = "created_at"
     search_fields = ("action", "target_type")
     fields = (
@@ -39,6 +41,7 @@ class AuditEntryAdmin(admin.ModelAdmin):
         "target_type",
         "target_id",
         "details_json",
+        "region",
     )
     readonly_fields = fields
     actions = None
@@ -62,9 +65,21 @@ class AuditEntryAdmin(admin.ModelAdmin):
     def details_json(self, entry: AuditEntry) -> str:
         return json.dumps(entry.details, ensure_ascii=False, sort_keys=True)
 
+    def get_changelist_instance(self, request):
+        """The page's entries with the target ids and details kept in regions' databases
+        filled in (audit.services.with_region_details: one query per region on the page)."""
+        changelist = super().get_changelist_instance(request)
+        changelist.result_list = with_region_details(changelist.result_list)
+        return changelist
+
+    def get_object(self, request, object_id, from_field=None):
+        entry = super().get_object(request, object_id, from_field)
+        return None if entry is None else with_region_details([entry])[0]
+
     def get_search_results(self, request, queryset, search_term):
         """A whole number finds entries whose actor, organisation or target has that id; other
-        words search the action and target type."""
+        words search the action and target type. (A target id kept in a region's database is
+        not searched: its entry lists the region instead.)"""
         term = search_term.strip()
         if term.isdigit() and len(term) < 19:
             number = int(term)

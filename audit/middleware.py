@@ -26,6 +26,7 @@ from django.template.response import TemplateResponse
 from audit.models import Action
 from audit.services import audit_record
 from audit.signals import in_admin_action, org_of
+from conversations import regions
 
 MAX_ENTRIES = 1000  # per action; beyond this the rest are summed up in the last entry
 
@@ -81,12 +82,22 @@ class AdminActionAuditMiddleware:
         )
         if ran:
             self._record(
-                request, name, f"{opts.app_label}.{opts.model_name}", selected, select_across, orgs
-            )
+                request, name, f"{opts.app_label}.{opts.model_name}", selected, select_across, orgs,
+                self._region(request, model_admin),
+            )  # fmt: skip
         return response
 
     @staticmethod
-    def _record(request, name, target_type, selected, select_across, orgs) -> None:
+    def _region(request: HttpRequest, model_admin) -> str | None:
+        """The region whose rows a regional admin's list shows (conversations.admin.RegionalAdmin:
+        the selected ids are that region's, so their entries' ids stay there); None for others."""
+        region_db = getattr(model_admin, "region_db", None)
+        if region_db is None:
+            return None
+        return regions.region_of_db(region_db(request))
+
+    @staticmethod
+    def _record(request, name, target_type, selected, select_across, orgs, region) -> None:
         action = f"{Action.ADMIN_ACTION_PREFIX}{name}"
         if select_across:
             # "Select all N": the rows are those matching the change list's filters, not
@@ -101,6 +112,7 @@ class AdminActionAuditMiddleware:
                     "select_across": True,
                     "filters": request.GET.urlencode()[:500],
                 },
+                region=region,
             )
             return
         for pk in selected[:MAX_ENTRIES]:
@@ -111,6 +123,7 @@ class AdminActionAuditMiddleware:
                 target_type=target_type,
                 target_id=pk,
                 details={"via": "admin"},
+                region=region,
             )
         if len(selected) > MAX_ENTRIES:
             audit_record(

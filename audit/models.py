@@ -125,6 +125,10 @@ class AuditEntry(models.Model):
     target_type = models.CharField(max_length=100)
     target_id = models.CharField(max_length=64, blank=True)
     details = models.JSONField(default=dict, blank=True)
+    # Set when the entry names a region's data (a conversation, a share link, a turn): its
+    # target id and details are then kept in that region's database (AuditDetail), and this
+    # row holds only who, what, when and the region (issue 20, "Region-scoped stores").
+    region = models.CharField(max_length=32, blank=True, default="")
 
     objects = AuditQuerySet.as_manager()
 
@@ -156,3 +160,35 @@ class AuditEntry(models.Model):
     @property
     def action_label(self) -> str:
         return Action.label(self.action)
+
+
+class AuditDetail(models.Model):
+    """The regional half of an :class:`AuditEntry` whose ``region`` is set: its target id and
+    details, in that region's database (``settings.CHAT_REGIONAL_MODELS`` routes this model
+    like conversation data), so no conversation, turn or share link id of a region is stored
+    outside it, the global audit log included. ``entry_id`` is the global entry's id (a plain
+    integer: the two rows are in different databases). Append-only like the entry (a trigger
+    in migration 0003 as well)."""
+
+    id = models.BigAutoField(primary_key=True)
+    entry_id = models.BigIntegerField(unique=True)
+    target_id = models.CharField(max_length=64, blank=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    objects = AuditQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "audit entry's regional detail"
+
+    def __str__(self) -> str:
+        return f"detail of audit entry #{self.entry_id}"
+
+    def save(self, *args, **kwargs) -> None:
+        """Insert a new detail; raises AppendOnly for one already stored."""
+        if not self._state.adding:
+            raise AppendOnly("Audit entries cannot be changed.")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AppendOnly("Audit entries cannot be deleted.")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from accounts.models import Membership, Organisation, User
 from audit.models import Action, AuditEntry
+from audit.services import with_region_details
 
 PAGE_SIZE = 50
 ADMIN_FILTER = "admin"  # the filter value for every admin action (admin.*)
@@ -98,7 +99,9 @@ def _target_label(entry: AuditEntry, people: dict, org: Organisation | None) -> 
 
 
 def rows_for(entries: list[AuditEntry], *, org: Organisation | None = None) -> list[AuditRow]:
-    """Entries as :class:`AuditRow` (names looked up in two queries for the whole list)."""
+    """Entries as :class:`AuditRow` (names looked up in two queries for the whole list; the
+    target ids and details kept in regions' databases in one more query per region)."""
+    entries = with_region_details(entries)
     ids = {e.actor_id for e in entries}
     ids |= {
         int(e.target_id)
@@ -147,7 +150,7 @@ def audit_entries_by_actor(*, user_id: int, batch: int = 500) -> Iterator[AuditE
         rows = list(
             AuditEntry.objects.filter(actor_id=user_id, id__gt=after).order_by("id")[:batch]
         )
-        yield from rows
+        yield from with_region_details(rows)
         if len(rows) < batch:
             return
         after = rows[-1].id

@@ -8,7 +8,8 @@ global cluster; each region with a database of its own has one more.
   ``settings.CHAT_REGIONAL_APPS``) lives in ``default`` and is read from its primary. Those reads
   are single rows by key, and authentication must never see a state older than the last write
   (a session or an API key created a moment ago has to work on the next request).
-- Conversation data (``CHAT_REGIONAL_APPS``) lives in its region's cluster
+- Conversation data (``CHAT_REGIONAL_APPS``, and the models named in ``CHAT_REGIONAL_MODELS``,
+  such as an audit entry's regional detail) lives in its region's cluster
   (``conversations/regions.py``). Writes go to the primary; reads go to a replica, except
   *read-your-writes*: for ``settings.CHAT_READ_YOUR_WRITES_S`` after a user's conversation data
   was written, that user's reads go to the primary, and so does every read inside a transaction
@@ -214,7 +215,10 @@ def forget_writes() -> None:
 def _is_regional(model_or_instance) -> bool:
     # ``._meta`` and not ``type(x)._meta``: ``request.user`` is a SimpleLazyObject. A proxy
     # model (moderation's "Moderated turn") lives where its concrete model's rows do.
-    return model_or_instance._meta.concrete_model._meta.app_label in settings.CHAT_REGIONAL_APPS
+    meta = model_or_instance._meta.concrete_model._meta
+    return meta.app_label in settings.CHAT_REGIONAL_APPS or meta.label_lower in getattr(
+        settings, "CHAT_REGIONAL_MODELS", ()
+    )
 
 
 class PrimaryReplicaRouter:
@@ -274,11 +278,17 @@ class PrimaryReplicaRouter:
     def allow_migrate(self, db: str, app_label: str, model_name=None, **hints) -> bool | None:
         """Replicas are physical copies: never migrated. ``default`` gets every app (it also
         holds the default region's conversations unless that region has its own database); a
-        region's database gets the regional apps only."""
+        region's database gets the regional apps and ``CHAT_REGIONAL_MODELS`` only (a RunSQL
+        operation is for one of those when its ``hints`` name the model)."""
         if is_replica(db):
             return False
         if db == DEFAULT_DB_ALIAS:
             return True
         if db in getattr(settings, "CHAT_REGION_DATABASES", {}).values():
-            return app_label in settings.CHAT_REGIONAL_APPS
+            if app_label in settings.CHAT_REGIONAL_APPS:
+                return True
+            label = f"{app_label}.{(model_name or '').lower()}"
+            return model_name is not None and label in getattr(
+                settings, "CHAT_REGIONAL_MODELS", ()
+            )
         return None

@@ -20,6 +20,7 @@ admin of regional rows (:class:`RegionalAdmin`) therefore
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from django.conf import settings
@@ -34,6 +35,9 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from accounts.models import Tier
+from audit.models import Action
+from audit.services import audit_record
+from audit.signals import changed_fields, in_admin_action
 from chatsite import dbrouter
 from conversations import deletion, regions
 from conversations.models import Conversation, Turn
@@ -182,6 +186,34 @@ class RegionalAdmin(admin.ModelAdmin):
         db = objs[0]._state.db if objs and objs[0]._state.db else regions.default_db()
         with dbrouter.pinned(db):
             return super().get_deleted_objects(objs, request)
+
+    # --- the admin's log of these rows stays in their region ---
+
+    def _log(self, request, obj, action: str, message) -> None:
+        """An ``admin.*`` audit entry for ``obj`` whose id and changed fields are kept in the
+        row's region database (audit.services.audit_record ``region``), instead of Django's
+        global LogEntry, which would store the row's id and ``str()`` (a conversation's title)
+        outside its region (issue 20). Field names only, as for every admin entry."""
+        text = message if isinstance(message, str) else json.dumps(message or [])
+        audit_record(
+            actor=request.user, action=action, target_type=self.model._meta.label_lower,
+            target_id=obj.pk, details={"via": "admin", **changed_fields(text)},
+            region=regions.region_of_db(obj._state.db or regions.default_db()),
+        )  # fmt: skip
+
+    def log_addition(self, request, obj, message):
+        self._log(request, obj, Action.ADMIN_ADD, message)
+
+    def log_change(self, request, obj, message):
+        self._log(request, obj, Action.ADMIN_CHANGE, message)
+
+    def log_deletions(self, request, queryset):
+        """One ``admin.delete`` entry per row (a bulk "delete selected" is recorded by
+        audit/middleware.py instead, which silences this while it runs)."""
+        if in_admin_action.get():
+            return
+        for obj in queryset:
+            self._log(request, obj, Action.ADMIN_DELETE, "[]")
 
     # --- users live in another database ---
 

@@ -201,7 +201,7 @@ async def _finish(stream: TurnStream, question: Turn, answer: run.Answer, error:
     await _despite_cancellation(
         run.settle(
             stream.plan.admitted, answer.tally, status=status, turn_id=stream.answer_id,
-            conversation_id=stream.conversation_id,
+            conversation_id=stream.conversation_id, zero_retention=stream.zero_retention,
         )
     )  # fmt: skip
     # The conversation is free before the client hears the end: a next message sent the moment

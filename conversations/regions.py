@@ -91,6 +91,17 @@ def default_db() -> str:
     return settings.CHAT_REGION_DATABASES.get(settings.CHAT_DEFAULT_REGION, DEFAULT_DB_ALIAS)
 
 
+def region_of_db(alias: str) -> str:
+    """The region whose conversations the database ``alias`` (a primary or one of its
+    replicas) holds: the region configured with it in ``CHAT_REGION_DATABASE_URLS``, else the
+    default region (whose conversations are in ``default`` unless it has a database of its own)."""
+    primary = dbrouter.primary_of(alias)
+    for region, db in (getattr(settings, "CHAT_REGION_DATABASES", None) or {}).items():
+        if db == primary:
+            return region
+    return settings.CHAT_DEFAULT_REGION
+
+
 def region_dbs() -> list[str]:
     """Every primary alias that holds conversations, the default region's first."""
     if not multi_region():

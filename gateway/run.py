@@ -295,10 +295,12 @@ async def settle(
     status: str,
     turn_id: UUID | None = None,
     conversation_id: UUID | None = None,
+    zero_retention: bool = False,
 ) -> None:
     """Settle one answer, once (PF-R5): refund the unused part of the TPM reservation and write
     the usage ledger row (tokens, cost, ``status`` a Status value; ``turn_id`` /
-    ``conversation_id`` for a conversation turn, None for a completion). A forwarded turn
+    ``conversation_id`` for a conversation turn, None for a completion; ``zero_retention``: the
+    turn is kept nowhere at rest, so the ledger stores no id of it: usage_record). A forwarded turn
     writes no ledger row here (its gateway settles it). Never raises: the answer is already
     delivered; a failure is logged for the operator."""
     await gate.settle(
@@ -313,7 +315,7 @@ async def settle(
             usage_services.usage_record, user=admitted.caller.user_id, org=admitted.caller.org_id,
             turn_id=turn_id, conversation_id=conversation_id, route_pool=admitted.route.pool, tier=admitted.tier,
             prompt_tokens=tally.prompt_tokens, cached_tokens=tally.cached_tokens,
-            completion_tokens=tally.completion_tokens, status=status,
+            completion_tokens=tally.completion_tokens, status=status, zero_retention=zero_retention,
         )  # fmt: skip
     except Exception:  # noqa: BLE001 - billing must not break the answer; logged for the operator
         logger.exception("could not record usage of %s", turn_id or "a completion")

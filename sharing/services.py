@@ -117,7 +117,7 @@ def share_link_revoke(*, conversation: Conversation, link: ShareLink, user: User
         audit_record(
             actor=user, action=Action.SHARE_LINK_REVOKE, org=conversation.org_id,
             target_type="sharing.sharelink", target_id=link.pk,
-            details={"conversation_id": conversation.pk},
+            details={"conversation_id": conversation.pk}, region=conversation.region,
         )  # fmt: skip
 
 

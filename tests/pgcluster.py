@@ -415,6 +415,47 @@ def op_conversation_page(username: str, limit: int) -> list[str]:
     return [str(c.pk) for c in page]
 
 
+def op_conversation_create_in_org(username: str, slug: str) -> dict:
+    """A conversation of ``username`` in the workspace of organisation ``slug``."""
+    from accounts.models import Organisation  # noqa: PLC0415
+    from conversations import services  # noqa: PLC0415
+
+    org = Organisation.objects.get(slug=slug)
+    conversation = services.conversation_create(owner=_user(username), org=org)
+    return {"conversation_id": str(conversation.pk), "region": conversation.region}
+
+
+def op_share_link_made_and_revoked(username: str, conversation_id: str) -> str:
+    """Make a share link to the conversation and revoke it (an audit entry that names the
+    conversation); returns the link's id."""
+    from conversations import selectors  # noqa: PLC0415
+    from sharing.services import share_link_create, share_link_revoke  # noqa: PLC0415
+
+    user = _user(username)
+    conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
+    link = share_link_create(conversation=conversation, user=user)
+    share_link_revoke(conversation=conversation, link=link, user=user)
+    return str(link.pk)
+
+
+def op_user_id(username: str) -> int:
+    return _user(username).pk
+
+
+def op_api_key(username: str) -> str:
+    """A new API key of ``username``: the raw ``Authorization: Bearer`` value."""
+    from accounts.services import api_key_create  # noqa: PLC0415
+
+    return api_key_create(user=_user(username), name="residency").raw
+
+
+def op_org_zero_retention(slug: str) -> None:
+    """Make the organisation ``slug`` zero-retention (issue 4)."""
+    from accounts.models import Organisation  # noqa: PLC0415
+
+    Organisation.objects.filter(slug=slug).update(zero_retention=True)
+
+
 OPS = {name[3:]: fn for name, fn in dict(globals()).items() if name.startswith("op_")}
 
 

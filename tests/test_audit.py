@@ -18,8 +18,8 @@ from django.test import Client
 
 from accounts.models import Membership
 from accounts.services import api_key_create
-from audit.models import AppendOnly, AuditEntry
-from audit.services import audit_record
+from audit.models import AppendOnly, AuditDetail, AuditEntry
+from audit.services import audit_record, with_region_details
 from conversations import services as conversation_services
 from sharing.services import share_link_create, share_link_revoke
 from workspaces import selectors, services
@@ -259,11 +259,44 @@ def test_revoking_a_share_link_is_recorded_once(acme):
     share_link_revoke(conversation=conversation, link=link, user=acme["member"])  # already revoked
 
     (entry,) = entries("share_link.revoke")
-    assert (entry.actor_id, entry.org_id, entry.target_id) == (
-        acme["member"].pk,
-        acme["org"].pk,
-        str(link.pk),
+    # The global row names the region only; the link's and conversation's ids are in the
+    # region's database (issue 20) and are put back by with_region_details.
+    assert (entry.actor_id, entry.org_id, entry.target_id, entry.details, entry.region) == (
+        acme["member"].pk, acme["org"].pk, "", {}, conversation.region,
+    )  # fmt: skip
+    (shown,) = with_region_details([entry])
+    assert (shown.target_id, shown.details) == (
+        str(link.pk), {"conversation_id": str(conversation.pk)}
     )
+    (detail,) = AuditDetail.objects.filter(entry_id=entry.pk)
+    assert detail.target_id == str(link.pk)
+
+
+def test_an_entry_whose_region_cannot_be_read_says_so(acme):
+    """Given an entry kept in a region that is not served any more, reading it shows
+    ``{"unavailable": region}`` instead of failing the page."""
+    entry = AuditEntry.objects.create(
+        actor_id=acme["owner"].pk, action="share_link.revoke", target_type="sharing.sharelink",
+        region="mars-north",
+    )  # fmt: skip
+
+    (shown,) = with_region_details([entry])
+
+    assert (shown.target_id, shown.details) == ("", {"unavailable": "mars-north"})
+
+
+def test_a_regional_detail_is_append_only_in_the_database_too(acme):
+    entry = audit_record(
+        actor=acme["owner"], action="share_link.revoke", target_type="sharing.sharelink",
+        target_id=1, details={"conversation_id": str(uuid.uuid4())}, region=settings.CHAT_DEFAULT_REGION,
+    )  # fmt: skip
+    detail = AuditDetail.objects.get(entry_id=entry.pk)
+
+    with pytest.raises(AppendOnly):
+        detail.delete()
+    with pytest.raises(DatabaseError), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE audit_auditdetail SET target_id = 'x' WHERE id = %s", [detail.pk])
 
 
 def test_revoking_an_api_key_is_recorded_once(make_user):

@@ -4,9 +4,15 @@ an action; staff only."""
 from __future__ import annotations
 
 import pytest
-from django.test import Client
+from django.conf import settings
+from django.contrib.admin import site
+from django.contrib.admin.models import LogEntry
+from django.test import Client, RequestFactory
 from django.urls import reverse
 
+from audit.models import AuditDetail, AuditEntry
+from audit.services import with_region_details
+from conversations.models import Conversation
 from sharing.models import ShareLink
 from tests.test_sharing_access import client_for, converse, share, shared_url
 
@@ -18,7 +24,9 @@ CHANGELIST = reverse("admin:sharing_sharelink_changelist")
 @pytest.fixture
 def admin_client(django_user_model) -> Client:
     admin = django_user_model.objects.create_superuser(username="root", password="x", email="root@example.com")
-    return client_for(admin)
+    client = client_for(admin)
+    client.staff = admin
+    return client
 
 
 def test_the_list_shows_links_and_searches_by_token_and_creator(admin_client, make_user):
@@ -64,6 +72,47 @@ def test_the_revoke_action_stops_the_selected_links(admin_client, make_user):
     revoked_list = admin_client.get(CHANGELIST, {"state": "revoked"}).content.decode()
     assert bad.token[:7] in revoked_list and good.token[:7] not in revoked_list
     assert ShareLink.objects.get(pk=good.pk).revoked_at is None
+
+
+def test_a_revoke_action_is_audited_with_the_links_id_in_its_region_only(admin_client, make_user):
+    """Given a link revoked with the admin action, the audit entry in the global log names the
+    region and not the link (issue 20: no id of a region's data outside it); the link's id is
+    in the region's database and shown on the audit log's admin page."""
+    link = share(converse(make_user()))
+
+    admin_client.post(
+        CHANGELIST, {"action": "revoke", "_selected_action": [str(link.pk)], "index": "0"}
+    )
+
+    (entry,) = AuditEntry.objects.filter(action="admin.action.revoke")
+    assert (entry.target_type, entry.target_id, entry.region) == (
+        "sharing.sharelink", "", settings.CHAT_DEFAULT_REGION,
+    )  # fmt: skip
+    assert AuditDetail.objects.get(entry_id=entry.pk).target_id == str(link.pk)
+    page = admin_client.get(reverse("admin:audit_auditentry_changelist")).content.decode()
+    assert str(link.pk) in page
+
+
+def test_a_change_in_a_regional_admin_writes_no_global_admin_log(admin_client, make_user):
+    """Given a conversation changed on its admin page, Django's global LogEntry (which would
+    hold its id and title outside its region) is not written; the audit entry's id and changed
+    fields are in the region's database."""
+    conversation = converse(make_user())
+    admin = site._registry[Conversation]
+    request = RequestFactory().post("/")
+    request.user = admin_client.staff
+
+    admin.log_change(request, conversation, [{"changed": {"fields": ["Title"]}}])
+
+    assert not LogEntry.objects.exists()
+    (entry,) = AuditEntry.objects.filter(action="admin.change")
+    assert (entry.target_type, entry.target_id, entry.region) == (
+        "conversations.conversation", "", conversation.region,
+    )  # fmt: skip
+    (shown,) = with_region_details([entry])
+    assert (shown.target_id, shown.details) == (
+        str(conversation.pk), {"via": "admin", "fields": ["Title"]}
+    )
 
 
 def test_the_admin_is_for_staff_only(make_user):

@@ -241,6 +241,27 @@ def test_usage_is_counted_once_per_turn(make_user):
     assert selectors.usage_totals(user=user, days=1).completion_tokens == 50
 
 
+def test_a_zero_retention_turn_is_charged_once_without_its_id(make_user):
+    """Given a zero-retention turn (kept nowhere at rest), its ledger row is written and
+    charged once (PF-R5, a retry included) but stores an opaque key, not the turn's id
+    (issue 20: nothing of the turn at rest after the TTL)."""
+    user = make_user()
+    turn_id = uuid.uuid4()
+    kwargs = dict(
+        user=user, org=None, turn_id=turn_id, conversation_id=uuid.uuid4(), route_pool=pool("mini"),
+        tier="free", prompt_tokens=100, cached_tokens=0, completion_tokens=50, status="complete",
+        zero_retention=True,
+    )  # fmt: skip
+
+    first = services.usage_record(**kwargs)
+    second = services.usage_record(**kwargs)
+
+    (row,) = UsageRecord.objects.all()
+    assert second.pk == first.pk == row.pk and row.completion_tokens == 50
+    assert row.turn_id != turn_id and row.turn_id == services.zero_retention_key(turn_id)
+    assert not UsageRecord.objects.filter(turn_id=turn_id).exists()
+
+
 def test_a_cancelled_turn_is_charged_for_the_tokens_it_generated(make_user):
     """PF-R5: a turn cancelled after 37 tokens is stored as cancelled and charged for its
     prompt and those 37 tokens, not zero."""

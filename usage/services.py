@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from typing import TYPE_CHECKING
 from uuid import UUID
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, transaction
 
 from conversations import regions
@@ -26,6 +29,15 @@ def _pk(value) -> int | None:
 
 
 @transaction.atomic
+def zero_retention_key(turn_id: UUID) -> UUID:
+    """The ledger's key for a zero-retention turn: the first 16 bytes of
+    HMAC-SHA256(``settings.SECRET_KEY``, the turn id's bytes) as a UUID. The same turn always
+    gives the same key (a retried settle is not charged twice, PF-R5), and the turn id cannot
+    be read back from it without the secret."""
+    digest = hmac.new(settings.SECRET_KEY.encode(), UUID(str(turn_id)).bytes, hashlib.sha256)
+    return UUID(bytes=digest.digest()[:16])
+
+
 def usage_record(
     *,
     user: User | int | None,
@@ -38,6 +50,7 @@ def usage_record(
     cached_tokens: int,
     completion_tokens: int,
     status: str,
+    zero_retention: bool = False,
 ) -> UsageRecord:
     """Store what one turn used and cost, once (PF-R5).
 
@@ -53,6 +66,10 @@ def usage_record(
       the prefix cache); ``completion_tokens``: tokens actually generated, also when the turn was
       cancelled or failed part way.
     - ``status``: ``UsageRecord.Status`` value ("complete", "cancelled", "failed", "blocked").
+    - ``zero_retention``: the turn is a zero-retention conversation's (kept nowhere at rest,
+      issue 4; "leaves nothing at rest anywhere after the TTL", issue 20). The row is still
+      written (what was used is charged), but its ``turn_id`` is :func:`zero_retention_key` of
+      the turn's id, an opaque key that keeps the once-per-turn rule and names no turn.
 
     Cost (USD) is ``route_pool.charge(...)`` (inference/pools.py, the one cost function:
     uncached prompt tokens at the input price, cached at the cached-input price, completion at
@@ -99,6 +116,8 @@ def usage_record(
         else DEFAULT_DB_ALIAS
     )
     ledger = UsageRecord.objects.using(db)
+    if turn_id is not None and zero_retention:
+        turn_id = zero_retention_key(turn_id)
     if turn_id is None:
         return ledger.create(turn_id=None, **fields)
     record, created = ledger.get_or_create(turn_id=turn_id, defaults=fields)

@@ -618,6 +618,9 @@ CHAT_REGION_REDIS_URLS: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_
 # Apps whose rows live in a region's database; everything else (accounts, organisations, API
 # keys, sessions, auth) is global and lives in `default`.
 CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback", "memory", "usage")
+# Models of other apps that live with conversation data too ("app_label.model"): an audit
+# entry's target id and details when they name a region's data (audit/models.py AuditDetail).
+CHAT_REGIONAL_MODELS = ("audit.auditdetail",)
 # Read-your-writes: for this many seconds after a user's conversation data was written, that
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
