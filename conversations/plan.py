@@ -11,6 +11,8 @@ stopped the message, which is then stored with its verdict.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 from uuid import UUID
@@ -23,11 +25,20 @@ from conversations import selectors, summaries
 from conversations.models import Turn
 from gateway import gate, run
 from inference.pools import pool_engine
-from inference.prompts import PromptTooLong, chat_messages, prompt_assemble, system_message
+from inference.prompts import (
+    PromptTooLong,
+    chat_messages,
+    kv_block_aligned,
+    prompt_assemble,
+    system_message,
+)
 from inference.router import Route
 from moderation.verdicts import Verdict
 
 logger = logging.getLogger(__name__)
+
+# vLLM's KV cache block on the CPU when none is set (vllm/platforms/cpu.py: block_size 128).
+VLLM_CPU_BLOCK_SIZE = 128
 
 
 @dataclass(frozen=True)
@@ -120,12 +131,16 @@ def _prompt_prepare(
         conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at
     )
     engine = pool_engine(route.pool)
+    memory = _memory(owner, question.content, engine, memory_query) if owner is not None else ""
     # Stable first, changing last (inference/prompts.py): preamble and site prompt, custom
     # instructions, memory, the conversation's prompt, summary, turns.
     fitted = prompt_assemble(
         system_prompt=system_prompt,
         **instructions,
-        memory=_memory(owner, question.content, engine, memory_query) if owner is not None else "",
+        memory=memory_aligned(
+            memory, route=route, engine=engine, system_prompt=system_prompt,
+            custom_instructions=instructions["custom_instructions"],
+        ),  # fmt: skip
         summary=context.summary,
         exchanges=context.exchanges,
         # Attached files (attachments/prompt.py) go into the question, within the budget.
@@ -174,6 +189,63 @@ def _memory(user, query: str, engine, query_vector: Future | None = None) -> str
             query_vector.cancel()  # a no-op once used; else frees the embedding thread
 
 
+def kv_block_tokens() -> int:
+    """The KV cache block size the memory block is aligned to, in tokens:
+    ``CHAT_MEMORY_ALIGN_TOKENS`` when set (1: no alignment), else the local engine's block
+    (``CHAT_ENGINE_BLOCK_SIZE``, or vLLM's CPU default of 128 when that is 0; a GPU node's
+    default of 16 divides it, so a remote pool is aligned too)."""
+    return settings.CHAT_MEMORY_ALIGN_TOKENS or settings.CHAT_ENGINE_BLOCK_SIZE or VLLM_CPU_BLOCK_SIZE
+
+
+def memory_aligned(memory: str, *, route: Route, engine, system_prompt: str, custom_instructions: str) -> str:
+    """``memory`` padded so the prefix every new chat of its user starts with (preamble, site
+    prompt, custom instructions, memory block: :func:`new_chat_prefix`) ends on a KV block
+    boundary (inference.prompts.kv_block_aligned, which says why), with ``route``'s pool's
+    tokenizer (``engine``). Remembered per distinct input (an LRU of :data:`ALIGNED_MAX`
+    entries, keyed by the pool's name and model version), so a turn tokenizes nothing for it
+    after the user's first. Never raises: on any failure the memory goes in unpadded (logged)."""
+    if not memory.strip():
+        return memory
+    key = (route.pool.name, route.pool.version, kv_block_tokens(), system_prompt, custom_instructions, memory)
+    with _aligned_lock:
+        found = _aligned.get(key)
+        if found is not None:
+            _aligned.move_to_end(key)
+            return found
+    try:
+        aligned = _memory_aligned(memory, engine, system_prompt, custom_instructions, key[2])
+    except Exception:  # noqa: BLE001 - an optimisation: the turn goes on with the block as it is
+        logger.exception("could not align the memory block to the KV cache block")
+        return memory
+    with _aligned_lock:
+        _aligned[key] = aligned
+        while len(_aligned) > ALIGNED_MAX:
+            _aligned.popitem(last=False)
+    return aligned
+
+
+ALIGNED_MAX = 4096
+_aligned: OrderedDict[tuple, str] = OrderedDict()
+_aligned_lock = threading.Lock()
+
+
+def _memory_aligned(memory: str, engine, system_prompt: str, custom_instructions: str, block: int) -> str:
+    def prompt(text: str, question: str) -> list[int]:
+        return engine.encode_chat(
+            chat_messages(system_prompt=system_prompt, memory=text, question=question,
+                          custom_instructions=custom_instructions)
+        )  # fmt: skip
+
+    first, second = prompt(memory, "1"), prompt(memory, "2")
+    shared = 0
+    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
+        shared += 1
+    after = len(first) - shared  # the question and what follows it: the same whatever the memory
+    return kv_block_aligned(
+        memory, prefix_tokens=lambda text: len(prompt(text, "1")) - after, block_size=block
+    )
+
+
 def new_chat_prefix(*, user, memory: str) -> tuple[Route, list[int]]:
     """The token ids every new chat of ``user`` starts with, and the route it takes: the
     templated prompt through the system message of the pool's preamble, the site prompt, the
@@ -186,12 +258,17 @@ def new_chat_prefix(*, user, memory: str) -> tuple[Route, list[int]]:
     route = gate.route_for(gate.caller_for(user))
     engine = pool_engine(route.pool)
     system_prompt = _system_prompt(route)
+    custom_instructions = getattr(user, "custom_instructions", "") or ""
+    memory = memory_aligned(
+        memory, route=route, engine=engine, system_prompt=system_prompt,
+        custom_instructions=custom_instructions,
+    )  # fmt: skip
 
     def prompt(question: str) -> list[int]:
         return engine.encode_chat(
             chat_messages(
                 system_prompt=system_prompt, memory=memory, question=question,
-                custom_instructions=getattr(user, "custom_instructions", "") or "",
+                custom_instructions=custom_instructions,
             )
         )  # fmt: skip
 

@@ -129,6 +129,44 @@ def system_message(
     return "\n\n".join(parts)
 
 
+# The filler that pads a memory block to a KV block boundary: one token per unit with the BPE
+# tokenizers of the models served here (a space and a full stop are one pre-token, never merged
+# with the next unit), and it does not end in whitespace, which system_message strips.
+ALIGN_UNIT = " ."
+
+
+def kv_block_aligned(memory: str, *, prefix_tokens: Callable[[str], int], block_size: int) -> str:
+    """``memory`` with filler appended (a new line, then :data:`ALIGN_UNIT` repeated) so that
+    ``prefix_tokens(result)`` - the length in tokens of the prompt prefix that ends with the
+    memory block, as every new chat of the user starts - is a multiple of ``block_size``.
+
+    Why: vLLM's automatic prefix caching reuses whole KV blocks only (``block_size`` tokens,
+    128 on the CPU), so the part of a cached prefix after its last full block is prefilled again
+    by every request. A memory block that ends mid-block makes every new chat (and, through the
+    history after it, every later turn) prefill that tail; ending it on a boundary makes the
+    whole block reusable. The filler costs fewer than ``block_size`` tokens of KV per
+    conversation. The same inputs always give the same bytes, so the block stays
+    byte-identical across the user's conversations.
+
+    Returns ``memory`` unchanged when it is empty, ``block_size`` <= 1, it is aligned already,
+    or no padding under ``2 * block_size`` units reaches a boundary (a tokenizer that merges
+    the filler). ``prefix_tokens``: padded memory -> token count; called a few times."""
+    if not memory.strip() or block_size <= 1:
+        return memory
+    if prefix_tokens(memory) % block_size == 0:
+        return memory
+    units = 1
+    for _ in range(4):  # each unit is one token: the first correction normally lands exactly
+        padded = f"{memory}\n{ALIGN_UNIT * units}"
+        length = prefix_tokens(padded)
+        if length % block_size == 0:
+            return padded
+        units += (-length) % block_size
+        if units >= 2 * block_size:
+            break
+    return memory
+
+
 def chat_messages(
     *,
     system_prompt: str,

@@ -222,7 +222,8 @@ async def test_every_conversation_of_a_user_shares_the_prompt_prefix_through_the
     # The same up to the memory block's new line (the newest fact comes last), different on.
     assert memory_at + len(word_ids(MEMORY_HEADING)) <= shared <= block_end
     assert find(third, word_ids("- The user has a grey cat called Pixel.")) == shared
-    assert find(third, word_ids(CONVERSATION_PROMPT_HEADING)) > block_end
+    # Not before: the block grew by a fact (its padding to the KV block boundary may absorb it).
+    assert find(third, word_ids(CONVERSATION_PROMPT_HEADING)) >= block_end
 
 
 # --- warming the prefix cache -----------------------------------------------------------------

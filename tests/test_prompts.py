@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.prompts import MIN_ANSWER_TOKENS, PromptTooLong, prompt_fit
+from inference.prompts import ALIGN_UNIT, MIN_ANSWER_TOKENS, PromptTooLong, kv_block_aligned, prompt_fit
 
 
 def encode_words(messages):
@@ -206,3 +206,43 @@ def test_assembly_tokenizes_a_logarithmic_number_of_times():
 @pytest.mark.parametrize("limit", [0, 1, 5, 9, 10])
 def test_largest_fitting_finds_the_boundary(limit):
     assert largest_fitting(10, lambda k: k <= limit) == limit
+
+
+# --- the memory block aligned to a KV block boundary (issue 19 part 3) ---------------------
+
+
+def word_tokens(text: str) -> int:
+    """A tokenizer double: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+def test_a_memory_block_is_padded_so_its_prefix_ends_on_a_kv_block_boundary():
+    """Given a prefix of 10 + len(memory) tokens and 16-token KV blocks, the padded block's
+    prefix is 32 tokens: a whole number of blocks, so the prefix cache can reuse all of it."""
+    memory = "- likes tea\n- lives in Lyon"  # 7 words
+
+    padded = kv_block_aligned(memory, prefix_tokens=lambda m: 10 + word_tokens(m), block_size=16)
+
+    assert padded.startswith(memory + "\n") and padded.endswith(ALIGN_UNIT)
+    assert (10 + word_tokens(padded)) % 16 == 0 and 10 + word_tokens(padded) == 32
+    assert padded == kv_block_aligned(memory, prefix_tokens=lambda m: 10 + word_tokens(m), block_size=16)
+
+
+def test_an_aligned_or_empty_block_and_alignment_off_leave_the_memory_as_it_is():
+    memory = "- a b c d e f"  # 7 words; with 9 before it: 16
+
+    assert kv_block_aligned(memory, prefix_tokens=lambda m: 9 + word_tokens(m), block_size=16) == memory
+    assert kv_block_aligned("", prefix_tokens=lambda m: 3, block_size=16) == ""
+    assert kv_block_aligned(memory, prefix_tokens=lambda m: 10 + word_tokens(m), block_size=1) == memory
+
+
+def test_a_tokenizer_that_merges_the_filler_gets_the_block_unpadded():
+    """Given a tokenizer that counts the filler as nothing (it merges every unit), no padding
+    can reach a boundary: the memory comes back unchanged rather than padded in vain."""
+    memory = "- likes tea"
+
+    padded = kv_block_aligned(
+        memory, prefix_tokens=lambda m: 5 + word_tokens(m.replace(ALIGN_UNIT, "")), block_size=16
+    )
+
+    assert padded == memory

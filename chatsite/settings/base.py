@@ -802,6 +802,10 @@ CHAT_ENGINE_COMPILE_SIZES = tuple(
 CHAT_ENGINE_DTYPE = os.environ.get("CHAT_ENGINE_DTYPE", "auto")
 # KV cache block size in tokens (0: vLLM's CPU default, 128; multiples of 32).
 CHAT_ENGINE_BLOCK_SIZE = env_int("CHAT_ENGINE_BLOCK_SIZE", 0)
+# The memory block is padded so a user's new-chat prefix ends on a KV block boundary, so the
+# prefix cache reuses all of it (conversations/plan.py memory_aligned). 0: the engine's block
+# (CHAT_ENGINE_BLOCK_SIZE, or vLLM's CPU default of 128); 1: no padding.
+CHAT_MEMORY_ALIGN_TOKENS = env_int("CHAT_MEMORY_ALIGN_TOKENS", 0)
 # vLLM's OpenMP binding (VLLM_CPU_OMP_THREADS_BIND: auto, nobind, or CPU ids like 0-1) and the
 # CPUs it leaves to the scheduler and the web server (VLLM_CPU_NUM_OF_RESERVED_CPU); empty:
 # vLLM's own choice (here: the model on CPU 0, CPU 1 reserved).
