@@ -112,7 +112,7 @@ class EngineTuning:
             quantization=quantization,
             prefix_caching=bool(getattr(settings, "CHAT_ENGINE_PREFIX_CACHING", True)),
             compile_sizes=tuple(sizes),
-            cpu_kernels=bool(getattr(settings, "CHAT_ENGINE_CPU_KERNELS", True)),
+            cpu_kernels=cpu_kernels_resolved(getattr(settings, "CHAT_ENGINE_CPU_KERNELS", "auto"), bad),
         )
 
     def resolved_dtype(self) -> str:
@@ -210,6 +210,28 @@ class EngineTuning:
         if not self.cpu_kernels:
             parts.append("native norms")
         return ", ".join(parts)
+
+
+def cpu_kernels_resolved(value, bad=None) -> bool:
+    """``CHAT_ENGINE_CPU_KERNELS`` as a bool: ``auto`` -> whether the CPU has AVX-512
+    (``avx512f`` in /proc/cpuinfo: vLLM's CPU kernels convert to bf16 rounding to nearest
+    there, as PyTorch does; their AVX2 path truncates, so on AVX2-only CPUs the native norms
+    stay); a bool, or "1"/"0"/"true"/"false"/"on"/"off", as given. Raises ``bad(...)``'s
+    error (ImproperlyConfigured) for anything else."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        from inference.quantize import cpu_flags  # noqa: PLC0415 - reads /proc/cpuinfo
+
+        return "avx512f" in cpu_flags()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off", ""}:
+        return False
+    if bad is None:
+        raise ValueError(f"CHAT_ENGINE_CPU_KERNELS={value!r}: use auto, 1 or 0")
+    raise bad("CHAT_ENGINE_CPU_KERNELS", value, "auto, 1 or 0")
 
 
 def _parse_speculative(value, bad) -> dict | None:

@@ -16,7 +16,8 @@ from usage.models import UsageRecord
 pytestmark = pytest.mark.real_engine
 
 
-def test_the_second_turn_is_charged_its_prefix_cache_hits_at_the_cached_price(live, make_user):
+def test_the_second_turn_is_charged_its_prefix_cache_hits_at_the_cached_price(live, make_user, settings):
+    settings.CHAT_MAX_TOKENS = 24  # short answers: what is charged, not what is said, is tested
     make_user("cora", tier="paid")
     client = live.login("cora")
     # vLLM's CPU backend caches whole 128-token KV blocks: a first prompt of some 300 tokens
@@ -52,7 +53,8 @@ def test_the_second_turn_is_charged_its_prefix_cache_hits_at_the_cached_price(li
     )  # fmt: skip
 
 
-def test_a_reasoning_turn_runs_on_the_real_model_with_its_preamble(live, make_user):
+def test_a_reasoning_turn_runs_on_the_real_model_with_its_preamble(live, make_user, settings):
+    settings.CHAT_MAX_TOKENS = 24  # the preamble and the pool are tested, not the answer's length
     make_user("rey", tier="paid")
     client = live.login("rey")
     response = client.post(
