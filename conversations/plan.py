@@ -132,15 +132,16 @@ def _prompt_prepare(
     )
     engine = pool_engine(route.pool)
     memory = _memory(owner, question.content, engine, memory_query) if owner is not None else ""
+    memory = memory_aligned(
+        memory, route=route, engine=engine, system_prompt=system_prompt,
+        custom_instructions=instructions["custom_instructions"],
+    )  # fmt: skip
     # Stable first, changing last (inference/prompts.py): preamble and site prompt, custom
     # instructions, memory, the conversation's prompt, summary, turns.
     fitted = prompt_assemble(
         system_prompt=system_prompt,
         **instructions,
-        memory=memory_aligned(
-            memory, route=route, engine=engine, system_prompt=system_prompt,
-            custom_instructions=instructions["custom_instructions"],
-        ),  # fmt: skip
+        memory=memory,
         summary=context.summary,
         exchanges=context.exchanges,
         # Attached files (attachments/prompt.py) go into the question, within the budget.

@@ -24,6 +24,7 @@ import inference.engine as engine_module
 from chatsite.serve import ThreadedServer, serve_in_thread
 from conversations import locks, turnstream
 from tests.fakes import ScriptedEngine
+from tests.processes import RemoteServer
 
 PASSWORD = "correct-horse-battery-staple-42"
 
@@ -213,6 +214,49 @@ def live(chat_server, transactional_db) -> Iterator[ChatServer]:
     finally:
         chat_server.drain()
         engine_module._engine = previous
+
+
+class _VllmServe:
+    """The session's ``vllm serve``: started on first use, started again if a test killed it."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self.tmp_path_factory = tmp_path_factory
+        self.stack = contextlib.ExitStack()
+        self.server: RemoteServer | None = None
+
+    def get(self) -> RemoteServer:
+        from tests.processes import vllm_server  # noqa: PLC0415 - real-engine tests only
+
+        if self.server is None or self.server.proc.poll() is not None:
+            self.stack.close()
+            self.stack = contextlib.ExitStack()
+            self.server = self.stack.enter_context(vllm_server(str(self.tmp_path_factory.mktemp("vllm"))))
+        return self.server
+
+    def close(self) -> None:
+        from tests.processes import group_alive  # noqa: PLC0415
+
+        self.stack.close()
+        assert self.server is None or not group_alive(self.server.proc.pid)
+
+
+@pytest.fixture(scope="session")
+def _vllm_serve_holder(tmp_path_factory) -> Iterator[_VllmServe]:
+    holder = _VllmServe(tmp_path_factory)
+    try:
+        yield holder
+    finally:
+        holder.close()  # nothing of it (API server, EngineCore, worker) outlives the session
+
+
+@pytest.fixture
+def vllm_serve(_vllm_serve_holder) -> RemoteServer:
+    """vLLM's own OpenAI server (``vllm serve``) for the shipped model, started when a test
+    first asks for it and shared by the rest of the session: the remote pool's tests
+    (tests/integration/test_remote_pool.py) and then the node-failover test, which uses it as
+    its second node and SIGKILLs it (tests/integration/test_zy_node_failover.py; a later test
+    that asks for it gets a new one). One start (~50 s on the CPU) instead of one per module."""
+    return _vllm_serve_holder.get()
 
 
 def pytest_collection_modifyitems(config, items):

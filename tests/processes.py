@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -135,10 +136,14 @@ def celery_worker_process(
         log.close()
 
 
+# --- vllm serve: the session's one OpenAI server of vLLM's own (tests/conftest.py vllm_serve) ---
+
+SERVED_NAME = "smol-remote"
+
+
 @dataclass
-class EngineProcess:
-    """An engine process of this project (uvicorn with the real vLLM engine) in its own process
-    group: its ``url``, the process and its log."""
+class RemoteServer:
+    """A running ``vllm serve`` subprocess."""
 
     url: str
     proc: subprocess.Popen
@@ -149,50 +154,81 @@ class EngineProcess:
             return f.read()
 
     def kill(self) -> None:
-        """SIGKILL the whole group at once (the server, vLLM's EngineCore and its worker): the node
-        dies as a crashed machine would, without closing anything cleanly."""
+        """SIGKILL the whole group at once (the API server, EngineCore and its worker): the node
+        dies as a crashed machine would."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
 
+    def metric(self, name: str) -> float:
+        """The sum of a Prometheus sample family from the server's /metrics (0 if absent)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        total = 0.0
+        for line in text.splitlines():
+            match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+            if match:
+                total += float(match.group(2))
+        return total
+
 
 @contextlib.contextmanager
-def engine_process(tmp_path, extra_env: dict[str, str] | None = None) -> Iterator[EngineProcess]:
-    """Start a second engine process on the test database and Redis, as chatsite/prodstack.py
-    starts its engine process (``python -m chatsite.serve`` with the vLLM engine); yield once its
-    ``/readyz`` answers 200 (the model loaded and warmed up, ~40 s); stop its whole process
-    group afterwards. Only tests/integration/test_node_failover.py starts one (issue 20: the
-    suite's one second engine)."""
+def vllm_server(tmp_dir) -> Iterator[RemoteServer]:
+    """Start vLLM's OpenAI server for the shipped model on a free loopback port; yield once
+    ``/v1/models`` answers; stop the whole process group afterwards (the API server and its
+    EngineCore child)."""
     port = free_port()
-    log_path = str(tmp_path / f"engine-{port}.log")
+    log_path = os.path.join(tmp_dir, "vllm-serve.log")
     log = open(log_path, "w")  # noqa: SIM115 - closed below
-    env = stack_env({"CELERY_TASK_ALWAYS_EAGER": "1", **(extra_env or {})})
-    for name in ("CHAT_ENGINE_CLASS", "CHAT_ENGINE_URL", "CHAT_ENGINE_API_KEY"):
-        env.pop(name, None)
     proc = subprocess.Popen(
-        serve_argv(port=port),
-        env=env, cwd=django_settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+         "--model", str(django_settings.CHAT_MODEL_PATH),
+         # Its own name (a remote pool's `model`) and the shipped model's (a node of a pool).
+         "--served-model-name", SERVED_NAME, django_settings.CHAT_MODEL_NAME,
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
+         "--max-model-len", "2048", "--max-num-seqs", "8", "--scheduling-policy", "priority",
+         "--enable-prompt-tokens-details", "--enable-prefix-caching"],
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        cwd=django_settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    engine = EngineProcess(f"http://127.0.0.1:{port}", proc, log_path)
-    deadline = time.monotonic() + 300
+    server = RemoteServer(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
+    deadline = time.monotonic() + 240
     try:
         while True:
             try:
-                if httpx.get(f"{engine.url}/readyz", timeout=5).status_code == 200:
+                if httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
-            assert proc.poll() is None, "the engine process exited:\n" + engine.log()[-3000:]
-            assert time.monotonic() < deadline, "the engine process did not become ready:\n" + engine.log()[-3000:]
+            assert proc.poll() is None, "vllm serve exited:\n" + server.log()[-4000:]
+            assert time.monotonic() < deadline, "vllm serve did not become ready:\n" + server.log()[-4000:]
             time.sleep(1)
-        yield engine
+        yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # EngineCore and its worker, if they outlived it
+        stop_group(proc)
         log.close()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group, give it 20 s (the EngineCore and its worker exit a
+    few seconds after the API server), then SIGKILL whatever is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(20)
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -294,9 +294,8 @@ def test_a_regional_detail_is_append_only_in_the_database_too(acme):
 
     with pytest.raises(AppendOnly):
         detail.delete()
-    with pytest.raises(DatabaseError), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("UPDATE audit_auditdetail SET target_id = 'x' WHERE id = %s", [detail.pk])
+    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE audit_auditdetail SET target_id = 'x' WHERE id = %s", [detail.pk])
 
 
 def test_revoking_an_api_key_is_recorded_once(make_user):

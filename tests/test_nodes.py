@@ -1,7 +1,7 @@
 """Pools of several nodes (inference/nodes.py): rendezvous hashing and the spill rule (pure),
 the pool file's ``urls``, and a node set against scripted node servers (httpx's MockTransport):
 readiness, choice by queue depth, and an answer that moves to another node when its node dies.
-The real two-engine test is tests/integration/test_node_failover.py (real_engine)."""
+The real two-engine test is tests/integration/test_zy_node_failover.py (real_engine)."""
 
 from __future__ import annotations
 

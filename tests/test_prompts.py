@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from inference.prompts import ALIGN_UNIT, MIN_ANSWER_TOKENS, PromptTooLong, kv_block_aligned, prompt_fit
+from inference.prompts import (
+    ALIGN_UNIT,
+    MIN_ANSWER_TOKENS,
+    PromptTooLong,
+    kv_block_aligned,
+    prompt_fit,
+)
 
 
 def encode_words(messages):

@@ -26,7 +26,7 @@ from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -475,7 +475,7 @@ def test_per_member_totals_include_idle_members_and_only_this_orgs_charges(acme)
     assert [r.cost_usd for r in rows] == [
         Decimal("0.00805250"),
         Decimal("0.00307500"),
-        Decimal("0"),
+        Decimal(0),
     ]
 
 

@@ -8,7 +8,6 @@ from importlib.metadata import entry_points
 
 import pytest
 import torch
-
 from django.core.exceptions import ImproperlyConfigured
 
 from inference import vllm_plugin

@@ -2,10 +2,10 @@
 loopback: streaming, cancel and usage behave as with the local backend (issue 5, "Remote
 backend").
 
-The server is started once for this module (about 50 s on the CPU) with priority scheduling and
-prompt-token details, and killed (its whole process group) at the end. The ``vllm`` console
-script does not work in this environment, so it runs as ``python -m
-vllm.entrypoints.openai.api_server``.
+The server is the session's ``vllm serve`` (tests/processes.py ``vllm_server``, started once,
+about 50 s on the CPU, with priority scheduling and prompt-token details; the node-failover test
+uses it as its second node afterwards). The ``vllm`` console script does not work in this
+environment, so it runs as ``python -m vllm.entrypoints.openai.api_server``.
 """
 
 from __future__ import annotations
@@ -13,17 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from decimal import Decimal
 
-import httpx
 import pytest
 from django.conf import settings
 
@@ -32,104 +25,21 @@ from conversations.models import Turn
 from inference.engine import GenerationOptions
 from inference.pools import Pool, pool_engine, pool_set, pool_set_reset, pools_load
 from inference.remote import OpenAIRemoteEngine
-from tests.processes import free_port
+from tests.processes import SERVED_NAME, RemoteServer
 
-pytestmark = pytest.mark.real_engine
+# Transactional like the node-failover test that kills the shared server after this module:
+# pytest-django runs database tests before the others, and in file order, so this keeps all of
+# this module's tests before it (and one vllm serve start for both).
+pytestmark = [pytest.mark.real_engine, pytest.mark.django_db(transaction=True)]
 
-SERVED_NAME = "smol-remote"
 LONG_PROMPT = "Write a very long story about a lighthouse keeper and a storm, in many chapters."
 
 
-@dataclass
-class RemoteServer:
-    """A running ``vllm serve`` subprocess."""
-
-    url: str
-    proc: subprocess.Popen
-    log_path: str
-
-    def log(self) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def metric(self, name: str) -> float:
-        """The sum of a Prometheus sample family from the server's /metrics (0 if absent)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        total = 0.0
-        for line in text.splitlines():
-            match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
-            if match:
-                total += float(match.group(2))
-        return total
-
-
-@contextlib.contextmanager
-def vllm_server(tmp_dir) -> Iterator[RemoteServer]:
-    """Start vLLM's OpenAI server for the shipped model on a free loopback port; yield once
-    ``/v1/models`` answers; stop the whole process group afterwards (the API server and its
-    EngineCore child)."""
-    port = free_port()
-    log_path = os.path.join(tmp_dir, "vllm-serve.log")
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(settings.CHAT_MODEL_PATH), "--served-model-name", SERVED_NAME,
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
-         "--max-model-len", "2048", "--max-num-seqs", "8", "--scheduling-policy", "priority",
-         "--enable-prompt-tokens-details", "--enable-prefix-caching"],
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
-        cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    server = RemoteServer(url=f"http://127.0.0.1:{port}", proc=proc, log_path=log_path)
-    deadline = time.monotonic() + 240
-    try:
-        while True:
-            try:
-                if httpx.get(f"{server.url}/v1/models", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, "vllm serve exited:\n" + server.log()[-4000:]
-            assert time.monotonic() < deadline, "vllm serve did not become ready:\n" + server.log()[-4000:]
-            time.sleep(1)
-        yield server
-    finally:
-        _stop_group(proc)
-        log.close()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group, give it 20 s (the EngineCore and its worker exit a
-    few seconds after the API server), then SIGKILL whatever is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(20)
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
-    deadline = time.monotonic() + 10
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-@pytest.fixture(scope="module")
-def remote_server(tmp_path_factory) -> Iterator[RemoteServer]:
-    with vllm_server(str(tmp_path_factory.mktemp("vllm"))) as server:
-        yield server
-    # Nothing of the server (API process, EngineCore, worker) outlives the module.
-    assert not _group_alive(server.proc.pid)
+@pytest.fixture
+def remote_server(vllm_serve) -> RemoteServer:
+    """The session's ``vllm serve`` (tests/conftest.py ``vllm_serve``: started once, shared
+    with tests/integration/test_zy_node_failover.py, which kills it last)."""
+    return vllm_serve
 
 
 def remote_pool_entries(url: str) -> list[dict]:

@@ -3,8 +3,9 @@ DESIGN.md: a node crash mid-generation -> retry on another node of the same pool
 prefill; a brief TTFT spike, no data loss).
 
 Node A is the session's shared server (its ``/v1/completions``, as engine-less gateways reach
-it); node B a second engine process of this project (tests/processes.py ``engine_process``, the
-only test in the suite that starts a second engine). The gateway is the shared server too: its
+it); node B the session's ``vllm serve`` (tests/conftest.py ``vllm_serve``: vLLM's own OpenAI
+server, a separate engine process, which the remote pool's tests used before; this module is
+named to run after them, as it kills the server). The gateway is the shared server too: its
 pool ``nodes-smol`` lists both nodes. Eight conversations, four homed on each node by the
 rendezvous hash, stream answers at once; when each of node B's streams has shown tokens, node B's
 whole process group is SIGKILLed. Every stream must end with ``done``, its joined token events must be
@@ -18,7 +19,6 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -30,7 +30,7 @@ from chatsite import metrics
 from conversations.models import Turn
 from inference.nodes import hrw_order
 from inference.pools import pool_set_reset
-from tests.processes import EngineProcess, engine_process
+from tests.processes import RemoteServer
 
 pytestmark = pytest.mark.real_engine
 
@@ -41,9 +41,10 @@ PROMPT = "Write a long story about a lighthouse keeper and a storm at sea."
 
 
 @pytest.fixture
-def second_engine(live, tmp_path) -> Iterator[EngineProcess]:
-    with engine_process(tmp_path) as engine:
-        yield engine
+def second_engine(live, vllm_serve) -> RemoteServer:
+    """Node B: the session's ``vllm serve``, up (it dies in this test)."""
+    assert vllm_serve.proc.poll() is None, "the session's vllm serve is not running"
+    return vllm_serve
 
 
 def nodes_pool(urls: list[str], api_key: str) -> dict:
