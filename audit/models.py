@@ -111,7 +111,24 @@ class AuditQuerySet(models.QuerySet):
         raise AppendOnly("Audit entries cannot be deleted.")
 
 
-class AuditEntry(models.Model):
+class AppendOnlyModel(models.Model):
+    """Rows that are inserted and never changed or deleted (the audit log's tables)."""
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs) -> None:
+        """Insert a new entry; raises AppendOnly for one already stored."""
+        if not self._state.adding:
+            raise AppendOnly("Audit entries cannot be changed.")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AppendOnly("Audit entries cannot be deleted.")
+
+
+class AuditEntry(AppendOnlyModel):
     """One action. ``actor_id``: the user who acted (None: the system, e.g. a scheduled job);
     ``org_id``: the organisation it concerns (None: none; only staff see those rows);
     ``target_type``: ``app_label.model`` of what it acted on, ``target_id`` its primary key;
@@ -147,22 +164,12 @@ class AuditEntry(models.Model):
     def __str__(self) -> str:
         return f"#{self.pk} {self.action} {self.target_type}:{self.target_id}"
 
-    def save(self, *args, **kwargs) -> None:
-        """Insert a new entry; raises AppendOnly for one already stored."""
-        if not self._state.adding:
-            raise AppendOnly("Audit entries cannot be changed.")
-        kwargs["force_insert"] = True
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AppendOnly("Audit entries cannot be deleted.")
-
     @property
     def action_label(self) -> str:
         return Action.label(self.action)
 
 
-class AuditDetail(models.Model):
+class AuditDetail(AppendOnlyModel):
     """The regional half of an :class:`AuditEntry` whose ``region`` is set: its target id and
     details, in that region's database (``settings.CHAT_REGIONAL_MODELS`` routes this model
     like conversation data), so no conversation, turn or share link id of a region is stored
@@ -183,12 +190,3 @@ class AuditDetail(models.Model):
     def __str__(self) -> str:
         return f"detail of audit entry #{self.entry_id}"
 
-    def save(self, *args, **kwargs) -> None:
-        """Insert a new detail; raises AppendOnly for one already stored."""
-        if not self._state.adding:
-            raise AppendOnly("Audit entries cannot be changed.")
-        kwargs["force_insert"] = True
-        super().save(*args, **kwargs)
-
-    def delete(self, *args, **kwargs):
-        raise AppendOnly("Audit entries cannot be deleted.")
