@@ -230,6 +230,14 @@ _aligned: OrderedDict[tuple, str] = OrderedDict()
 _aligned_lock = threading.Lock()
 
 
+def _shared_length(first: list[int], second: list[int]) -> int:
+    """How many leading token ids ``first`` and ``second`` have in common."""
+    shared = 0
+    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
+        shared += 1
+    return shared
+
+
 def _memory_aligned(memory: str, engine, system_prompt: str, custom_instructions: str, block: int) -> str:
     def prompt(text: str, question: str) -> list[int]:
         return engine.encode_chat(
@@ -238,10 +246,7 @@ def _memory_aligned(memory: str, engine, system_prompt: str, custom_instructions
         )  # fmt: skip
 
     first, second = prompt(memory, "1"), prompt(memory, "2")
-    shared = 0
-    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
-        shared += 1
-    after = len(first) - shared  # the question and what follows it: the same whatever the memory
+    after = len(first) - _shared_length(first, second)  # the question and what follows it: the same whatever the memory
     return kv_block_aligned(
         memory, prefix_tokens=lambda text: len(prompt(text, "1")) - after, block_size=block
     )
@@ -274,10 +279,7 @@ def new_chat_prefix(*, user, memory: str) -> tuple[Route, list[int]]:
         )  # fmt: skip
 
     first, second = prompt("1"), prompt("2")
-    shared = 0
-    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
-        shared += 1
-    return route, first[:shared]
+    return route, first[: _shared_length(first, second)]
 
 
 async def turn_plan(
