@@ -1,4 +1,7 @@
 from django.middleware.gzip import GZipMiddleware
+from django.utils.deprecation import MiddlewareMixin
+
+from chatsite.error_pages import unavailable_response
 
 
 class GZipExceptEventStreamMiddleware(GZipMiddleware):
@@ -16,3 +19,18 @@ class GZipExceptEventStreamMiddleware(GZipMiddleware):
         if response.get("Content-Type", "").startswith(self.PASS_THROUGH):
             return response
         return super().process_response(request, response)
+
+
+class DatabaseUnavailableMiddleware(MiddlewareMixin):
+    """A view that fails because the database cannot be reached answers 503 with
+    ``Retry-After``, never 500 (issue 26; core/unavailable.py says which errors those are).
+
+    Rendered for whoever asked: ``/v1`` gets the API's JSON error, an htmx request from a page
+    gets no swap and a ``chat:unavailable`` event whose message the page shows above the message
+    box (static/chat/layout.js; what the person typed stays in the box), any other page the
+    site's own 503 page (chatsite/error_pages.py). Errors raised by other middleware, before a
+    view ran, reach the 500 handler, which answers the same way.
+    """
+
+    def process_exception(self, request, exception):
+        return unavailable_response(request, exception)

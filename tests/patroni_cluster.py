@@ -177,6 +177,28 @@ class PatroniCluster:
                 raise TimeoutError(f"{member.name} is not a replica:\n{member.log_tail()}")
             time.sleep(0.2)
 
+    def wait_synchronous(self, leader: Member, member: Member, timeout: float = 90) -> None:
+        """Wait until ``member`` is the synchronous standby that Patroni may promote: named in
+        Patroni's sync key (REST ``/synchronous`` answers 200) and streaming from ``leader``
+        with ``sync_state = 'sync'``. Until then a replica that Patroni reports as running
+        (``/replica`` 200) may not be streaming yet (its first start asks for a replication
+        slot the leader makes a moment later, and retries 5 s on), and a primary killed then
+        leaves no member Patroni will promote ("not the healthiest node"; issue 26: seen on
+        the faster CPUs, where the test reached the kill within 6 s of the cluster's start)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            streaming = member.rest("/synchronous") == 200 and any(
+                name == member.name and state == "sync" for name, state in sync_state(leader)
+            )
+            if streaming:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{member.name} is not {leader.name}'s synchronous standby after {timeout} s:\n"
+                    f"{member.log_tail()}"
+                )
+            time.sleep(0.2)
+
     def url(self, target_session_attrs: str, dbname: str = "chat") -> str:
         """A libpq multi-host URL naming every member: ``read-write`` reaches the primary,
         wherever it is now; ``prefer-standby`` a replica while one is up, else the primary."""
@@ -276,7 +298,8 @@ def _start_etcd(base_dir: Path) -> tuple[subprocess.Popen, int]:
 @contextlib.contextmanager
 def patroni_cluster(*, members: int = 2, databases=("chat",)) -> Iterator[PatroniCluster]:
     """etcd and ``members`` Patroni members, the first bootstrapped as the primary, the others
-    streaming replicas of it (synchronous mode), with ``databases`` created. Everything is
+    streaming replicas of it (synchronous mode; the block starts once the first of them is the
+    synchronous standby), with ``databases`` created. Everything is
     stopped and its files removed when the block exits, however it exits."""
     user = _run_as()
     base_dir = Path(tempfile.mkdtemp(prefix="patroni-"))
@@ -302,6 +325,8 @@ def patroni_cluster(*, members: int = 2, databases=("chat",)) -> Iterator[Patron
             member.start()
         for member in others:
             cluster.wait_replica(member, timeout=90)
+        if others:  # one synchronous standby (Patroni's synchronous_node_count, default 1)
+            cluster.wait_synchronous(leader, others[0], timeout=90)
         for dbname in databases:
             leader.query(f'CREATE DATABASE "{dbname}"', dbname="postgres")
         yield cluster

@@ -249,7 +249,8 @@ class AppError(RuntimeError):
 @dataclass
 class Reply:
     """An op's result (``value``) and, per database alias its queries used (in order of first
-    use), the server that answered: ``{"alias", "port", "in_recovery"}``."""
+    use), the server that answered: ``{"alias", "port", "in_recovery"}`` (both None, plus
+    ``error``, when that server could no longer be asked after the op)."""
 
     value: object
     servers: list[dict]
@@ -258,7 +259,7 @@ class Reply:
     def ports(self) -> set[int]:
         """The ports of the servers that answered the op's conversation queries (the user
         lookup by name that ops start with is not counted)."""
-        return {s["port"] for s in self.servers}
+        return {s["port"] for s in self.servers if s["port"] is not None}
 
 
 class AppProcess:
@@ -290,15 +291,23 @@ class AppProcess:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
             self.proc.kill()
-            raise TimeoutError(f"the app process did not answer {op} within {timeout} s")
+            self.proc.wait()
+            raise TimeoutError(
+                f"the app process did not answer {op} within {timeout} s; its stderr ends:\n"
+                f"{self.stderr_tail()}"
+            )
         line = self.proc.stdout.readline()
         if not line:
-            self._stderr.seek(0)
-            raise RuntimeError(f"the app process died:\n{self._stderr.read().decode()[-4000:]}")
+            raise RuntimeError(f"the app process died:\n{self.stderr_tail()}")
         reply = json.loads(line)
         if "error" in reply:
             raise AppError(reply["error"], reply["message"])
         return Reply(reply["result"]["value"], reply["result"]["servers"])
+
+    def stderr_tail(self, chars: int = 4000) -> str:
+        """The last ``chars`` characters the app process wrote to stderr (its log)."""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-chars:]
 
     def close(self) -> None:
         with contextlib.suppress(BrokenPipeError, OSError):
@@ -500,14 +509,23 @@ def _recorder(alias: str, used: list[str]):
 
 
 def _servers(aliases: list[str]) -> list[dict]:
-    """Which server each connection used by the op is on, asked on that same connection."""
-    from django.db import connections  # noqa: PLC0415
+    """Which server each connection used by the op is on, asked on that same connection:
+    ``{"alias", "port", "in_recovery"}``. A server the op used may be gone by the time it is
+    asked (the failover test kills the primary while the op runs): that alias is then reported
+    with ``port`` and ``in_recovery`` None and the ``error`` met, not raised, so the op's own
+    result still reaches the test (issue 26)."""
+    from django.db import DatabaseError, connections  # noqa: PLC0415
 
     servers = []
     for alias in aliases:
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT inet_server_port(), pg_is_in_recovery()")
-            port, in_recovery = cursor.fetchone()
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT inet_server_port(), pg_is_in_recovery()")
+                port, in_recovery = cursor.fetchone()
+        except DatabaseError as exc:
+            servers.append({"alias": alias, "port": None, "in_recovery": None,
+                            "error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
+            continue
         servers.append({"alias": alias, "port": port, "in_recovery": in_recovery})
     return servers
 

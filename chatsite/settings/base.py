@@ -67,6 +67,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A view failing because the database cannot be reached answers 503 + Retry-After, never
+    # 500 (issue 26; core/unavailable.py). First, so its process_exception runs last.
+    "chatsite.middleware.DatabaseUnavailableMiddleware",
     # Compresses pages, never event streams (a gzip stream buffers tokens: PF-S3).
     "chatsite.middleware.GZipExceptEventStreamMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -94,6 +94,26 @@
     });
   });
 
+  // A request refused because the database cannot be reached (503, chatsite/error_pages.py)
+  // swaps nothing and sends chat:unavailable {message}: shown above the message box, where the
+  // typed text is kept, or in a notice at the top of the page on pages without one.
+  document.addEventListener("chat:unavailable", function (e) {
+    var message = e.detail && e.detail.message;
+    if (!message) return;
+    var target = document.getElementById("composer-error");
+    if (!target) {
+      target = document.getElementById("site-notice");
+      if (!target) {
+        target = document.createElement("p");
+        target.id = "site-notice";
+        target.className = "error site-notice";
+        target.setAttribute("role", "alert");
+        (document.querySelector("main") || document.body).prepend(target);
+      }
+    }
+    target.textContent = message;
+  });
+
   function start() {
     if (!layout()) return;
     syncToggle();

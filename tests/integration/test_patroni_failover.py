@@ -10,13 +10,16 @@ While the app appends 20 user turns a second (tests/ha_load.py, at most 60 s), t
 Patroni process and postmaster are SIGKILLed, as a machine failure would. Patroni's leader key
 expires, the replica promotes itself, and the same app process writes to it with no config
 change. Afterwards the old member's Patroni is started again and it rejoins as a replica
-(pg_rewind). The run prints the write-unavailable window.
+(pg_rewind). The run prints the write-unavailable window. Meanwhile a second app process sends
+page and ``/v1`` requests: while no primary accepts writes, every one is a 503 with Retry-After,
+never a 500 and never a hung request (issue 26).
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import json
 import time
 from types import SimpleNamespace
 
@@ -49,21 +52,36 @@ def failover():
             # accepts writes (refused, not acknowledged), then the pool tries again at once.
             "DB_POOL_TIMEOUT_S": "2",
         }
-        with AppProcess(env, module="tests.ha_load") as app:
+        # A second app process, as a second gateway would be, sends page and /v1 requests
+        # through Django's handler across the kill (tests/ha_load.py op_probe_loop); its
+        # engine is the scripted double (what is measured is the database, not the model).
+        # Its /v1 turns are not read (only their status is): no grace period to wait out.
+        probe_env = {
+            **env, "CHAT_ENGINE_CLASS": "tests.fakes.ScriptedEngine",
+            "CHAT_STREAM_DISCONNECT_GRACE_S": "0",
+        }  # fmt: skip
+        with AppProcess(env, module="tests.ha_load") as app, \
+                AppProcess(probe_env, module="tests.ha_load") as prober:  # fmt: skip
             app.call("migrate")
             app.call("user_create", username="ada", region="eu-west")
             conversation_id = app.call("conversation_create", username="ada").value[
                 "conversation_id"
             ]
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            prober.call("login", username="ada")
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 running = pool.submit(
                     app.call, "append_loop", timeout=90, username="ada",
                     conversation_id=conversation_id, rate=20, max_s=60, settle_s=3,
+                )  # fmt: skip
+                probing = pool.submit(
+                    prober.call, "probe_loop", timeout=90, username="ada",
+                    conversation_id=conversation_id, max_s=60,
                 )  # fmt: skip
                 time.sleep(KILL_AFTER_S)
                 killed_at = time.time()
                 old.kill()
                 result = running.result(timeout=100).value
+                probes = probing.result(timeout=100).value
             new = cluster.leader(timeout=30)
             old.start()  # as a supervisor (systemd) would restart it
             cluster.wait_replica(old, timeout=60)
@@ -77,6 +95,7 @@ def failover():
             yield SimpleNamespace(
                 cluster=cluster, old=old, new=new, result=result, stored=stored,
                 killed_at=killed_at, window=window, conversation_id=conversation_id,
+                probes=probes,
             )  # fmt: skip
 
 
@@ -124,6 +143,31 @@ def test_reads_continue_from_the_replica_during_the_outage(failover):
     assert len(during) >= 10, f"only {len(during)} reads during the outage"
     assert all(r[1] for r in during), f"reads failed during the outage: {during}"
     assert any(r[3] is True and r[2] == failover.new.pg_port for r in during)
+
+
+def test_requests_during_the_outage_get_503_with_retry_after_never_500(failover):
+    """Issue 26. Given a second app process sending a chat page request, the chat page's message
+    form and a ``/v1`` turn every half second across the kill, then each request was answered
+    (none hung: within the pool's 2 s wait plus a margin), none with a 500; while no primary
+    accepted writes, each was refused with 503 and an integer Retry-After >= 1: the page and the
+    form with the site's own 503 page, ``/v1`` with the API's JSON error; and afterwards all
+    three worked again."""
+    probes = failover.probes
+    assert [p for p in probes if p["status"] >= 500 and p["status"] != 503] == []
+    assert max(p["t1"] - p["t0"] for p in probes) < 2 + 8
+    refused = [p for p in probes if p["status"] == 503]
+    assert {p["kind"] for p in refused} == {"page", "page_turn", "api_turn"}
+    assert all(p["t0"] >= failover.killed_at - 1 for p in refused)
+    assert all(p["retry_after"] is not None and int(p["retry_after"]) >= 1 for p in refused)
+    for p in refused:
+        if p["kind"] == "api_turn":
+            error = json.loads(p["body"])["error"]
+            assert error["type"] == "unavailable" and "try again" in error["message"].lower()
+        else:
+            assert p["content_type"].startswith("text/html")
+            assert 'data-status="503"' in p["body"] and "Try again" in p["body"]
+    last_round = {p["kind"]: p["status"] for p in probes[-3:]}
+    assert last_round == {"page": 200, "page_turn": 303, "api_turn": 200}
 
 
 def test_old_primary_rejoins_as_a_replica(failover):
