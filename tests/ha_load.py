@@ -140,74 +140,69 @@ def op_api(username: str, method: str, path: str, body: dict | None = None) -> d
     }
 
 
-def op_login(username: str) -> None:
-    """Sign ``username`` in for :func:`op_probe_loop`'s page requests (a session stored now,
-    while the primary is up)."""
-    from django.test import Client  # noqa: PLC0415
-
-    client = Client(raise_request_exception=False, HTTP_HOST="localhost")
-    client.force_login(pgcluster._user(username))
-    _clients[username] = client
-
-
-_clients: dict = {}
-
-
-def op_probe_loop(
-    username: str, conversation_id: str, interval_s: float = 0.5, max_s: float = 60.0
+def probe_loop(
+    url: str, *, username: str, password: str, api_key: str, conversation_id: str,
+    started: threading.Event | None = None, interval_s: float = 0.5, max_s: float = 60.0,
 ) -> list[dict]:
-    """Every ``interval_s`` seconds, three requests through Django's whole handler (middleware,
-    error handlers, as a server runs them; exceptions are answered, not raised, as a server
-    does): ``page`` a signed-in GET of the chat page, ``page_turn`` the chat page's message
-    form (a plain form post that starts a new chat), ``api_turn`` a ``/v1`` turn of
-    ``conversation_id``. Stops once all three succeeded in one round after some round failed,
-    or after ``max_s`` seconds. Returns ``[{"kind", "t0", "t1", "status", "retry_after",
-    "content_type", "body"}]`` (times ``time.time()``; ``body``: the first 2,000 characters of
-    a non-streamed answer). Needs :func:`op_login` first."""
-    import json  # noqa: PLC0415
+    """Run in the test process against a gateway at ``url`` (a real server process): sign in as
+    ``username`` (the login form), then every ``interval_s`` seconds send three requests as a
+    browser and an API client would: ``page`` a GET of the chat page, ``page_turn`` the chat
+    page's message form (htmx; it starts a new chat), ``api_turn`` a ``/v1`` turn of
+    ``conversation_id`` (its stream read to the end). ``started`` is set once signed in. Stops
+    once all three succeeded in one round after some round failed, or after ``max_s`` seconds.
 
-    if username not in _keys:
-        from accounts import services as account_services  # noqa: PLC0415
+    Returns ``[{"kind", "t0", "t1", "status", "retry_after", "content_type", "headers",
+    "body"}]`` (times ``time.time()``; ``body``: the first 2,000 characters; ``status`` None
+    when no answer came within 15 s: a hung request)."""
+    import httpx  # noqa: PLC0415
 
-        _keys[username] = account_services.api_key_create(user=pgcluster._user(username), name="probe").raw
-    client = _clients[username]
-    api = {"HTTP_AUTHORIZATION": f"Bearer {_keys[username]}"}
-    requests = {
-        "page": lambda: client.get("/"),
-        "page_turn": lambda: client.post("/chat/turns", {"content": "still there?"}),
-        "api_turn": lambda: client.post(
-            f"/v1/conversations/{conversation_id}/turns",
-            json.dumps({"role": "user", "content": "still there?"}),
-            content_type="application/json", **api,
-        ),
-    }  # fmt: skip
     probes: list[dict] = []
-    failed_once = False
-    started = time.monotonic()
-    while time.monotonic() - started < max_s:
-        round_ok = True
-        for kind, send in requests.items():
-            t0 = time.time()
-            response = send()
-            streaming = getattr(response, "streaming", False)
-            probes.append({
-                "kind": kind, "t0": t0, "t1": time.time(), "status": response.status_code,
-                "retry_after": response.headers.get("Retry-After"),
-                "content_type": response.headers.get("Content-Type", ""),
-                "body": "" if streaming else response.content.decode(errors="replace")[:2000],
-            })  # fmt: skip
-            if streaming:
-                response.close()
-            round_ok = round_ok and response.status_code < 400
-        failed_once = failed_once or not round_ok
-        if failed_once and round_ok:
-            break
-        time.sleep(interval_s)
+    with httpx.Client(base_url=url, timeout=15) as client:
+        login = client.get("/accounts/login/")
+        client.post(
+            "/accounts/login/", data={"username": username, "password": password},
+            headers={"X-CSRFToken": client.cookies["csrftoken"], "Referer": f"{url}/accounts/login/"},
+        )  # fmt: skip
+        assert "sessionid" in client.cookies, f"could not sign in: {login.status_code}"
+        csrf = {"X-CSRFToken": client.cookies["csrftoken"]}
+        requests = {
+            "page": lambda: client.get("/"),
+            "page_turn": lambda: client.post(
+                "/chat/turns", data={"content": "still there?"}, headers={**csrf, "HX-Request": "true"}
+            ),
+            "api_turn": lambda: client.post(
+                f"/v1/conversations/{conversation_id}/turns",
+                json={"role": "user", "content": "still there?"},
+                headers={"Authorization": f"Bearer {api_key}"},
+            ),
+        }  # fmt: skip
+        if started is not None:
+            started.set()
+        failed_once = False
+        began = time.monotonic()
+        while time.monotonic() - began < max_s:
+            round_ok = True
+            for kind, send in requests.items():
+                t0 = time.time()
+                try:
+                    response = send()
+                except httpx.TimeoutException:
+                    probes.append({"kind": kind, "t0": t0, "t1": time.time(), "status": None})
+                    round_ok = False
+                    continue
+                probes.append({
+                    "kind": kind, "t0": t0, "t1": time.time(), "status": response.status_code,
+                    "retry_after": response.headers.get("Retry-After"),
+                    "content_type": response.headers.get("Content-Type", ""),
+                    "headers": dict(response.headers), "body": response.text[:2000],
+                })  # fmt: skip
+                round_ok = round_ok and response.status_code < 400
+            failed_once = failed_once or not round_ok
+            if failed_once and round_ok:
+                break
+            time.sleep(interval_s)
     return probes
 
 
 if __name__ == "__main__":
-    pgcluster._serve({
-        **pgcluster.OPS, "append_loop": op_append_loop, "api": op_api, "login": op_login,
-        "probe_loop": op_probe_loop,
-    })  # fmt: skip
+    pgcluster._serve({**pgcluster.OPS, "append_loop": op_append_loop, "api": op_api})

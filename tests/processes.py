@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,15 +57,23 @@ def stack_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
 @contextlib.contextmanager
 def server_process(extra_env: dict[str, str], ready_path: str) -> Iterator[str]:
     """A server subprocess (chatsite/serve.py) on the test database and Redis; yields its URL
-    once ``ready_path`` answers 200, and stops it afterwards."""
+    once ``ready_path`` answers 200, and stops it afterwards. Its log goes to a temporary file
+    (a pipe nobody reads would stall a server that logs a lot, as one does while its database
+    is down); the end of it is in the error when the server does not become ready."""
     port = free_port()
     # Tasks run in the gateway itself unless a test starts a real worker for them.
     env = stack_env({"CELERY_TASK_ALWAYS_EAGER": "1", **extra_env})
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         serve_argv(port=port),
         env=env, cwd=django_settings.BASE_DIR,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
+
+    def log_tail() -> str:
+        log.seek(0)
+        return log.read().decode(errors="replace")[-2000:]
+
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     try:
@@ -74,8 +83,8 @@ def server_process(extra_env: dict[str, str], ready_path: str) -> Iterator[str]:
                     break
             except httpx.HTTPError:
                 pass
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the server subprocess did not become ready"
+            assert proc.poll() is None, log_tail()
+            assert time.monotonic() < deadline, f"the server subprocess did not become ready:\n{log_tail()}"
             time.sleep(0.3)
         yield url
     finally:
@@ -84,6 +93,7 @@ def server_process(extra_env: dict[str, str], ready_path: str) -> Iterator[str]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 @dataclass
