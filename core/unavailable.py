@@ -28,7 +28,8 @@ from core.errors import ApiError
 
 MESSAGE = (
     "The service cannot reach its database right now (it is switching to a standby server, "
-    "which takes up to half a minute). Nothing you sent was lost; try again in {s} s."
+    "which takes up to half a minute). Your chats are safe, but this request was not carried "
+    "out: try again in {s} s."
 )
 
 
