@@ -32,6 +32,10 @@ def test_engine_killed_mid_answer_restarts_and_the_answer_continues(live, make_u
     restart (re-prefilled with the text so far); the next turn works."""
     settings.CHAT_MAX_TOKENS = 200
     settings.CHAT_TEMPERATURE = 0.0
+    # A restart takes ~50 s on a quiet 2-core machine; on a busy one spawning EngineCore alone
+    # took 71 s and the whole restart over the default 180 s (issue 26). The behaviour tested
+    # is that the answer continues, not how fast: a generous wait.
+    settings.CHAT_ENGINE_RESTART_WAIT_S = 420
     make_user("phoenix")
     client = live.login("phoenix")
     conversation_id, url = send(client, "Write a long story about a phoenix.")
@@ -40,7 +44,7 @@ def test_engine_killed_mid_answer_restarts_and_the_answer_continues(live, make_u
     restarts_before = live.engine.restarts
 
     streamed, statuses, done = [], [], None
-    with client.stream("GET", url, timeout=300) as response:
+    with client.stream("GET", url, timeout=480) as response:
         name = None
         for line in response.iter_lines():
             if line.startswith("event: "):
