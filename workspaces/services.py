@@ -134,7 +134,7 @@ def organisation_policy_update(*, seat: Seat, changes: dict) -> Organisation:
     those columns are written, so an edit of other fields in the meantime (the moderation
     page) is not overwritten, and only the fields whose value changes: a save that changes
     nothing writes nothing and records nothing. Each takes effect from the next turn: every
-    turn reads its organisation afresh (gateway/gate.py ``caller_for``,
+    turn reads its organisation afresh (accounts/callers.py ``caller_for``,
     conversations/retention.py, accounts/selectors.py ``turn_training_eligible``); nothing
     caches them. Audit: ``org.policy_change`` with the changed fields' new values, and for a
     change of ``not_for_training`` also ``org.training_opt_out`` with its old and new value
