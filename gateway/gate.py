@@ -1,12 +1,13 @@
 """The pipeline's steps before any engine work (gateway/__init__.py has the whole order): who
-the caller is, route to a pool, shed under load, the answer budget, the rate limit.
+the caller is (:class:`Caller`, built by accounts/callers.py), route to a pool, shed under load,
+the answer budget, the rate limit.
 
 The rate limit charges TPM as prompt + max_tokens, so the prompt must be assembled (tokenised, no
 engine work) before the buckets are taken; everything here still happens before any engine
 work and before anything is stored, so a refusal loses nothing and costs the engine nothing.
 
-The steps, shared by conversation turns (conversations/plan.py) and the stateless OpenAI
-endpoints (api/completions.py):
+The steps, which gateway/admission.py ``admit`` puts in their one order for every entrypoint
+(conversation turns and the stateless OpenAI endpoints alike):
 
 1. :func:`route_for` - (tier, org pin, feature flags, experiment arm, canary) -> a pool
    (inference/router.py); an unknown model is a 400, a model the tier may not use a 403.

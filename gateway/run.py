@@ -1,5 +1,7 @@
-"""The pipeline's run of one admitted request: input moderation, generate with the output gate
-beside the stream, one token tally, one settle (gateway/__init__.py has the whole order).
+"""The pipeline's run of one admitted request: the input gate's steps (started, discarded, its
+verdict, as gateway/admission.py orders them), generate with the output gate beside the stream
+and the tenant's cache salt on every engine request, one token tally, one settle
+(gateway/__init__.py has the whole order).
 
 Used by every entrypoint: conversation turns (conversations/generate.py) and the stateless
 OpenAI endpoints (api/completions.py). What differs between them stays with them: a turn

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.test import Client
 
 from accounts.callers import user_cache_salt
 from accounts.models import Membership, Organisation
@@ -244,3 +245,14 @@ def test_memory_extraction_asks_under_the_conversations_owner_salt(make_user, mo
     later = conversation.last_turn_at + timedelta(seconds=settings.CHAT_MEMORY_IDLE_S + 1)
     assert extraction.conversation_memory_extract(conversation_id=conversation.pk, now=later).status == "stored"
     assert asked and set(asked) == {user_cache_salt(owner)}
+
+
+@pytest.mark.django_db
+def test_staff_toggle_sharing_in_the_admin(make_user):
+    org = Organisation.objects.create(name="Acme", slug="acme")
+    staff = Client()
+    staff.force_login(make_user("root", is_staff=True, is_superuser=True))
+    change = staff.get(f"/admin/accounts/organisation/{org.pk}/change/").content.decode()
+    assert 'name="share_prefix_cache"' in change
+    listed = staff.get("/admin/accounts/organisation/?share_prefix_cache__exact=1").content.decode()
+    assert "Acme" not in listed  # off by default: the filter for "on" lists nobody
