@@ -141,9 +141,9 @@ class MembershipInline(admin.TabularInline):
 class OrganisationAdmin(TrainingOptOutAuditMixin, admin.ModelAdmin):
     list_display = (
         "name", "slug", "tier", "region", "zero_retention", "moderation_fail_open",
-        "blocked_term_count", "threshold_overrides", "created_at",
+        "share_prefix_cache", "blocked_term_count", "threshold_overrides", "created_at",
     )  # fmt: skip
-    list_filter = ("tier", "region", "zero_retention", "moderation_fail_open")
+    list_filter = ("tier", "region", "zero_retention", "moderation_fail_open", "share_prefix_cache")
     search_fields = ("name", "slug")
     date_hierarchy = "created_at"
     prepopulated_fields = {"slug": ("name",)}

@@ -113,6 +113,10 @@ class Organisation(models.Model):
     rate_limit_tpm = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)]
     )
+    # One prefix cache for the whole workspace: its members' turns share cached prompt prefixes
+    # (the engine's cache salt is the organisation's, gateway/tenancy.py), so a member can tell
+    # from the speed of an answer what prompt another member sent. Off: each member's own.
+    share_prefix_cache = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(
         settings.AUTH_USER_MODEL, through="Membership", related_name="organisations"

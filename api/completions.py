@@ -1,6 +1,8 @@
 """``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models``, in OpenAI's
-wire format: two protocols over the one turn pipeline (gateway/: route, shed, budget, prompt,
-rate limit, input moderation, slot, generate beside the output gate, settle once).
+wire format: two protocols over the one turn pipeline. They parse the request, give the
+gateway's admission sequence (gateway/admission.py ``admit``: route, shed, budget, prompt,
+rate limit, input verdict, policy) a callback that builds the prompt for the chosen pool, and
+render what gateway/run.py generates (slot, generate beside the output gate, settle once).
 
 Stateless (no conversation is stored), so the official ``openai`` client works unchanged. The
 request is not resumable: when its client disconnects the engine request is aborted at once
@@ -15,6 +17,13 @@ this process's admission queue at that priority, paid tiers may take the reserve
 ledger row is written here (the gateway settles the turn; DESIGN.md, "Production topology").
 Only the service credential may send the field (403 otherwise). Service requests without it are
 background jobs: the lowest priority (settings.CHAT_BACKGROUND_PRIORITY), no reserved slots.
+
+**Cache salt.** Every engine request carries its tenant's prefix-cache salt (gateway/tenancy.py:
+the API key's user, or their organisation when it shares one cache). A service request may
+bring the salt its gateway or job derived for the user it acts for (``cache_salt``, vLLM's
+field): a forwarded turn, a background job on a user's data, the memory warm-up. Anyone else
+sending it is refused (403), as for ``admission``: a client choosing its salt could read
+another tenant's cache.
 """
 
 from __future__ import annotations
@@ -31,25 +40,24 @@ from dataclasses import replace
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from accounts.callers import acaller_for
 from api import schemas
 from core.db import release_db_connection
 from core.errors import ApiError
 from core.http import api_view, parse_json
 from core.sse import sse_response
-from gateway import gate, run
+from gateway import admission, gate, run
 from inference.engine import EngineUnavailable, GenerationOptions
 from inference.pools import pool_engine, pool_set
-from inference.prompts import PromptTooLong, prompt_fit
+from inference.prompts import prompt_fit
 from moderation.gate import withdrawn_message
 
 logger = logging.getLogger(__name__)
 
 
-def _options(body, budget: int, caller: gate.Caller) -> GenerationOptions:
-    """Generation options from an OpenAI-style request ``body`` with ``budget`` completion
-    tokens. Priority: a forwarded turn's (``body.admission``); other requests of the service
-    credential (background jobs) run at the lowest, settings.CHAT_BACKGROUND_PRIORITY (DESIGN.md,
-    "How background jobs reach the model"); user requests at 0 (the route decides).
+def _options(body) -> GenerationOptions:
+    """Generation options from an OpenAI-style request ``body``, checked before admission (the
+    completion budget and the priority are set once admitted: :func:`_respond`).
     Raises ApiError 400 for an invalid response_format or more than 4 stop sequences."""
     schema = None
     if getattr(body, "response_format", None) is not None:
@@ -63,19 +71,23 @@ def _options(body, budget: int, caller: gate.Caller) -> GenerationOptions:
     if len(stop) > 4:
         raise ApiError(400, "invalid_request", "At most 4 stop sequences are allowed.")
     temperature = settings.CHAT_TEMPERATURE if body.temperature is None else body.temperature
-    if body.admission is not None:
-        priority = body.admission.priority
-    else:
-        priority = settings.CHAT_BACKGROUND_PRIORITY if caller.service else 0
     return GenerationOptions(
-        max_tokens=budget,
         temperature=temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         stop=stop,
         seed=body.seed,
         json_schema=schema,
-        priority=priority,
     )
+
+
+def _priority(body, caller: gate.Caller) -> int:
+    """The engine priority of an admitted request: a forwarded turn's (``body.admission``);
+    other requests of the service credential (background jobs) run at the lowest,
+    settings.CHAT_BACKGROUND_PRIORITY (DESIGN.md, "How background jobs reach the model"); user
+    requests at 0 (the route decides)."""
+    if body.admission is not None:
+        return body.admission.priority
+    return settings.CHAT_BACKGROUND_PRIORITY if caller.service else 0
 
 
 @api_view("GET")
@@ -84,7 +96,7 @@ async def models(request: HttpRequest) -> HttpResponse:
     caller's tier (or a feature flag) allows, by pool name, then the served model's own name
     (settings.CHAT_MODEL_NAME), which stands for the tier's default pool. Pools carry their
     version, context and answer ceilings and prices (USD per 1M tokens) as extra fields."""
-    caller = await gate.acaller_for(request.api_user)
+    caller = await acaller_for(request.api_user)
     data = [
         {
             "id": pool.name, "object": "model", "created": 0, "owned_by": "chatsite",
@@ -101,59 +113,47 @@ async def models(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"object": "list", "data": data})
 
 
-async def _admit(request: HttpRequest, body) -> run.Admitted:
-    """The pipeline's first steps for a stateless request: the caller, the route for
-    ``body.model``, shedding under load (never for the service credential), the started engine.
-    A forwarded turn (``body.admission``) keeps the tier and priority its gateway gave it.
-    Raises ApiError 403 when anyone but the service credential sends ``admission``,
-    gate.Refused (404 unknown model, 403 not for this tier, 503 busy), ApiError 503 if the
-    engine cannot start."""
-    caller = await gate.acaller_for(request.api_user)
-    if body.admission is not None and not caller.service:
-        raise ApiError(
-            403, "permission_denied",
-            "Only the service credential may set 'admission' (it carries a gateway's turn to "
-            "its engine process); leave it out.",
-        )  # fmt: skip
-    route = await gate.shed_for(caller, gate.route_for(caller, body.model))
-    admitted = run.Admitted(caller=caller, route=route, policy=run.policy_of(caller))
+async def _admit(
+    request: HttpRequest, body, build_prompt: admission.PromptBuilder, checked_text: str | None
+) -> admission.AdmittedPlan:
+    """The gateway's admission sequence (gateway/admission.py ``admit``: route, shed, budget,
+    ``build_prompt``, rate limit, input verdict on ``checked_text``, policy) for the API key's
+    user and ``body``'s model and budget. A forwarded turn (``body.admission``, service
+    credential only) keeps the tier and priority its gateway gave it, and a service request's
+    ``body.cache_salt`` the salt its gateway derived. Raises gate.Refused (the refusals of
+    ``admit``, 403 for a service-only field sent by anyone else), ApiError 503 if the engine
+    cannot start."""
+    caller = await acaller_for(request.api_user)
+    forwarded = None
     if body.admission is not None:
-        admitted = run.Admitted(
-            caller=caller, route=replace(route, priority=body.admission.priority),
-            policy=admitted.policy, tier=body.admission.tier, forwarded=True,
-        )  # fmt: skip
+        forwarded = admission.Forwarded(tier=body.admission.tier, priority=body.admission.priority)
+    requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    return await admission.admit(
+        caller=caller, model=body.model, max_tokens=requested, explicit_max_tokens=requested is not None,
+        build_prompt=build_prompt, checked_text=checked_text, forwarded=forwarded, cache_salt=body.cache_salt,
+    )  # fmt: skip
+
+
+async def _engine_started(pool) -> object:
+    """``pool``'s engine, started (its tokenizer and vocabulary are the model's). Raises
+    ApiError 503 with Retry-After if it cannot start."""
+    engine = pool_engine(pool)
     try:
-        await pool_engine(route.pool).ensure_started()
+        await engine.ensure_started()
     except EngineUnavailable as exc:
         raise ApiError(503, "unavailable", f"The model is unavailable: {exc}", {"Retry-After": "30"}) from None
-    return admitted
+    return engine
 
 
-async def _respond(
-    admitted: run.Admitted, ids: list[int], options: GenerationOptions, body, kind: str, checked_text: str
-) -> HttpResponse:
-    """The pipeline from the rate limit on, for the prompt ``ids``: the input gate starts on
-    ``checked_text`` (the newest user message, or the prompt) beside the rate limit (prompt +
-    budget) and is acted on after it; then generate with the output gate beside the stream and
-    answer in OpenAI's shape for ``kind`` ("chat" or "text"): ``data:`` chunks then ``data:
-    [DONE]`` when ``body.stream``, else one JSON object. Either way the answer is settled once
-    when the request ends (also when its client went away, PF-R5). Raises gate.Refused before
-    any engine work: 429 when a limit is used up, 400 ``content_blocked`` (with the categories)
-    when moderation flags the input, 503 when the check itself failed (fail closed, PF-M2)."""
-    check = run.input_check_start(admitted.caller, checked_text, admitted.policy)
-    try:
-        admitted.decision = await gate.rate_limit(
-            admitted.caller, prompt_tokens=len(ids), max_tokens=options.max_tokens
-        )
-    except BaseException:
-        await run.input_check_discard(check)
-        raise
-    verdict = await run.input_verdict(check, admitted)
-    if verdict is not None and verdict.flagged:
-        await gate.settle(admitted.decision, prompt_tokens=0, completion_tokens=0)
-        raise gate.Refused(
-            400, "content_blocked", verdict.message(), details={"categories": list(verdict.categories)}
-        )
+async def _respond(plan: admission.AdmittedPlan, options: GenerationOptions, body, kind: str) -> HttpResponse:
+    """Answer an admitted request in OpenAI's shape for ``kind`` ("chat" or "text"):
+    generate with the output gate beside the stream (its leak check guarding the prompt's
+    confidential instructions) and send ``data:`` chunks then ``data: [DONE]`` when
+    ``body.stream``, else one JSON object. Either way the answer is settled once when the
+    request ends (also when its client went away, PF-R5). ``options``: sampling
+    (:func:`_options`), given the admitted completion budget and the priority here."""
+    admitted, ids = plan.admitted, plan.prompt.token_ids
+    options = replace(options, max_tokens=plan.prompt.max_tokens, priority=_priority(body, admitted.caller))
     completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
     await release_db_connection()  # nothing below queries the database
@@ -252,30 +252,31 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     the context, or a newest message that alone does not fit; 403 a model the tier may not
     use; 429 over the rate limits (Retry-After); 503 busy (shed) or the engine down. A history
     that overflows the context by a little is trimmed from the oldest messages (leading system
-    messages are kept) and the count is in the ``X-Context-Trimmed`` header."""
+    messages are kept) and the count is in the ``X-Context-Trimmed`` header. The pool's preamble
+    goes before the caller's system messages; the output gate's leak check guards it."""
     body = parse_json(request, schemas.ChatCompletionCreate)
-    admitted = await _admit(request, body)
-    pool = admitted.route.pool
-    requested = body.max_completion_tokens or body.max_tokens
-    budget = gate.answer_budget(admitted.caller, pool, requested, explicit=requested is not None)
     system, messages = _split_system([m.model_dump() for m in body.messages])
     if not messages:
         raise ApiError(400, "invalid_request", "'messages' needs at least one non-system message.")
-    try:
-        fitted = prompt_fit(
-            system_prompt=gate.with_preamble(admitted.route, system),
-            messages=messages,
-            encode_chat=pool_engine(pool).encode_chat,
-            max_model_len=pool.max_context,
-            max_tokens=budget,
-        )
-    except PromptTooLong as exc:
-        raise ApiError(400, "context_length_exceeded", f"{exc} (model {pool.name}: {pool.max_context:,} tokens of context)") from None
-    options = _options(body, fitted.max_tokens, admitted.caller)
+    options = _options(body)
     newest = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
-    response = await _respond(admitted, fitted.token_ids, options, body, "chat", newest)
-    if fitted.dropped_messages:
-        response["X-Context-Trimmed"] = str(fitted.dropped_messages)
+
+    async def build(route, budget: int) -> admission.Prompt:
+        engine = await _engine_started(route.pool)
+        fitted = prompt_fit(
+            system_prompt=gate.with_preamble(route, system), messages=messages,
+            encode_chat=engine.encode_chat, max_model_len=route.pool.max_context, max_tokens=budget,
+        )  # fmt: skip
+        # The caller's own system messages are theirs to see again; the pool's preamble is not.
+        return admission.Prompt(
+            fitted.token_ids, fitted.max_tokens, confidential=route.pool.system_preamble.strip(),
+            detail=fitted.dropped_messages,
+        )  # fmt: skip
+
+    plan = await _admit(request, body, build, newest)
+    response = await _respond(plan, options, body, "chat")
+    if plan.prompt.detail:
+        response["X-Context-Trimmed"] = str(plan.prompt.detail)
     return response
 
 
@@ -285,26 +286,30 @@ async def completions(request: HttpRequest) -> HttpResponse:
     (no chat template). Streams ``data:`` chunks when ``stream`` is true. Errors as for chat
     completions; 400 also for a token id outside the vocabulary."""
     body = parse_json(request, schemas.CompletionCreate)
-    admitted = await _admit(request, body)
-    pool = admitted.route.pool
-    engine = pool_engine(pool)
-    ids = list(body.prompt) if isinstance(body.prompt, list) else engine.encode_text(body.prompt)
-    vocab_size = engine.vocab_size() if hasattr(engine, "vocab_size") else None
-    if vocab_size is not None and any(not 0 <= token_id < vocab_size for token_id in ids):
-        raise ApiError(
-            400, "invalid_request",
-            f"The prompt has a token id outside the model's vocabulary (0 to {vocab_size - 1}).",
-        )  # fmt: skip
-    budget = gate.answer_budget(admitted.caller, pool, body.max_tokens, explicit=body.max_tokens is not None)
-    room = pool.max_context - len(ids)
-    if room < 1:
-        raise ApiError(
-            400, "context_length_exceeded",
-            f"The prompt is {len(ids):,} tokens; the {pool.name} model's context holds {pool.max_context:,}.",
-        )  # fmt: skip
-    options = _options(body, min(budget, room), admitted.caller)
-    text = body.prompt if isinstance(body.prompt, str) else engine_decode(engine, ids)
-    return await _respond(admitted, ids, options, body, "text", text)
+    options = _options(body)
+
+    async def build(route, budget: int) -> admission.Prompt:
+        engine = await _engine_started(route.pool)
+        ids = list(body.prompt) if isinstance(body.prompt, list) else engine.encode_text(body.prompt)
+        vocab_size = engine.vocab_size() if hasattr(engine, "vocab_size") else None
+        if vocab_size is not None and any(not 0 <= token_id < vocab_size for token_id in ids):
+            raise ApiError(
+                400, "invalid_request",
+                f"The prompt has a token id outside the model's vocabulary (0 to {vocab_size - 1}).",
+            )  # fmt: skip
+        room = route.pool.max_context - len(ids)
+        if room < 1:
+            raise gate.Refused(
+                400, "context_length_exceeded",
+                f"The prompt is {len(ids):,} tokens; the {route.pool.name} model's context holds "
+                f"{route.pool.max_context:,}.",
+            )  # fmt: skip
+        # Token ids are checked as what they say, or the input gate would be trivially bypassed.
+        text = None if isinstance(body.prompt, str) else engine_decode(engine, ids)
+        return admission.Prompt(ids, min(budget, room), checked_text=text)
+
+    plan = await _admit(request, body, build, body.prompt if isinstance(body.prompt, str) else None)
+    return await _respond(plan, options, body, "text")
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:

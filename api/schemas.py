@@ -76,6 +76,11 @@ class ForwardedAdmission(Strict):
     priority: int = Field(ge=0, le=1_000_000)
 
 
+# vLLM's limits for ``cache_salt`` (vllm/entrypoints/generate/base/protocol.py): 1..128
+# characters, none of ``@ / \`` or NUL.
+CacheSalt = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")]
+
+
 class ChatCompletionCreate(BaseModel):
     """OpenAI's chat completion request (the subset served). Unknown OpenAI fields that change
     nothing here (``user``, ``n`` = 1, ...) are accepted and ignored, as OpenAI clients send them."""
@@ -96,6 +101,9 @@ class ChatCompletionCreate(BaseModel):
     response_format: ResponseFormat | None = None
     # Service credential only: a gateway's turn (ForwardedAdmission).
     admission: ForwardedAdmission | None = None
+    # Service credential only: the tenant's prefix-cache salt its gateway derived
+    # (gateway/tenancy.py); vLLM's field of the same name and limits.
+    cache_salt: CacheSalt | None = None
 
 
 class CompletionCreate(BaseModel):
@@ -116,3 +124,6 @@ class CompletionCreate(BaseModel):
     n: Literal[1] = 1
     # Service credential only: a gateway's turn (ForwardedAdmission).
     admission: ForwardedAdmission | None = None
+    # Service credential only: the tenant's prefix-cache salt its gateway derived
+    # (gateway/tenancy.py); vLLM's field of the same name and limits.
+    cache_salt: CacheSalt | None = None

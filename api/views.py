@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils.dateparse import parse_datetime
 
+from accounts.callers import acaller_for
 from api import idempotency, schemas
 from core.errors import ApiError
 from core.http import api_view, parse_json, query_int
@@ -95,7 +96,7 @@ async def conversations(request: HttpRequest) -> HttpResponse:
         body = parse_json(request, schemas.ConversationCreate)
         if body.model:
             # 400 for a model that does not exist, 403 for one the tier may not use.
-            gate.route_for(await gate.acaller_for(user), body.model)
+            gate.route_for(await acaller_for(user), body.model)
         try:
             conversation = await sync_to_async(services.conversation_create)(
                 owner=user, model=body.model, system_prompt=body.system_prompt or ""

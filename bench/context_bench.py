@@ -20,6 +20,12 @@ prefix cache (whole blocks only; the last prompt token is always computed). Hit 
 prompt tokens over all turns (and over turns 2..N, since turn 1 cannot hit). TTFT (submit ->
 first token) shows what the hits save. Results: a table on stdout and
 ``var/bench/context_bench.json``.
+
+Every request carries its user's prefix-cache salt, as the product sends it (gateway/tenancy.py,
+issue 27): one user's conversation keeps its hits. What salting costs is what users no longer
+share: **a second user's first turn** is measured after another user's first turn, unsalted
+(before issue 27) and salted, with the site's system prompt as configured and with a long one
+(an operator's ~900-token policy), each the median of ``--repeats`` runs from an empty cache.
 """
 
 from __future__ import annotations
@@ -55,6 +61,17 @@ SUMMARY = (
     "Earlier, Ada asked about composting kitchen scraps; the assistant explained how to layer "
     "green and brown material and to turn the heap every two weeks."
 )
+# Two users' first turns: each with their own memory and question after the shared instructions.
+FIRST_TURNS = [
+    ("The user's name is Ada. The user lives in Lyon, France.", "Which vegetables are easy for a beginner?"),
+    ("The user's name is Bo. The user works as a nurse in Oslo.", "How do I keep a sourdough starter alive?"),
+]
+# An operator's long site prompt (~900 tokens): what cross-user sharing could save per first turn.
+LONG_POLICY = " ".join(
+    f"Rule {i}: answer politely, cite the help centre for account questions, never promise refunds, "
+    "escalate legal threats to a human agent, and keep every answer under two hundred words."
+    for i in range(1, 25)
+)
 
 
 @dataclass
@@ -87,10 +104,21 @@ def naive_messages(system_prompt: str, question: str, exchanges) -> list[dict[st
     )  # fmt: skip
 
 
-async def generate(llm, ids: list[int], max_tokens: int, request_id: str) -> tuple[str, Turn]:
-    """Greedy generation straight on the AsyncLLM (to read ``num_cached_tokens``)."""
+def salt_of(user_id: int) -> str:
+    """User ``user_id``'s prefix-cache salt, as the product derives it (gateway/tenancy.py)."""
+    from gateway.gate import Caller  # noqa: PLC0415
+    from gateway.tenancy import cache_salt_for  # noqa: PLC0415
+
+    return cache_salt_for(Caller(user_id=user_id, tier="free"))
+
+
+async def generate(llm, ids: list[int], max_tokens: int, request_id: str, salt: str = "") -> tuple[str, Turn]:
+    """Greedy generation straight on the AsyncLLM (to read ``num_cached_tokens``), with the
+    prompt salted as the product's engine sends it (inference/engine.py ``engine_prompt``)."""
     from vllm import SamplingParams  # noqa: PLC0415
     from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+
+    from inference.engine import GenerationOptions, engine_prompt  # noqa: PLC0415
 
     params = SamplingParams(
         max_tokens=max_tokens, temperature=0.0, output_kind=RequestOutputKind.CUMULATIVE
@@ -100,7 +128,7 @@ async def generate(llm, ids: list[int], max_tokens: int, request_id: str) -> tup
     cached = 0
     text = ""
     completion = 0
-    async for output in llm.generate({"prompt_token_ids": ids}, params, request_id):
+    async for output in llm.generate(engine_prompt(ids, GenerationOptions(cache_salt=salt)), params, request_id):
         if ttft is None:
             ttft = time.perf_counter() - started
         cached = output.num_cached_tokens or cached
@@ -126,13 +154,40 @@ async def play(engine, name: str, naive: bool, turns: int, max_tokens: int) -> R
                 exchanges=exchanges, question=question, encode_chat=engine.encode_chat,
                 max_model_len=settings.CHAT_MAX_MODEL_LEN, max_tokens=max_tokens,
             ).token_ids  # fmt: skip
-        answer, turn = await generate(engine._llm, ids, max_tokens, f"{name}-{index}")
+        answer, turn = await generate(engine._llm, ids, max_tokens, f"{name}-{index}", salt_of(1))
         run.turns.append(turn)
         exchanges.append((question, answer))
     return run
 
 
-async def main_async(turns: int, max_tokens: int) -> dict:
+async def first_turns(engine, system_prompt: str, salted: bool, repeats: int) -> dict:
+    """A second user's first turn right after another user's first turn, from an empty cache,
+    ``repeats`` times: the second user's median cached prompt tokens and TTFT (ms), and the
+    prompt length. ``salted``: each user's own salt (issue 27), else none (before it)."""
+    from django.conf import settings  # noqa: PLC0415
+
+    from inference.prompts import prompt_assemble  # noqa: PLC0415
+
+    cached, ttfts, prompt = [], [], 0
+    for repeat in range(repeats):
+        await engine._llm.reset_prefix_cache()
+        for user, (memory, question) in enumerate(FIRST_TURNS, start=1):
+            ids = prompt_assemble(
+                system_prompt=system_prompt, memory=memory, summary="", exchanges=[], question=question,
+                encode_chat=engine.encode_chat, max_model_len=settings.CHAT_MAX_MODEL_LEN, max_tokens=1,
+            ).token_ids  # fmt: skip
+            salt = salt_of(user) if salted else ""
+            _, turn = await generate(engine._llm, ids, 1, f"first-{salted}-{repeat}-{user}-{len(ids)}", salt)
+        cached.append(turn.cached_tokens)
+        ttfts.append(turn.ttft_s * 1000)
+        prompt = turn.prompt_tokens
+    return {
+        "salted": salted, "prompt_tokens": prompt, "cached_tokens": statistics.median(cached),
+        "ttft_ms": statistics.median(ttfts),
+    }  # fmt: skip
+
+
+async def main_async(turns: int, max_tokens: int, repeats: int = 3) -> dict:
     from inference.engine import VllmEngine  # noqa: PLC0415
 
     engine = VllmEngine.from_settings()
@@ -141,9 +196,19 @@ async def main_async(turns: int, max_tokens: int) -> dict:
         cache_config = engine._llm.vllm_config.cache_config
         ours = await play(engine, "ours", naive=False, turns=turns, max_tokens=max_tokens)
         naive = await play(engine, "naive", naive=True, turns=turns, max_tokens=max_tokens)
+        from django.conf import settings  # noqa: PLC0415
+
+        second_user = {
+            label: [await first_turns(engine, prompt, salted, repeats) for salted in (False, True)]
+            for label, prompt in (
+                ("site prompt", settings.CHAT_SYSTEM_PROMPT),
+                ("long site prompt", f"{settings.CHAT_SYSTEM_PROMPT}\n\n{LONG_POLICY}"),
+            )
+        }
     finally:
         engine.shutdown()
     return {
+        "second_user_first_turn": second_user,
         "prefix_caching": bool(cache_config.enable_prefix_caching),
         "block_size": cache_config.block_size,
         "turns": turns,
@@ -180,20 +245,29 @@ def report(result: dict) -> None:
         print(f"  {run['name']:<7} per turn: {rates}")
     print(
         "\nours: system, memory, summary, turns, new message (inference/prompts.py); naive: the "
-        "same content behind a per-request first line (the time)."
+        "same content behind a per-request first line (the time). Every request carries its "
+        "user's cache salt (gateway/tenancy.py)."
     )
+    print("\nA second user's first turn, after another user's first turn (median of repeats)")
+    print(f"{'instructions':<18}{'prompt':>8}{'unsalted: cached':>18}{'TTFT':>9}{'salted: cached':>16}{'TTFT':>9}")
+    for label, (before, after) in result["second_user_first_turn"].items():
+        print(
+            f"{label:<18}{before['prompt_tokens']:>8}{before['cached_tokens']:>18.0f}{before['ttft_ms']:>6.0f} ms"
+            f"{after['cached_tokens']:>16.0f}{after['ttft_ms']:>6.0f} ms"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per second-user measurement")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
     import django  # noqa: PLC0415
 
     django.setup()
-    result = asyncio.run(main_async(min(args.turns, len(USER_MESSAGES)), args.max_tokens))
+    result = asyncio.run(main_async(min(args.turns, len(USER_MESSAGES)), args.max_tokens, args.repeats))
     report(result)
     out = VAR / "bench" / "context_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,11 @@
-"""The plan of one answer to a conversation turn: the pipeline's steps before anything is
-stored or any engine work (gateway/gate.py: route, shed, answer budget, rate limit) with the
-conversation's prompt assembled in between (history from the turn path, the owner's memory,
-attached files).
+"""The plan of one answer to a conversation turn: the conversation's prompt assembly (history
+from the turn path, the owner's memory, attached files), given to the gateway's one admission
+sequence (gateway/admission.py ``admit``: route, shed, answer budget, prompt, rate limit, input
+verdict, policy) as its prompt callback.
 
 :func:`turn_plan` returns a :class:`TurnPlan`, which conversations/generate.py answers from.
-Refusals are ``gate.Refused``; :class:`ContentBlocked` when the input gate (gateway/run.py)
-stopped the message, which is then stored with its verdict.
+Refusals are ``gate.Refused``; :class:`ContentBlocked` when the input gate stopped the message,
+which is then stored with its verdict (conversations/submit.py).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from accounts.callers import caller_for
 from attachments.prompt import question_with_files
 from conversations import selectors, summaries
 from conversations.models import Turn
-from gateway import gate, run
+from gateway import admission, gate, run
 from inference.pools import pool_engine
 from inference.prompts import (
-    PromptTooLong,
     chat_messages,
     kv_block_aligned,
     prompt_assemble,
@@ -46,10 +46,11 @@ class TurnPlan:
     """How one answer was admitted, before anything was stored.
 
     ``admitted``: the pipeline's admission (gateway/run.py: caller, route, rate-limit decision,
-    moderation policy with the turn's real system prompt); ``token_ids``: the assembled prompt;
-    ``max_tokens``: the completion budget (tokens); ``context_trimmed``: earlier exchanges left
-    out or summarised (Turn.context_trimmed); ``want_summary``: the conversation is outgrowing
-    the budget (summarise after this answer).
+    moderation policy with the turn's real system prompt, the tenant's cache salt);
+    ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
+    ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
+    ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
+    ``verdict``: the input gate's verdict on the new message (None: none was checked).
     """
 
     admitted: run.Admitted
@@ -57,6 +58,7 @@ class TurnPlan:
     max_tokens: int
     context_trimmed: int
     want_summary: bool
+    verdict: Verdict | None = None
 
     @property
     def route(self) -> Route:
@@ -71,18 +73,14 @@ class TurnPlan:
         return self.admitted.decision
 
 
-class ContentBlocked(gate.Refused):
+class ContentBlocked(admission.InputBlocked):
     """The input gate stopped a message (moderation/): it is stored with status ``blocked``
     and its verdict (``question``), and never reaches the engine. A 400 ``content_blocked`` on
     /v1 with the categories and the stored turn's id; the page shows the message with why."""
 
     def __init__(self, question: Turn, verdict: Verdict):
-        super().__init__(
-            400, "content_blocked", verdict.message(),
-            details={"categories": list(verdict.categories), "turn_id": str(question.turn_id)},
-        )  # fmt: skip
+        super().__init__(verdict, details={"turn_id": str(question.turn_id)})
         self.question = question
-        self.verdict = verdict
 
 
 def _system_prompt(route: Route) -> str:
@@ -252,16 +250,17 @@ def _memory_aligned(memory: str, engine, system_prompt: str, custom_instructions
     )
 
 
-def new_chat_prefix(*, user, memory: str) -> tuple[Route, list[int]]:
+def new_chat_prefix(*, user, memory: str, caller: gate.Caller | None = None) -> tuple[Route, list[int]]:
     """The token ids every new chat of ``user`` starts with, and the route it takes: the
     templated prompt through the system message of the pool's preamble, the site prompt, the
     user's custom instructions and ``memory`` (their memory block), as a turn in a chat with no
     prompt of its own assembles it (:func:`_prompt_prepare`). Found as the longest common
     prefix of two such prompts that differ only in the question, so it ends where any question
     begins, whatever the chat template. The route is the user's default (a new chat's model is
-    the tier's). Sync (reads the user's organisation); tokenizes only, never starts an engine.
-    memory/warm.py sends it to the prefix cache."""
-    route = gate.route_for(gate.caller_for(user))
+    the tier's). ``caller``: ``user``'s (accounts/callers.py ``caller_for``; None: looked up).
+    Sync (reads the user's organisation); tokenizes only, never starts an engine.
+    memory/warm.py sends it to the prefix cache, under the user's cache salt."""
+    route = gate.route_for(caller or caller_for(user))
     engine = pool_engine(route.pool)
     system_prompt = _system_prompt(route)
     custom_instructions = getattr(user, "custom_instructions", "") or ""
@@ -282,34 +281,23 @@ def new_chat_prefix(*, user, memory: str) -> tuple[Route, list[int]]:
     return route, first[: _shared_length(first, second)]
 
 
-async def turn_plan(
+def turn_prompt(
     *,
     conversation,
-    caller: gate.Caller,
     question: Turn,
-    model: str | None = None,
-    max_tokens: int | None = None,
-    explicit_max_tokens: bool = False,
     planned: bool = False,
     memory_query: Future | None = None,
     continues_text: str = "",
-) -> TurnPlan:
-    """Admit an answer to ``question``: route to a pool (``model``: asked for by this request,
-    checked strictly; else the conversation's ``model``), shed under load, size the completion
-    budget, assemble the prompt, and take the rate limits for prompt + max_tokens. No engine work
-    and nothing stored. ``planned``: ``question`` is not stored yet. ``memory_query``: the
-    question's embedding for memory retrieval, started when the request arrived
-    (:func:`amemory_query_start`); None: embedded during assembly if retrieval needs it. ``continues_text``: the text
-    of a cut-off answer being continued (Continue, issue 18): its tokens end the prompt, so the
-    model goes on from them, they count towards the rate limits as prompt tokens, and the
-    completion budget is what the pool's context leaves after them (at most the usual one).
-    Raises gate.Refused (400/403/404/429/503) - for a prompt longer than the pool's context too
-    (400 context_length_exceeded)."""
-    route = gate.route_for(caller, model, fallback=conversation.model)
-    route = await gate.shed_for(caller, route)
-    budget = gate.answer_budget(caller, route.pool, max_tokens, explicit=explicit_max_tokens)
-    system_prompt = _system_prompt(route)
-    try:
+) -> admission.PromptBuilder:
+    """The prompt callback of an answer to ``question`` (gateway/admission.py ``PromptBuilder``):
+    for the route and budget the gateway chose, the conversation's prompt (:func:`_prompt_prepare`,
+    on the request's thread), its confidential instructions (:func:`_confidential_prompt`), and
+    as ``detail`` (context_trimmed, want_summary). ``continues_text``: see :func:`turn_plan`.
+    The callback raises PromptTooLong, or gate.Refused 400 ``context_length_exceeded`` when a
+    continued answer leaves no room."""
+
+    async def build(route: Route, budget: int) -> admission.Prompt:
+        system_prompt = _system_prompt(route)
         # On the request's own thread and connection (thread-sensitive), not the shared
         # executor: a request waiting there would hold its connection meanwhile, and a burst of
         # turns could exhaust the connection pool.
@@ -324,22 +312,62 @@ async def turn_plan(
             conversation=conversation,
             memory_query=memory_query,
         )
-    except PromptTooLong as exc:
-        raise gate.Refused(400, "context_length_exceeded", str(exc)) from None
-    if continues_text:
-        token_ids = token_ids + pool_engine(route.pool).encode_text(continues_text)
-        room = route.pool.max_context - len(token_ids)
-        if room < 1:
-            raise gate.Refused(
-                400, "context_length_exceeded", "This answer is as long as the model can write here."
-            )
-        budget = min(budget, room)
-    decision = await gate.rate_limit(caller, prompt_tokens=len(token_ids), max_tokens=budget)
-    policy = run.policy_of(caller, _confidential_prompt(system_prompt, conversation))
-    admitted = run.Admitted(caller=caller, route=route, decision=decision, policy=policy)
+        if continues_text:
+            token_ids = token_ids + pool_engine(route.pool).encode_text(continues_text)
+            room = route.pool.max_context - len(token_ids)
+            if room < 1:
+                raise gate.Refused(
+                    400, "context_length_exceeded", "This answer is as long as the model can write here."
+                )
+            budget = min(budget, room)
+        return admission.Prompt(
+            token_ids=token_ids, max_tokens=budget,
+            confidential=_confidential_prompt(system_prompt, conversation), detail=(trimmed, want_summary),
+        )  # fmt: skip
+
+    return build
+
+
+async def turn_plan(
+    *,
+    conversation,
+    caller: gate.Caller,
+    question: Turn,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    explicit_max_tokens: bool = False,
+    planned: bool = False,
+    memory_query: Future | None = None,
+    continues_text: str = "",
+    checked_text: str | None = None,
+) -> TurnPlan:
+    """Admit an answer to ``question`` through the gateway's admission sequence
+    (gateway/admission.py ``admit``: route, shed, budget, this conversation's prompt, rate limit,
+    input verdict, policy), with :func:`turn_prompt` as its prompt callback. No engine work and
+    nothing stored. ``model``: asked for by this request, checked strictly; else the
+    conversation's ``model``. ``planned``: ``question`` is not stored yet. ``memory_query``: the
+    question's embedding for memory retrieval, started when the request arrived
+    (:func:`amemory_query_start`); None: embedded during assembly if retrieval needs it.
+    ``continues_text``: the text of a cut-off answer being continued (Continue, issue 18): its
+    tokens end the prompt, so the model goes on from them, they count towards the rate limits as
+    prompt tokens, and the completion budget is what the pool's context leaves after them (at
+    most the usual one). ``checked_text``: the new message, for the input gate (None: no check,
+    the question was checked when it was stored).
+    Raises gate.Refused (400/403/404/429/503; 400 context_length_exceeded for a prompt longer
+    than the pool's context), admission.InputBlocked when the input gate flags ``checked_text``
+    (the caller stores the message with its verdict)."""
+    plan = await admission.admit(
+        caller=caller, model=model, fallback_model=conversation.model, max_tokens=max_tokens,
+        explicit_max_tokens=explicit_max_tokens, checked_text=checked_text,
+        build_prompt=turn_prompt(
+            conversation=conversation, question=question, planned=planned, memory_query=memory_query,
+            continues_text=continues_text,
+        ),
+    )  # fmt: skip
+    trimmed, want_summary = plan.prompt.detail
     return TurnPlan(
-        admitted=admitted, token_ids=token_ids, max_tokens=budget, context_trimmed=trimmed,
-        want_summary=want_summary,
+        admitted=plan.admitted, token_ids=plan.prompt.token_ids, max_tokens=plan.prompt.max_tokens,
+        context_trimmed=trimmed, want_summary=want_summary, verdict=plan.verdict,
     )  # fmt: skip
 
 

@@ -1,9 +1,11 @@
 """A user's message in, an answer started: the conversation entrypoint of the one turn pipeline.
 
 :func:`turn_submit` (a new message, or an edit), :func:`answer_regenerate` (answer a question
-again) and :func:`answer_continue` (go on with a cut-off answer) claim the conversation (conversations/locks.py), plan the answer (conversations/plan.py:
-route, shed, budget, prompt, rate limit) with the input gate running beside it (gateway/run.py),
-store the message, and start the generation (conversations/generate.py). The chat page and
+again) and :func:`answer_continue` (go on with a cut-off answer) claim the conversation
+(conversations/locks.py), admit the answer through the gateway's one admission sequence
+(gateway/admission.py: route, shed, budget, the conversation's prompt from conversations/plan.py,
+rate limit, input verdict, policy), store the message, and start the generation
+(conversations/generate.py). The chat page and
 ``/v1/conversations/{id}/turns`` both call these; they only parse and render.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from asgiref.sync import sync_to_async
 
+from accounts.callers import acaller_of
 from conversations import cache, selectors, services
 from conversations.generate import generation_start
 from conversations.locks import conversation_claim
@@ -19,7 +22,8 @@ from conversations.plan import ContentBlocked, amemory_query_start, turn_plan
 from conversations.regions import new_turn_id
 from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
-from gateway import gate, run
+from gateway import gate
+from gateway.admission import InputBlocked
 
 
 async def turn_submit(
@@ -57,7 +61,7 @@ async def turn_submit(
     # An overflow user's memory retrieval embeds the message now, beside the claim, caller and
     # history reads (everyone else's memory block is stored: nothing to embed).
     memory_query = await amemory_query_start(text, user_id=conversation.owner_id)
-    caller = await gate.acaller_of(conversation, caller)
+    caller = await acaller_of(conversation, caller)
     async with conversation_claim(conversation_id, answer_id):
         # Where it goes in the turn tree: after the branch shown, or beside the message it edits.
         parent_id = await sync_to_async(selectors.new_message_parent)(
@@ -67,39 +71,44 @@ async def turn_submit(
             conversation_id=conversation_id, role=Turn.Role.USER, content=text,
             replaces_id=replaces.turn_id if replaces is not None else None, parent_id=parent_id,
         )  # fmt: skip
-        # The input gate's classifiers run beside admission; their verdict is read after it.
-        check = run.input_check_start(caller, text)
+        # The input gate checks the message beside admission (gateway/admission.py); a check
+        # that itself failed refuses the turn with nothing stored (503, PF-M2).
         try:
             plan = await turn_plan(
                 conversation=conversation, caller=caller, question=draft, model=model,
                 max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens, planned=True,
-                memory_query=memory_query,
+                memory_query=memory_query, checked_text=text,
             )  # fmt: skip
-        except BaseException:
-            await run.input_check_discard(check)
-            raise
-        # A check that itself failed refuses the turn with nothing stored (503, PF-M2).
-        verdict = await run.input_verdict(check, plan.admitted)
-        blocked = verdict is not None and verdict.flagged
-        previous_turn_at = conversation.last_turn_at  # the append moves it
+        except InputBlocked as exc:  # stored with its verdict; the engine never sees it
+            question = await _question_store(
+                conversation, text, replaces=replaces, parent_id=parent_id, model=model, verdict=exc.verdict
+            )
+            raise ContentBlocked(question, exc.verdict) from None
         try:
-            question = await sync_to_async(services.turn_append_user)(
-                conversation=conversation, content=text, replaces=replaces, parent_id=parent_id,
-                moderation_verdict=verdict.as_json() if verdict is not None else None,
-                blocked=blocked,
-            )  # fmt: skip
-            if model and model != conversation.model:
-                await sync_to_async(services.conversation_model_set)(conversation=conversation, model=model)
+            question = await _question_store(
+                conversation, text, replaces=replaces, parent_id=parent_id, model=model, verdict=plan.verdict
+            )
         except BaseException:
             await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
             raise
-        # Write-through to the hot cache (conversations/cache.py); never raises.
-        await cache.aturn_cached(question, after=previous_turn_at)
-        if blocked:  # stored with its verdict; the engine never sees it
-            await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
-            raise ContentBlocked(question, verdict)
         stream = await _answer_start(conversation, question, plan, answer_id)
     return question, stream
+
+
+async def _question_store(conversation, text: str, *, replaces, parent_id, model, verdict) -> Turn:
+    """Store the user's message with the input gate's ``verdict`` (blocked when it is flagged),
+    make ``model`` the conversation's, and write it through to the hot cache
+    (conversations/cache.py; never raises). Raises what the stores raise."""
+    previous_turn_at = conversation.last_turn_at  # the append moves it
+    question = await sync_to_async(services.turn_append_user)(
+        conversation=conversation, content=text, replaces=replaces, parent_id=parent_id,
+        moderation_verdict=verdict.as_json() if verdict is not None else None,
+        blocked=verdict is not None and verdict.flagged,
+    )  # fmt: skip
+    if model and model != conversation.model:
+        await sync_to_async(services.conversation_model_set)(conversation=conversation, model=model)
+    await cache.aturn_cached(question, after=previous_turn_at)
+    return question
 
 
 async def answer_regenerate(
@@ -121,7 +130,7 @@ async def answer_regenerate(
     """
     conversation_id = conversation.conversation_id
     answer_id = new_turn_id(conversation.conversation_id)
-    caller = await gate.acaller_of(conversation, caller)
+    caller = await acaller_of(conversation, caller)
     async with conversation_claim(conversation_id, answer_id):
         question = await sync_to_async(selectors.user_turn_get)(
             conversation=conversation, turn_id=answer.reply_to_id
@@ -157,7 +166,7 @@ async def answer_continue(
         raise gate.Refused(400, "not_cut_off", "Only an answer that was cut off can be continued.")
     conversation_id = conversation.conversation_id
     answer_id = new_turn_id(conversation.conversation_id)
-    caller = await gate.acaller_of(conversation, caller)
+    caller = await acaller_of(conversation, caller)
     async with conversation_claim(conversation_id, answer_id):
         question = await sync_to_async(selectors.user_turn_get)(
             conversation=conversation, turn_id=answer.reply_to_id
@@ -176,7 +185,7 @@ async def answer_now(*, conversation, question: Turn, caller: gate.Caller | None
     both find it unanswered never answer it twice. Raises ConversationBusy if another answer
     holds the conversation, gate.Refused when not admitted."""
     answer_id = new_turn_id(conversation.conversation_id)
-    caller = await gate.acaller_of(conversation, caller)
+    caller = await acaller_of(conversation, caller)
     async with conversation_claim(conversation.conversation_id, answer_id):
         plan = await turn_plan(conversation=conversation, caller=caller, question=question)
         return await _answer_start(conversation, question, plan, answer_id)

@@ -29,11 +29,13 @@ from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, transaction
 
+from accounts.callers import caller_for
 from accounts.services import service_user
 from conversations import regions, selectors, services
 from conversations.models import Conversation
 from conversations.selectors import conversation_zero_retention
 from gateway import gate
+from gateway.tenancy import cache_salt_for
 from inference.engine import get_engine
 from inference.prompts import AssembledPrompt, chat_messages, largest_fitting
 from inference.service_client import ServiceCallError, chat_complete
@@ -88,9 +90,9 @@ def summary_messages(summary: str, exchanges: Sequence[tuple[str, str]]) -> list
     ]
 
 
-def _summarise(summary: str, exchanges: list[tuple[str, str]], fits) -> str:
-    """The model's next summary (stripped). Raises ServiceCallError, or ValueError if the model
-    wrote nothing."""
+def _summarise(summary: str, exchanges: list[tuple[str, str]], fits, cache_salt: str | None = None) -> str:
+    """The model's next summary (stripped), asked under ``cache_salt`` (the conversation owner's
+    prefix-cache salt). Raises ServiceCallError, or ValueError if the model wrote nothing."""
     while not fits(summary, exchanges):  # one exchange alone too long: clip its texts
         (q, a), *rest = exchanges
         exchanges = [(q[: int(len(q) * CLIP_FACTOR)], a[: int(len(a) * CLIP_FACTOR)]), *rest]
@@ -100,6 +102,7 @@ def _summarise(summary: str, exchanges: list[tuple[str, str]], fits) -> str:
         summary_messages(summary, exchanges),
         max_tokens=settings.CHAT_SUMMARY_MAX_TOKENS,
         temperature=0.0,
+        cache_salt=cache_salt,
     ).strip()
     if not text:
         raise ValueError("the model wrote an empty summary")
@@ -133,8 +136,9 @@ def summary_update(*, conversation_id: UUID) -> bool:
     encode_chat = get_engine().encode_chat
     # The turns' prompt budget is their pool's context less an answer (gateway/gate.py); the
     # summary itself is written by the service credential's pool.
-    turn_pool = gate.route_for(gate.caller_for(conversation.owner, conversation.org), fallback=conversation.model).pool
-    summariser_pool = gate.route_for(gate.caller_for(service_user())).pool
+    owner = caller_for(conversation.owner, conversation.org)
+    turn_pool = gate.route_for(owner, fallback=conversation.model).pool
+    summariser_pool = gate.route_for(caller_for(service_user())).pool
     budget = turn_pool.max_context - min(settings.CHAT_MAX_TOKENS, turn_pool.max_tokens)
     keep_budget = int(budget * settings.CHAT_SUMMARY_KEEP_FRACTION)
     # The instructions as a turn's prompt has them (conversations/plan.py), memory aside.
@@ -165,7 +169,7 @@ def summary_update(*, conversation_id: UUID) -> bool:
         following = fold[index + 1][1] if index + 1 < len(fold) else None
         if following is not None and fits(summary, [x for _, x in chunk] + [following]):
             continue
-        new_summary = _summarise(summary, [x for _, x in chunk], fits)
+        new_summary = _summarise(summary, [x for _, x in chunk], fits, cache_salt_for(owner))
         new_through = chunk[-1][0].question.created_at
         if not services.conversation_summary_store(
             conversation_id=conversation_id,

@@ -23,6 +23,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.callers import acaller_for, caller_for
 from attachments import services as attachment_services
 from conversations import deletion, locks, plan, selectors, services, submit, turnlog, turnstream
 from conversations.models import Conversation, Turn
@@ -73,7 +74,7 @@ def _model_choices(user, conversation: Conversation | None) -> dict:
     selected = conversation.model if conversation is not None else ""
     if selected not in names:
         try:
-            selected = gate.route_for(gate.caller_for(user)).pool.name
+            selected = gate.route_for(caller_for(user)).pool.name
         except gate.Refused:
             selected = names[0] if names else ""
     return {"models": pools, "selected_model": selected}
@@ -201,7 +202,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
         uploads = await sync_to_async(attachment_services.uploads_read)(files=request.FILES.getlist("files"))
     except attachment_services.AttachmentRejected as exc:
         return _error_response(request, exc.message, exc.status)
-    caller = await gate.acaller_for(user)
+    caller = await acaller_for(user)
     if conversation_id is None:
         try:
             # The chosen model is checked for the tier before anything is created.
@@ -469,7 +470,7 @@ async def _answer_now(conversation: Conversation, question: Turn, user, after: i
     """Start answering ``question`` here and follow it; a refusal is one ``error`` event."""
     try:
         stream = await submit.answer_now(
-            conversation=conversation, question=question, caller=await gate.acaller_for(user)
+            conversation=conversation, question=question, caller=await acaller_for(user)
         )
     except locks.ConversationBusy as exc:
         return _single_error(str(exc))

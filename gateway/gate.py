@@ -1,12 +1,13 @@
 """The pipeline's steps before any engine work (gateway/__init__.py has the whole order): who
-the caller is, route to a pool, shed under load, the answer budget, the rate limit.
+the caller is (:class:`Caller`, built by accounts/callers.py), route to a pool, shed under load,
+the answer budget, the rate limit.
 
 The rate limit charges TPM as prompt + max_tokens, so the prompt must be assembled (tokenised, no
 engine work) before the buckets are taken; everything here still happens before any engine
 work and before anything is stored, so a refusal loses nothing and costs the engine nothing.
 
-The steps, shared by conversation turns (conversations/plan.py) and the stateless OpenAI
-endpoints (api/completions.py):
+The steps, which gateway/admission.py ``admit`` puts in their one order for every entrypoint
+(conversation turns and the stateless OpenAI endpoints alike):
 
 1. :func:`route_for` - (tier, org pin, feature flags, experiment arm, canary) -> a pool
    (inference/router.py); an unknown model is a 400, a model the tier may not use a 403.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from chatsite import metrics
@@ -65,7 +65,10 @@ class Refused(ApiError):
 class Caller:
     """Who a request is for, as routing and limits see it: the user, their tier, the
     organisation whose limits and pin apply (None: none), feature flags, and whether it is the
-    service credential (background jobs: no limits, lowest priority)."""
+    service credential (background jobs: no limits, lowest priority).
+
+    Built from the account by the accounts app (accounts/callers.py ``caller_for``): the gateway
+    reads no account model itself, it receives these values."""
 
     user_id: int
     tier: str
@@ -81,42 +84,16 @@ class Caller:
     # its tier's; None: the tier's (ratelimit.limits_for).
     org_rpm: int | None = None
     org_tpm: int | None = None
+    # The organisation shares one prefix cache among its members
+    # (Organisation.share_prefix_cache): its turns use the organisation's cache salt, not the
+    # user's (gateway/tenancy.py).
+    org_shares_cache: bool = False
 
     @property
     def usage_tier(self) -> str:
         """The tier label for metrics and the usage ledger: ``background`` for the service
         credential's jobs (whatever tier its account has), else the user's tier."""
         return "background" if self.service else self.tier
-
-
-def caller_for(user, org=None) -> Caller:
-    """The :class:`Caller` for ``user`` (an accounts.User) acting in ``org`` (the
-    conversation's workspace; None: the user's first organisation by joining date, if any).
-    Sync (ORM); use :func:`acaller_for` from async code."""
-    from accounts.models import Membership  # noqa: PLC0415 - app registry must be ready
-    from accounts.services import user_is_service  # noqa: PLC0415
-    from moderation.verdicts import policy_for  # noqa: PLC0415
-
-    if org is None:
-        membership = (
-            Membership.objects.filter(user_id=user.pk).select_related("organisation").order_by("joined_at").first()
-        )
-        org = membership.organisation if membership is not None else None
-    return Caller(
-        user_id=user.pk,
-        tier=user.tier,
-        org_id=org.pk if org is not None else None,
-        org_tier=org.tier if org is not None else None,
-        org_pin=(org.pinned_pool or "") if org is not None else "",
-        flags=frozenset(user.feature_flags or ()),
-        service=user_is_service(user),
-        moderation=policy_for(org),
-        org_rpm=org.rate_limit_rpm if org is not None else None,
-        org_tpm=org.rate_limit_tpm if org is not None else None,
-    )
-
-
-acaller_for = sync_to_async(caller_for)
 
 
 def route_for(caller: Caller, requested: str | None = None, *, fallback: str | None = None) -> Route:
@@ -251,13 +228,3 @@ def with_preamble(route: Route, system_prompt: str) -> str:
     if not preamble:
         return system_prompt
     return f"{preamble}\n\n{system_prompt}" if system_prompt else preamble
-
-
-
-
-async def acaller_of(conversation, caller: Caller | None = None) -> Caller:
-    """``caller``, or the conversation's owner acting in the conversation's organisation
-    (:func:`caller_for`, on a worker thread)."""
-    if caller is not None:
-        return caller
-    return await sync_to_async(lambda: caller_for(conversation.owner, conversation.org))()

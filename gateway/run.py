@@ -1,5 +1,7 @@
-"""The pipeline's run of one admitted request: input moderation, generate with the output gate
-beside the stream, one token tally, one settle (gateway/__init__.py has the whole order).
+"""The pipeline's run of one admitted request: the input gate's steps (started, discarded, its
+verdict, as gateway/admission.py orders them), generate with the output gate beside the stream
+and the tenant's cache salt on every engine request, one token tally, one settle
+(gateway/__init__.py has the whole order).
 
 Used by every entrypoint: conversation turns (conversations/generate.py) and the stateless
 OpenAI endpoints (api/completions.py). What differs between them stays with them: a turn
@@ -27,9 +29,12 @@ from decimal import Decimal
 from uuid import UUID
 
 from django.conf import settings
+from django.db import models
+from django.utils.module_loading import import_string
 
 from core.db import run_in_db_thread
 from gateway import gate
+from gateway.tenancy import cache_salt_for
 from inference.engine import Delta, EngineUnavailable, GenerationOptions
 from inference.pools import pool_engine
 from inference.router import Route
@@ -37,16 +42,22 @@ from inference.serving import pool_generate
 from moderation.base import acheck
 from moderation.gate import OutputGate
 from moderation.verdicts import Policy, Verdict, policy_for
-from usage.models import UsageRecord
 
 logger = logging.getLogger(__name__)
 
 STOP, LENGTH, CANCELLED, MODERATION, ERROR = "stop", "length", "cancelled", "moderation", "error"
 FINISH_REASONS = (STOP, LENGTH, CANCELLED, MODERATION, ERROR)
 
-# The settled request's status (the same values as conversations.models.Turn.Status; a test
-# checks they agree).
-Status = UsageRecord.Status
+
+class Status(models.TextChoices):
+    """The settled request's status: the same values as conversations.models.Turn.Status and
+    usage.models.UsageRecord.Status (the gateway imports neither app; a test checks they
+    agree)."""
+
+    COMPLETE = "complete", "Complete"
+    CANCELLED = "cancelled", "Cancelled"
+    FAILED = "failed", "Failed"
+    BLOCKED = "blocked", "Blocked"
 
 
 @dataclass
@@ -57,7 +68,9 @@ class Admitted:
     blocked terms, and the real system prompt for the output gate's leak check), and the
     ``tier`` it is served and charged as (``caller.usage_tier`` unless a gateway forwarded it).
     ``forwarded``: a gateway's turn reaching its engine process; the gateway settles it, so no
-    ledger row is written here."""
+    ledger row is written here. ``cache_salt``: the prefix-cache salt every engine request of
+    it carries (gateway/tenancy.py: the caller's tenant's unless given, as a forwarded turn
+    brings its gateway's)."""
 
     caller: gate.Caller
     route: Route
@@ -65,9 +78,11 @@ class Admitted:
     policy: Policy | None = None
     tier: str = ""
     forwarded: bool = False
+    cache_salt: str = ""
 
     def __post_init__(self) -> None:
         self.tier = self.tier or self.caller.usage_tier
+        self.cache_salt = self.cache_salt or cache_salt_for(self.caller)
 
 
 @dataclass
@@ -209,8 +224,8 @@ async def generate(
 ) -> AsyncIterator[str]:
     """Yield each text delta of the answer as the engine sends it (never an empty one).
 
-    ``prompt_ids``: the assembled prompt (token ids); ``options``: sampling (its ``tier`` is set
-    to ``admitted.tier``); ``request_id``: the engine request id (``-rN`` appended on a resumed
+    ``prompt_ids``: the assembled prompt (token ids); ``options``: sampling (its ``tier`` and
+    ``cache_salt`` are set to ``admitted``'s); ``request_id``: the engine request id (``-rN`` appended on a resumed
     attempt); ``answer``: filled in as it goes (text, tally, finish reason, verdicts).
 
     The output gate, when given, is fed each delta after it was yielded (beside the stream,
@@ -227,7 +242,7 @@ async def generate(
     """
     engine = pool_engine(admitted.route.pool)
     tally = answer.tally
-    options = replace(options, tier=admitted.tier)
+    options = replace(options, tier=admitted.tier, cache_salt=admitted.cache_salt)
     try:
         for attempt in range(resume_attempts + 1):
             ids = prompt_ids + (engine.encode_text(answer.text) if answer.parts else [])
@@ -308,11 +323,10 @@ async def settle(
     )
     if admitted.forwarded:
         return
-    from usage import services as usage_services  # noqa: PLC0415 - the ORM, only when settling
-
     try:
+        # The ledger's writer (usage.services.usage_record) by name: the gateway imports no app.
         await run_in_db_thread(
-            usage_services.usage_record, user=admitted.caller.user_id, org=admitted.caller.org_id,
+            import_string(settings.CHAT_USAGE_RECORDER), user=admitted.caller.user_id, org=admitted.caller.org_id,
             turn_id=turn_id, conversation_id=conversation_id, route_pool=admitted.route.pool, tier=admitted.tier,
             prompt_tokens=tally.prompt_tokens, cached_tokens=tally.cached_tokens,
             completion_tokens=tally.completion_tokens, status=status, zero_retention=zero_retention,

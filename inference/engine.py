@@ -62,6 +62,12 @@ class GenerationOptions:
     # What a pool of several nodes hashes to pick a node (inference/nodes.py): the conversation
     # id, so a conversation's turns reuse one node's prefix cache; "" hashes the request id.
     affinity: str = ""
+    # The tenant's prefix-cache salt (vLLM's ``cache_salt``, PR #17045, against the prefix-cache
+    # side channel of CVE-2025-46570): a request reuses only KV blocks cached by requests with
+    # the same salt. Derived on the server from the tenant (gateway/tenancy.py), never taken
+    # from a client; every engine path sends it (in-process prompt, engine process, ``vllm
+    # serve``). "": unsalted (only the engine's own warm-up).
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True)
@@ -306,7 +312,7 @@ class VllmEngine:
         self._active.add(request_id)
         try:
             async for output in self._llm.generate(
-                {"prompt_token_ids": prompt_token_ids},
+                engine_prompt(prompt_token_ids, options),
                 params,
                 request_id,
                 priority=options.priority,
@@ -399,6 +405,16 @@ class VllmEngine:
         self.ready = False
         if llm is not None:
             llm.shutdown()
+
+
+def engine_prompt(prompt_token_ids: list[int], options: GenerationOptions) -> dict:
+    """vLLM's ``TokensPrompt`` for ``prompt_token_ids``, salted with ``options.cache_salt``
+    when it has one (vllm/inputs/llm.py: ``cache_salt`` is hashed into the first KV block's key,
+    so only requests with the same salt share cached blocks)."""
+    prompt: dict = {"prompt_token_ids": prompt_token_ids}
+    if options.cache_salt:
+        prompt["cache_salt"] = options.cache_salt
+    return prompt
 
 
 def _install_shutdown_on_signals(engine: VllmEngine) -> None:

@@ -23,6 +23,10 @@ inference/serving.py), so each request tells it where it belongs:
   accepts it when started with ``--scheduling-policy priority`` and refuses a non-zero priority
   otherwise); it has no reserved slots.
 
+Every request also carries the tenant's prefix-cache salt (``GenerationOptions.cache_salt``) in
+vLLM's own ``cache_salt`` field, which ``vllm serve`` accepts from anyone and this project's
+engine process from the service credential only (DESIGN.md, "Tenants and the engine's caches").
+
 Shedding reads the remote's queue (:meth:`OpenAIRemoteEngine.load`: ``vllm:num_requests_waiting``
 and ``_running`` from its ``/metrics``, which both kinds expose), so every gateway in front of
 one engine node sheds on the same number. Usage comes from the stream's final chunk
@@ -221,6 +225,10 @@ class OpenAIRemoteEngine:
             body["admission"] = {"tier": options.tier or "background", "priority": options.priority}
         elif options.priority:
             body["priority"] = options.priority
+        if options.cache_salt:
+            # The tenant's prefix-cache salt: vLLM's own request field, which this project's
+            # engine process takes from the service credential only (gateway/admission.py).
+            body["cache_salt"] = options.cache_salt
         if options.json_schema:
             body["response_format"] = {
                 "type": "json_schema",

@@ -51,6 +51,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.callers import caller_for, user_cache_salt
 from accounts.models import Organisation, User
 from accounts.services import service_user
 from conversations import regions, selectors
@@ -159,34 +160,42 @@ def extraction_messages(exchanges: Sequence[tuple[str, str]]) -> list[dict[str, 
     ]
 
 
-def model_facts(exchanges: Sequence[tuple[str, str]]) -> list[str]:
+def model_facts(exchanges: Sequence[tuple[str, str]], *, cache_salt: str | None = None) -> list[str]:
     """Ask the served model (service credential, lowest priority, greedy) for the facts in
     ``exchanges`` with the JSON-schema ``response_format``; :func:`facts_parse` of its answer.
+    ``cache_salt``: the conversation owner's prefix-cache salt (their data, their cache).
     Raises ServiceCallError if the endpoint fails, ValueError if the answer is not the JSON."""
     return facts_parse(
         chat_complete_json(
             extraction_messages(exchanges),
             max_tokens=settings.CHAT_MEMORY_EXTRACT_MAX_TOKENS,
             response_format=response_format(),
+            cache_salt=cache_salt,
         )
     )
 
 
-def chat_complete_json(messages: Sequence[dict[str, str]], *, max_tokens: int, response_format: dict) -> str:
+def chat_complete_json(
+    messages: Sequence[dict[str, str]], *, max_tokens: int, response_format: dict, cache_salt: str | None = None
+) -> str:
     """``service_client.chat_complete`` (greedy) with a ``response_format``: one non-streamed
     completion of ``messages`` by the served model through the service endpoint
     (``service_client.http_client``: the service credential; the server runs the service
-    user's requests at ``CHAT_BACKGROUND_PRIORITY``, the lowest). Returns the answer's text.
+    user's requests at ``CHAT_BACKGROUND_PRIORITY``, the lowest), under ``cache_salt`` (the
+    owner's; None: the service's). Returns the answer's text.
     Raises ServiceCallError as chat_complete does."""
     if "response_format" in inspect.signature(service_client.chat_complete).parameters:
         return service_client.chat_complete(
-            messages, max_tokens=max_tokens, temperature=0.0, response_format=response_format
-        )
+            messages, max_tokens=max_tokens, temperature=0.0, response_format=response_format,
+            cache_salt=cache_salt,
+        )  # fmt: skip
     # chat_complete takes no response_format yet: the same request, with it.
     body = {
         "model": settings.CHAT_MODEL_NAME, "messages": list(messages), "max_tokens": max_tokens,
         "temperature": 0.0, "stream": False, "response_format": response_format,
     }  # fmt: skip
+    if cache_salt:
+        body["cache_salt"] = cache_salt
     try:
         with service_client.http_client() as client:
             response = client.post("/v1/chat/completions", json=body)
@@ -241,7 +250,7 @@ def _chunks(exchanges: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
     context less the answer budget (token counts by the served model's chat template); a single
     exchange too long alone is clipped until it fits."""
     encode_chat = get_engine().encode_chat
-    pool = gate.route_for(gate.caller_for(service_user())).pool
+    pool = gate.route_for(caller_for(service_user())).pool
     room = pool.max_context - settings.CHAT_MEMORY_EXTRACT_MAX_TOKENS
 
     def fits(chunk) -> bool:
@@ -293,7 +302,7 @@ def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None =
         return Extraction("gone")
     if conversation_zero_retention(conversation):
         return Extraction("zero_retention")  # nothing of it may be kept, facts included
-    owner = User.objects.filter(pk=conversation.owner_id).only("pk", "memory_enabled").first()
+    owner = User.objects.filter(pk=conversation.owner_id).first()
     if owner is None or not owner.memory_enabled:
         return Extraction("disabled")
     through = conversation.last_turn_at
@@ -313,8 +322,9 @@ def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None =
         return Extraction("claimed")
     try:
         facts: list[str] = []
+        salt = user_cache_salt(owner, conversation.org)  # their data: their prefix cache
         for chunk in _chunks(_exchanges(conversation_id=conversation_id, after=expected, through=through)):
-            facts.extend(model_facts(chunk))
+            facts.extend(model_facts(chunk, cache_salt=salt))
     except ServiceCallError as exc:
         _release(conversation_id, lease)
         logger.warning("memory extraction of conversation %s failed: %s", conversation_id, exc)

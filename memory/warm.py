@@ -7,7 +7,8 @@ prefills only its own part. It goes the way every background job reaches the mod
 "How background jobs reach the model"): the server's OpenAI endpoint with the service
 credential (inference/service_client.py), at ``CHAT_BACKGROUND_PRIORITY``, on no user's rate
 limits. The prompt is sent as token ids (``/v1/completions``), the very ids a turn will send,
-so the cached blocks match. Automatic prefix caching keeps whole KV blocks
+under the user's prefix-cache salt (``cache_salt``, gateway/tenancy.py: the salt their turns
+carry), so the cached blocks match; warmed under any other salt they would serve nobody. Automatic prefix caching keeps whole KV blocks
 (``CHAT_ENGINE_BLOCK_SIZE``, 128 tokens on the CPU by default): the last partial block of the
 prefix is recomputed by the turn, as it would be anyway.
 
@@ -22,6 +23,8 @@ import logging
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
+from accounts.callers import caller_for
+from gateway.tenancy import cache_salt_for
 from inference import service_client
 from memory.blocks import memory_block_current
 from memory.selectors import memory_enabled_for
@@ -45,6 +48,8 @@ def memory_block_warm(*, user_id) -> int:
         return 0
     from conversations.plan import new_chat_prefix  # noqa: PLC0415 - the turn's own assembly
 
-    route, prefix = new_chat_prefix(user=user, memory=block.text)
-    service_client.prompt_complete(prefix, max_tokens=1, model=route.pool.name)
+    caller = caller_for(user)
+    route, prefix = new_chat_prefix(user=user, memory=block.text, caller=caller)
+    # Under the user's own cache salt: their turns read only blocks cached under it.
+    service_client.prompt_complete(prefix, max_tokens=1, model=route.pool.name, cache_salt=cache_salt_for(caller))
     return len(prefix)

@@ -487,6 +487,7 @@ def org_export_build(*, org: Organisation) -> Export:
                 "zero_retention": org.zero_retention,
                 "pinned_pool": org.pinned_pool,
                 "not_for_training": org.not_for_training,
+                "share_prefix_cache": org.share_prefix_cache,
                 "rate_limit_rpm": org.rate_limit_rpm,
                 "rate_limit_tpm": org.rate_limit_tpm,
                 "moderation_thresholds": org.moderation_thresholds,

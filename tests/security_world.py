@@ -240,7 +240,7 @@ def generation_refused(monkeypatch):
     async def busy(**kwargs):
         raise locks.ConversationBusy("(test) generation is not started here")
 
-    async def admit_busy(request, model):
+    async def admit_busy(*args, **kwargs):
         raise ApiError(409, "conflict", "(test) generation is not started here")
 
     monkeypatch.setattr(submit, "turn_submit", busy)

@@ -164,12 +164,13 @@ async def test_a_malformed_admission_field_is_a_400(engine_double, bad):
 
 
 def test_the_pipelines_settled_statuses_are_the_turns_statuses():
-    """gateway/run.py settles with UsageRecord.Status (the gateway may not import
-    conversations); a turn stores Turn.Status: the two must name the same values."""
+    """gateway/run.py settles with its own Status (the gateway imports neither conversations nor
+    usage); a turn stores Turn.Status and the ledger UsageRecord.Status: all name the same
+    values."""
     from conversations.models import Turn  # noqa: PLC0415
     from gateway import run  # noqa: PLC0415
 
-    assert set(run.Status.values) == set(Turn.Status.values)
+    assert set(run.Status.values) == set(Turn.Status.values) == set(UsageRecord.Status.values)
     answer = run.Answer(run.Tally(prompt_tokens=1))
     for reason, status in [("stop", "complete"), ("length", "complete"), ("cancelled", "cancelled"),
                            ("moderation", "blocked"), ("error", "failed")]:

@@ -44,6 +44,17 @@ def test_a_lower_layer_imports_no_feature_app(layer):
     assert offenders == {}
 
 
+def test_the_gateway_imports_no_feature_app_but_moderation():
+    """The gateway owns the admission sequence but reads no app's models (issue 27): the caller
+    arrives as values (accounts/callers.py), the ledger's writer by name. Lazy imports count."""
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(imported_packages(path) & (FEATURE_APPS - {"gateway", "moderation"}))
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        if imported_packages(path) & (FEATURE_APPS - {"gateway", "moderation"})
+    }
+    assert offenders == {}
+
+
 # --- the storage modules import each other without a circle -----------------------------------
 
 STORAGE = [

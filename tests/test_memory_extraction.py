@@ -259,7 +259,7 @@ def test_two_deliveries_racing_to_store_store_once(talk, settings, monkeypatch):
     user, conversation = talk
     barrier = threading.Barrier(2, timeout=30)
 
-    def facts(exchanges):
+    def facts(exchanges, **kwargs):
         barrier.wait()  # both runs have their facts before either stores
         return [LYON]
 

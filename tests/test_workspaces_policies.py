@@ -2,7 +2,7 @@
 workspace's pages and observed through the request path with the scripted engine double
 (tests/fakes.py): the pinned pool, training eligibility, the organisation's own rate limits
 (a 429), moderation thresholds, zero retention and the region. Nothing caches a policy beyond
-one turn: each turn reads its organisation afresh (gateway/gate.py ``caller_for``).
+one turn: each turn reads its organisation afresh (accounts/callers.py ``caller_for``).
 
 Also: the policies form refuses what an owner may not set.
 """

@@ -103,6 +103,9 @@ class PolicyForm(forms.Form):
       the tier's default (conversations/retention.py).
     - ``region``: where new conversations are stored (those already stored stay where they are).
     - ``zero_retention``, ``not_for_training``: booleans.
+    - ``share_prefix_cache``: the members share one prefix cache in the engine (faster first
+      turns on shared instructions; a member can tell from an answer's speed what another sent).
+      Off: each member has their own (gateway/tenancy.py).
     - ``rate_limit_rpm`` / ``rate_limit_tpm``: the organisation's shared limits per minute;
       blank: its tier's. Owners may lower them, never raise them above the tier's
       (settings.CHAT_ORG_RATE_LIMITS_BY_TIER): the tier is what the service sells; staff set
@@ -119,12 +122,13 @@ class PolicyForm(forms.Form):
     region = forms.ChoiceField(label="Region")
     zero_retention = forms.BooleanField(required=False, label="Zero data retention")
     not_for_training = forms.BooleanField(required=False, label="Not for training")
+    share_prefix_cache = forms.BooleanField(required=False, label="Share the model's prompt cache among members")
     rate_limit_rpm = forms.IntegerField(required=False, min_value=1, label="Requests per minute")
     rate_limit_tpm = forms.IntegerField(required=False, min_value=1, label="Tokens per minute")
 
     FIELDS = (
         "pinned_pool", "retention_days", "region", "zero_retention", "not_for_training",
-        "rate_limit_rpm", "rate_limit_tpm",
+        "share_prefix_cache", "rate_limit_rpm", "rate_limit_tpm",
     )  # fmt: skip
 
     def __init__(self, *args, org: Organisation, **kwargs):

@@ -130,11 +130,12 @@ def organisation_create(
 def organisation_policy_update(*, seat: Seat, changes: dict) -> Organisation:
     """Store policy fields of the seat's organisation (workspaces/forms.py ``PolicyForm``
     validates them): any of ``pinned_pool``, ``retention_days``, ``region``,
-    ``zero_retention``, ``not_for_training``, ``rate_limit_rpm``, ``rate_limit_tpm``. Only
+    ``zero_retention``, ``not_for_training``, ``share_prefix_cache``, ``rate_limit_rpm``,
+    ``rate_limit_tpm``. Only
     those columns are written, so an edit of other fields in the meantime (the moderation
     page) is not overwritten, and only the fields whose value changes: a save that changes
     nothing writes nothing and records nothing. Each takes effect from the next turn: every
-    turn reads its organisation afresh (gateway/gate.py ``caller_for``,
+    turn reads its organisation afresh (accounts/callers.py ``caller_for``,
     conversations/retention.py, accounts/selectors.py ``turn_training_eligible``); nothing
     caches them. Audit: ``org.policy_change`` with the changed fields' new values, and for a
     change of ``not_for_training`` also ``org.training_opt_out`` with its old and new value
@@ -142,7 +143,7 @@ def organisation_policy_update(*, seat: Seat, changes: dict) -> Organisation:
     seat is an owner's, ValueError for another field."""
     allowed = {
         "pinned_pool", "retention_days", "region", "zero_retention", "not_for_training",
-        "rate_limit_rpm", "rate_limit_tpm",
+        "share_prefix_cache", "rate_limit_rpm", "rate_limit_tpm",
     }  # fmt: skip
     if not seat.can_manage_policies:
         raise PermissionDenied("Only this organisation's owners change its policies.")

@@ -358,6 +358,8 @@ CHAT_REASONING_LAST_WAITING = env_int("CHAT_REASONING_LAST_WAITING", 24)
 CHAT_API_KEY_AUTHENTICATOR = "accounts.services.api_key_authenticate"
 # The service credential's raw key for background jobs (inference/service_client.py).
 CHAT_SERVICE_API_KEY_PROVIDER = "accounts.services.service_api_key"
+# The usage ledger's writer the gateway settles answers with (gateway/run.py ``settle``).
+CHAT_USAGE_RECORDER = "usage.services.usage_record"
 # Behind gateways: how often a gateway re-reads a remote engine node's queue depth from its
 # /metrics (seconds; inference/remote.py). Shedding decisions in between use the last reading.
 CHAT_ENGINE_LOAD_TTL_S = float(os.environ.get("CHAT_ENGINE_LOAD_TTL_S", "0.2"))
