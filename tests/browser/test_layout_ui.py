@@ -406,7 +406,8 @@ def test_write_screenshots(live, engine_double, make_user, browser):  # noqa: F8
     c = world.conversation.pk
     pages = {
         "chat": f"/c/{c}/", "settings": "/settings/", "usage": "/usage/",
-        "api-keys": "/settings/api-keys/", "org": f"/orgs/{world.org.slug}/", "404": "/no/such/page/",
+        "api-keys": "/settings/api-keys/", "org": f"/orgs/{world.org.slug}/",
+        "org-policies": f"/orgs/{world.org.slug}/policies/", "404": "/no/such/page/",
     }  # fmt: skip
     written = []
     for size_name, size in SIZES.items():
