@@ -22,6 +22,7 @@ class UserMemory(models.Model):
 
     class Source(models.TextChoices):
         EXTRACTED = "extracted", "Extracted from a conversation"
+        EXPLICIT = "explicit", "Asked for in a conversation"  # "remember that I ...", "call me ..."
         MANUAL = "manual", "Added by hand"
 
     fact_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -38,6 +39,16 @@ class UserMemory(models.Model):
     embedding = VectorField(dimensions=embedding_dimension())
     source_conversation_id = models.UUIDField(null=True, blank=True)
     source = models.CharField(max_length=16, choices=Source.choices, default=Source.MANUAL)
+    # Grounding (issue 28): the user turn the fact was read from and the span of its text
+    # (character offsets, ``span_text`` == that turn's ``content[span_start:span_end]``). Empty
+    # for facts added by hand. Turns live in the conversation's region: a plain UUID.
+    source_turn_id = models.UUIDField(null=True, blank=True)
+    span_start = models.PositiveIntegerField(null=True, blank=True)
+    span_end = models.PositiveIntegerField(null=True, blank=True)
+    span_text = models.TextField(blank=True, default="")
+    # A single-valued kind of fact (memory/statements.py SLOTS: name, home, diet...): a newer
+    # fact in the slot replaces the older one. Pinned slots go into every prompt.
+    slot = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -96,6 +107,36 @@ class MemoryBlock(models.Model):
 
     def __str__(self) -> str:
         return f"memory block of {self.user_id} (version {self.built_version} of {self.version})"
+
+
+class MemoryUpdate(models.Model):
+    """A change to a user's memory asked for in a conversation ("remember that I ...", "forget
+    that ...", "call me ..."; issue 28), shown as "Memory updated" under that turn's answer with
+    an Undo. ``turn_id``: the user turn that asked; ``added``: ids (strings) of the facts it
+    stored; ``removed``: the facts it deleted (replaced or forgotten), as dicts of their fields
+    (text, slot, source, source_conversation_id, source_turn_id, span_start, span_end,
+    span_text) so Undo can restore them; ``summary``: what the chat shows; ``undone_at``: when
+    it was undone (None: in force)."""
+
+    update_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_updates",
+        db_index=False, db_constraint=False,  # in the user's home region's database
+    )  # fmt: skip
+    conversation_id = models.UUIDField(null=True, blank=True)
+    turn_id = models.UUIDField(null=True, blank=True)
+    added = models.JSONField(default=list)
+    removed = models.JSONField(default=list)
+    summary = models.CharField(max_length=400, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    undone_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "memory_update"
+        indexes = [models.Index(fields=["user", "turn_id"], name="memory_update_user_turn")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.summary[:60]}"
 
 
 # The extraction marker (memory/extraction_models.py) is a model of this app too: imported here so
