@@ -9,7 +9,10 @@ store the message, and start the generation (conversations/generate.py). The cha
 
 from __future__ import annotations
 
+import logging
+
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from conversations import cache, selectors, services
 from conversations.generate import generation_start
@@ -20,6 +23,8 @@ from conversations.regions import new_turn_id
 from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
 from gateway import gate, run
+
+logger = logging.getLogger(__name__)
 
 
 async def turn_submit(
@@ -98,8 +103,30 @@ async def turn_submit(
         if blocked:  # stored with its verdict; the engine never sees it
             await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
             raise ContentBlocked(question, verdict)
+        await _memory_commands(conversation, question)
         stream = await _answer_start(conversation, question, plan, answer_id)
     return question, stream
+
+
+async def _memory_commands(conversation, question: Turn) -> None:
+    """Apply the message's explicit memory requests ("remember that I ...", "forget that ...",
+    "call me ...") at once, before its answer starts (memory/updates.py), so the chat can show
+    "Memory updated" under that answer. Not in a temporary or zero-retention chat (nothing of
+    it is kept). A failure is logged: the answer must not fail for memory."""
+    if conversation.temporary or not settings.CHAT_MEMORY_ENABLED:
+        return
+    if await sync_to_async(conversation_zero_retention)(conversation):
+        return
+    from memory.updates import memory_commands_apply  # noqa: PLC0415 - loads the memory layer
+
+    def apply() -> None:
+        owner = conversation.owner
+        memory_commands_apply(user=owner, conversation_id=conversation.conversation_id, turn=question)
+
+    try:
+        await sync_to_async(apply)()
+    except Exception:  # noqa: BLE001 - memory is an extra
+        logger.exception("memory commands of turn %s failed", question.turn_id)
 
 
 async def answer_regenerate(

@@ -52,7 +52,8 @@ from conversations import regions, selectors
 from conversations.models import Conversation
 from conversations.selectors import conversation_zero_retention
 from memory.extraction_models import ExtractionMarker
-from memory.statements import UserMessage, statements_extract
+from memory.commands import commands_parse, forget_words
+from memory.statements import UserMessage, fact_words, statements_extract
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,27 @@ def _user_messages(*, conversation_id: UUID, after: datetime | None, through: da
     return messages
 
 
+def _not_commanded(statements: list, messages: list[UserMessage]) -> list:
+    """``statements`` less those an explicit command settled when it was sent (memory/updates.py):
+    the sentence of a "remember ..." / "call me ..." (applied then; an Undo must stay undone),
+    and any fact a "forget ..." in the same or a later message names."""
+    order = {m.turn_id: i for i, m in enumerate(messages)}
+    commands = {m.turn_id: commands_parse(m.text) for m in messages if m.new}
+    forgets = [
+        (order[turn_id], forget_words(c.clause))
+        for turn_id, found in commands.items() for c in found if c.kind == "forget"
+    ]  # fmt: skip
+    kept = []
+    for statement in statements:
+        if any(c.start <= statement.end and statement.start <= c.end for c in commands.get(statement.turn_id, [])):
+            continue
+        words = fact_words(statement.text)
+        if any(i >= order[statement.turn_id] and (w is None or (w and w <= words)) for i, w in forgets):
+            continue
+        kept.append(statement)
+    return kept
+
+
 def _markers(conversation_id: UUID):
     # The conversation's database's primary: the marker's compare-and-sets read what was written.
     return ExtractionMarker.objects.using(regions.db_for_conversation_id(conversation_id))
@@ -157,10 +179,8 @@ def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None =
     if not claimed:
         return Extraction("claimed")
     try:
-        statements = statements_extract(
-            _user_messages(conversation_id=conversation_id, after=expected, through=through),
-            max_facts=extract_max_facts(),
-        )
+        messages = _user_messages(conversation_id=conversation_id, after=expected, through=through)
+        statements = _not_commanded(statements_extract(messages), messages)[: extract_max_facts()]
         return _store(conversation, owner, statements, expected=expected, through=through)
     except BaseException:
         _release(conversation_id, lease)

@@ -132,9 +132,9 @@ _RELATION = (
 
 # (pattern over a clause, slot, how to write the fact). ``{x}`` is the first group, stripped.
 _PATTERNS: list[tuple[re.Pattern, str, str]] = [
-    (re.compile(r"^(?:my name is|my name's|i am called|i'm called|my name is actually)\s+([A-Z][\w'-]+(?: [A-Z][\w'-]+)?)"), "name", "The user's name is {x}."),
+    (re.compile(r"^(?i:my name is|my name's|i am called|i'm called|my name is actually)\s+([A-Z][\w'-]+(?: [A-Z][\w'-]+)?)"), "name", "The user's name is {x}."),
     (re.compile(r"^(?:please\s+)?(?:call me|you can call me|i go by)\s+([A-Z][\w'-]+)", _FLAGS), "address", "The user wants to be called {x}."),
-    (re.compile(r"^i(?:'m| am)\s+([A-Z][a-z'-]+)$"), "name", "The user's name is {x}."),
+    (re.compile(r"^(?i:i'm|i am)\s+([A-Z][a-z'-]+)$"), "name", "The user's name is {x}."),
     (re.compile(r"^i(?:'m| am)\s+(\d{1,3})(?: years old| years| yo)?\b", _FLAGS), "age", "The user is {x} years old."),
     (re.compile(r"^i(?:'ve| have)?\s*(?:just |recently )?(?:live|lived|moved|relocated|am living|'m living)\s+(?:in|to)\s+(.+)", _FLAGS), "home", "@home"),
     (re.compile(r"^i(?:'m| am)\s+(?:now\s+)?(?:based|living)\s+in\s+(.+)", _FLAGS), "home", "The user lives in {x}."),
