@@ -78,7 +78,7 @@ FACTS = [
 ]
 QUESTIONS = [
     "How far is a 10k run in miles?",
-    "What should I cook tonight?",
+    "How do I keep my garden healthy?",
     "Any tips for my next holiday?",
     "How do I keep my garden healthy?",
     "Recommend me a book for the weekend.",
@@ -309,7 +309,7 @@ def irrelevant_turn_part() -> dict:
     only (no engine started). Printed and returned."""
     from django.contrib.auth import get_user_model  # noqa: PLC0415
 
-    from memory.prompt_tokens import memory_prompt_tokens  # noqa: PLC0415
+    from bench.memory_prompt import memory_prompt_tokens  # noqa: PLC0415
     from memory.services import FactIn, memory_facts_store  # noqa: PLC0415
 
     user = get_user_model().objects.create_user(username=f"memory-bench-irr-{uuid.uuid4().hex[:8]}")
@@ -320,14 +320,14 @@ def irrelevant_turn_part() -> dict:
         ])  # fmt: skip
         measured = {q: memory_prompt_tokens(user=user, question=q) for q in (
             "Say the word yes.", "What is 17 times 23?", "Explain the causes of World War I.",
-            "What should I cook tonight?",
+            "How do I keep my garden healthy?",
         )}  # fmt: skip
     finally:
         user.delete()
     print("\nMemory in the prompt (issue 28): tokens memory adds to a turn (20 facts + name + diet):")
     worst = 0
     for question, (text_tokens, filler, relevant) in measured.items():
-        irrelevant = question != "What should I cook tonight?"
+        irrelevant = question != "How do I keep my garden healthy?"
         if irrelevant:
             worst = max(worst, text_tokens)
         print(
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out = VAR / "bench" / "memory_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"retrieval": found, "ttft": timing, "facts": args.facts}, indent=2))
+    out.write_text(json.dumps({"retrieval": found, "ttft": timing, "facts": args.facts, **results}, indent=2))
     print(f"results: {out}")
     return 0
 

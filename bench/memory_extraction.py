@@ -85,7 +85,8 @@ def run_pure(conversations) -> dict:
 
 def run_real(conversations, *, user_factory) -> dict:
     """Each conversation stored as real turns of a fresh user (``user_factory(name)``), made
-    idle, extracted by ``memory.extraction.conversation_memory_extract``; returns conversation
+    idle, extracted by ``memory.extraction.conversation_memory_extract`` (each message's explicit
+    requests applied when it is stored, as a sent message's are); returns conversation
     id -> [(fact text, grounded)] where grounded means: the fact's ``source_turn_id`` is a
     *user* turn of that conversation, ``span_text`` is that turn's text at
     ``span_start:span_end``, and the fact says nothing the span does not (memory.statements
@@ -97,6 +98,7 @@ def run_real(conversations, *, user_factory) -> dict:
     from memory import extraction  # noqa: PLC0415
     from memory.models import UserMemory  # noqa: PLC0415
     from memory.statements import grounded  # noqa: PLC0415
+    from memory.updates import memory_commands_apply  # noqa: PLC0415
 
     out, users = {}, []
     try:
@@ -106,6 +108,8 @@ def run_real(conversations, *, user_factory) -> dict:
             chat = services.conversation_create(owner=user)
             for question, answer in conversation["turns"]:
                 q = services.turn_append_user(conversation=chat, content=question)
+                # As conversations/submit.py does when a message is sent: its explicit requests.
+                memory_commands_apply(user=user, conversation_id=chat.pk, turn=q)
                 services.turn_append_assistant(
                     conversation_id=chat.pk, turn_id=uuid.uuid4(), reply_to_id=q.turn_id,
                     content=answer, status="complete", prompt_tokens=10, completion_tokens=10,

@@ -76,8 +76,10 @@ class UserMemory(models.Model):
 
 class MemoryBlock(models.Model):
     """A user's memory block as it goes into every one of their conversations' instructions
-    (DESIGN.md, "Memory in the prompt"; issue 19 part 3): all their facts, sanitised, oldest
-    first, one ``- fact`` line each (memory/blocks.py builds it).
+    (DESIGN.md, "Memory in the prompt"; issues 19 and 28): their pinned profile (name, how to
+    address them, standing preferences such as diet: memory/statements.py PINNED_SLOTS),
+    sanitised, oldest first, one ``- fact`` line each (memory/blocks.py builds it). Their other
+    facts enter a turn's prompt only when relevant to it (conversations/plan.py).
 
     ``version`` is bumped in the same transaction as every change of the user's facts or of
     their memory switch (memory/services.py); ``built_version`` is the version ``text`` was
@@ -100,6 +102,9 @@ class MemoryBlock(models.Model):
     token_count = models.PositiveIntegerField(default=0)
     budget = models.PositiveIntegerField(default=0)  # CHAT_MEMORY_MAX_TOKENS when built (tokens)
     overflow = models.BooleanField(default=False)
+    # The user's facts outside the pinned profile when built: a turn retrieves the relevant
+    # ones (issue 28); 0 -> nothing to retrieve, so a turn embeds nothing.
+    retrievable = models.PositiveIntegerField(default=0)
     built_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
