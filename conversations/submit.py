@@ -113,11 +113,14 @@ async def _memory_commands(conversation, question: Turn) -> None:
     "call me ...") at once, before its answer starts (memory/updates.py), so the chat can show
     "Memory updated" under that answer. Not in a temporary or zero-retention chat (nothing of
     it is kept). A failure is logged: the answer must not fail for memory."""
-    if conversation.temporary or not settings.CHAT_MEMORY_ENABLED:
+    from memory.commands import commands_parse  # noqa: PLC0415 - loads the memory layer
+    from memory.updates import memory_commands_apply  # noqa: PLC0415
+
+    # A pure parse first: a message with no request (nearly all) costs no query here.
+    if conversation.temporary or not settings.CHAT_MEMORY_ENABLED or not commands_parse(question.content):
         return
     if await sync_to_async(conversation_zero_retention)(conversation):
         return
-    from memory.updates import memory_commands_apply  # noqa: PLC0415 - loads the memory layer
 
     def apply() -> None:
         owner = conversation.owner
