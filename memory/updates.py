@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from conversations import regions
@@ -111,6 +110,3 @@ def memory_update_undo(*, user, update_id: UUID) -> MemoryUpdate:
 def memory_updates_for_turns(*, user, turn_ids) -> dict:
     """``user``'s memory updates asked for by the given user turns, by turn id (one query)."""
     return {u.turn_id: u for u in MemoryUpdate.objects.filter(user=user, turn_id__in=list(turn_ids))}
-
-
-__all__ = ["ValidationError", "memory_commands_apply", "memory_update_undo", "memory_updates_for_turns"]
