@@ -200,7 +200,7 @@ def _memory(user, query: str, engine, query_vector: Future | None = None) -> tup
         if block.overflow:
             return memory_block(user=user, query=query, encode_tokens=count, query_vector=query_vector), ""
         relevant = ""
-        if block.retrievable:
+        if block.retrievable and settings.CHAT_MEMORY_RELEVANT_K > 0:
             relevant = memory_relevant(user=user, query=query, encode_tokens=count, query_vector=query_vector)
         return block.text, relevant
     except Exception:  # noqa: BLE001 - memory is an extra; the answer must not fail for it

@@ -195,8 +195,10 @@ def memory_block_current(*, user_id) -> BuiltBlock:
 async def amemory_block_needs_query(*, user_id) -> bool:
     """Whether a turn of user ``user_id`` may need query-time retrieval (so its message's
     embedding should start as the request arrives): False only when their stored block is
-    current, not overflow, and they have no facts outside it (then nothing is embedded). One primary-key
+    current, not overflow, and they have no facts outside it or per-turn retrieval is off
+    (``CHAT_MEMORY_RELEVANT_K`` 0); then nothing is embedded. One primary-key
     read (and, with several region databases, the user's and their membership's to find it)."""
     db = await sync_to_async(regions.user_db)(user_id=user_id)
     block = await regions.manager(MemoryBlock, db, user_id=int(user_id)).filter(user_id=user_id).afirst()
-    return not _is_current(block) or block.overflow or block.retrievable > 0
+    relevant_on = int(getattr(settings, "CHAT_MEMORY_RELEVANT_K", 3)) > 0  # 0: no per-turn retrieval
+    return not _is_current(block) or block.overflow or (block.retrievable > 0 and relevant_on)

@@ -224,3 +224,21 @@ def test_memory_adds_at_most_40_tokens_to_an_irrelevant_turn(make_user):
     for question in ("Say the word yes.", "What is 17 times 23?", "Explain the causes of World War I."):
         added, _filler, relevant = memory_prompt_tokens(user=user, question=question)
         assert relevant == "" and 0 < added <= 40, (question, added)
+
+
+async def test_per_turn_retrieval_off_embeds_nothing_and_adds_no_fact(make_user, prompts, settings, monkeypatch):
+    """CHAT_MEMORY_RELEVANT_K = 0 (the operator's switch for the per-turn embedding's cost):
+    a user with facts outside the profile gets no message embedding and no relevant facts."""
+    import memory.embeddings
+
+    settings.CHAT_MEMORY_RELEVANT_K = 0
+    embedded = []
+    original = memory.embeddings.embed_one_start
+    monkeypatch.setattr(memory.embeddings, "embed_one_start", lambda text: embedded.append(text) or original(text))
+    client, user = await api_client(make_user)
+    await sync_to_async(memory_services.memory_add)(user=user, texts=["The user grows tomatoes and basil."])
+
+    await ask(client, "How do I keep the tomatoes in my garden healthy?")
+
+    assert embedded == []
+    assert prompts[-1][-1]["content"] == "How do I keep the tomatoes in my garden healthy?"
