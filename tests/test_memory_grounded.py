@@ -210,3 +210,19 @@ def test_a_forgotten_fact_is_not_extracted_again_at_idle(make_user, settings):
     extraction.conversation_memory_extract(conversation_id=conversation.pk, now=idle(conversation, settings))
 
     assert facts_of(user) == ["The user lives in Lyon."]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_request_in_a_temporary_chat_changes_no_memory(make_user, engine_double):
+    """Nothing of a temporary chat is kept: "remember that ..." there stores nothing."""
+    from conversations.models import Conversation
+    from tests.test_versions import answered
+    from tests.test_views import signed_in
+
+    client, user = await signed_in(make_user)
+    conversation = await Conversation.objects.acreate(owner=user, model="m", region="eu-west", temporary=True)
+
+    await answered(client, "Remember that I'm vegan.", conversation.pk)
+
+    assert await sync_to_async(facts_of)(user) == []
+    assert not await MemoryUpdate.objects.filter(user=user).aexists()
