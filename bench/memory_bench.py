@@ -26,7 +26,15 @@ Run through the dev stack (``make bench`` runs it)::
    conversations' first turns alone; the off/off spread (the off rounds split into two halves,
    odd and even, their medians' ratio) is the run's noise floor.
 
-The scratch users and their facts are deleted at the end. Results: stdout and
+3. **Extraction** (issue 28 part 4): the labelled conversations of bench/memory_sets/ (a tuning
+   part and a held-out part, reported apart) stored as real turns and run through
+   ``memory.extraction.conversation_memory_extract`` (bench/memory_extraction.py): precision,
+   recall, facts not grounded in a user message, and conversations that must yield nothing
+   but stored something. Targets: precision >= 0.9, recall >= 0.7, ungrounded 0.
+4. **Memory on an irrelevant turn**: prompt tokens memory adds to "Say the word yes." for a
+   user with the 20 facts above and a name and diet (target <= 40).
+
+``--parts`` picks some (default all). The scratch users and their facts are deleted at the end. Results: stdout and
 ``var/bench/memory_bench.json``.
 """
 
@@ -70,7 +78,7 @@ FACTS = [
 ]
 QUESTIONS = [
     "How far is a 10k run in miles?",
-    "What should I cook tonight?",
+    "How do I keep my garden healthy?",
     "Any tips for my next holiday?",
     "How do I keep my garden healthy?",
     "Recommend me a book for the weekend.",
@@ -262,6 +270,74 @@ def ttft(rounds: int, turns: int) -> dict:
     }
 
 
+def extraction_part() -> dict:
+    """Part 3: both labelled sets through the real extraction path; printed and returned."""
+    from django.contrib.auth import get_user_model  # noqa: PLC0415
+
+    from bench.memory_extraction import run_real, score  # noqa: PLC0415
+    from bench.memory_sets import dev, heldout  # noqa: PLC0415
+
+    users = get_user_model().objects
+    out = {}
+    print("\nMemory extraction (issue 28), the real extraction path, labelled conversations:")
+    for name, conversations in (("tuning", dev.CONVERSATIONS), ("held-out", heldout.CONVERSATIONS)):
+        started = time.perf_counter()
+        result = score(conversations, run_real(conversations, user_factory=lambda u: users.create_user(username=u)))
+        elapsed = time.perf_counter() - started
+        verdict = "PASS" if result.precision >= 0.9 and result.recall >= 0.7 and result.ungrounded == 0 else "MISS"
+        print(
+            f"  {name}: {len(conversations)} conversations, {result.stored} facts stored, "
+            f"{result.expected} expected  precision {result.precision:.2f}  recall {result.recall:.2f}  "
+            f"ungrounded {result.ungrounded}  none-sets storing {result.none_sets_storing}/{result.none_sets}  "
+            f"{verdict} (targets P >= 0.9, R >= 0.7, ungrounded 0; {elapsed:.1f} s)"
+        )
+        for cid, text in result.wrong:
+            print(f"    not accepted: [{cid}] {text}")
+        for cid, keys in result.missed:
+            print(f"    missed: [{cid}] {' '.join(keys)}")
+        out[name] = {
+            "conversations": len(conversations), "stored": result.stored, "expected": result.expected,
+            "precision": result.precision, "recall": result.recall, "ungrounded": result.ungrounded,
+            "none_sets": result.none_sets, "none_sets_storing": result.none_sets_storing,
+        }  # fmt: skip
+    return out
+
+
+def irrelevant_turn_part() -> dict:
+    """Part 4: prompt tokens memory adds to an irrelevant turn, through the turn's own prompt
+    assembly (conversations.plan: memory block, alignment, relevant facts), with the tokenizer
+    only (no engine started). Printed and returned."""
+    from django.contrib.auth import get_user_model  # noqa: PLC0415
+
+    from bench.memory_prompt import memory_prompt_tokens  # noqa: PLC0415
+    from memory.services import FactIn, memory_facts_store  # noqa: PLC0415
+
+    user = get_user_model().objects.create_user(username=f"memory-bench-irr-{uuid.uuid4().hex[:8]}")
+    try:
+        memory_facts_store(user=user, facts=[FactIn(f"The user {f}.") for f in FACTS])
+        memory_facts_store(user=user, facts=[
+            FactIn("The user's name is Ada.", slot="name"), FactIn("The user is vegetarian.", slot="diet"),
+        ])  # fmt: skip
+        measured = {q: memory_prompt_tokens(user=user, question=q) for q in (
+            "Say the word yes.", "What is 17 times 23?", "Explain the causes of World War I.",
+            "How do I keep my garden healthy?",
+        )}  # fmt: skip
+    finally:
+        user.delete()
+    print("\nMemory in the prompt (issue 28): tokens memory adds to a turn (20 facts + name + diet):")
+    worst = 0
+    for question, (text_tokens, filler, relevant) in measured.items():
+        irrelevant = question != "How do I keep my garden healthy?"
+        if irrelevant:
+            worst = max(worst, text_tokens)
+        print(
+            f"  {question!r}: {text_tokens} tokens of memory ({filler} more of alignment filler, "
+            f"served from the prefix cache){'' if irrelevant else f'; relevant facts: {relevant}'}"
+        )
+    print(f"  irrelevant turns: at most {worst} tokens   {'PASS' if worst <= 40 else 'MISS'} (target <= 40)")
+    return {"per_question": {q: list(v[:2]) for q, v in measured.items()}, "irrelevant_max": worst}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--facts", type=int, default=100_000)
@@ -270,7 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=8, help="rounds each way (off, on, off, on, ...)"
     )
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument(
+        "--parts", default="retrieval,ttft,extraction,prompt",
+        help="comma-separated parts to run: retrieval, ttft, extraction, prompt",
+    )
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
     import django  # noqa: PLC0415
 
@@ -278,6 +359,17 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import call_command  # noqa: PLC0415
 
     call_command("migrate", verbosity=0)
+    results: dict = {}
+    if "extraction" in parts:
+        results["extraction"] = extraction_part()
+    if "prompt" in parts:
+        results["prompt"] = irrelevant_turn_part()
+    if not parts & {"retrieval", "ttft"}:
+        out = VAR / "bench" / "memory_bench_judgement.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2))
+        print(f"results: {out}")
+        return 0
     started = time.perf_counter()
     target, created = seed(args.facts)
     print(f"seeded {args.facts:,} facts in {time.perf_counter() - started:.1f} s")
@@ -323,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out = VAR / "bench" / "memory_bench.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"retrieval": found, "ttft": timing, "facts": args.facts}, indent=2))
+    out.write_text(json.dumps({"retrieval": found, "ttft": timing, "facts": args.facts, **results}, indent=2))
     print(f"results: {out}")
     return 0
 

@@ -129,7 +129,7 @@ def _prompt_prepare(
         conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at
     )
     engine = pool_engine(route.pool)
-    memory = _memory(owner, question.content, engine, memory_query) if owner is not None else ""
+    memory, relevant = _memory(owner, question.content, engine, memory_query) if owner is not None else ("", "")
     memory = memory_aligned(
         memory, route=route, engine=engine, system_prompt=system_prompt,
         custom_instructions=instructions["custom_instructions"],
@@ -143,9 +143,12 @@ def _prompt_prepare(
         summary=context.summary,
         exchanges=context.exchanges,
         # Attached files (attachments/prompt.py) go into the question, within the budget.
-        question=question_with_files(
-            question, system_prompt=system_message(system_prompt, **instructions), engine=engine,
-            budget=route.pool.max_context - max_tokens,
+        question=with_relevant_memory(
+            question_with_files(
+                question, system_prompt=system_message(system_prompt, **instructions), engine=engine,
+                budget=route.pool.max_context - max_tokens,
+            ),
+            relevant,
         ),
         encode_chat=engine.encode_chat,
         max_model_len=route.pool.max_context,
@@ -159,30 +162,48 @@ def _prompt_prepare(
     )
 
 
-def _memory(user, query: str, engine, query_vector: Future | None = None) -> str:
-    """The memory block for ``user``'s prompt answering ``query``. By default the user's stored
-    block, the same bytes in all their conversations (memory.blocks.memory_block_current: all
-    their facts; no embedding, no search; ``query_vector`` is cancelled unused). For an
-    overflow user (facts over settings.CHAT_MEMORY_MAX_TOKENS) the facts most like ``query``
-    (memory.selectors.memory_block, with ``query_vector`` if started). "" when memory is off
-    (globally or for the user) or no fact is stored. A failure (e.g. the embedding model
-    failing) is logged and the turn goes on without memory."""
+RELEVANT_MEMORY_HEADING = "What you know about the user that may bear on this message:"
+
+
+def with_relevant_memory(question: str, relevant: str) -> str:
+    """The last user message with the facts relevant to it (``- fact`` lines) before its text.
+    They go here, not into the system message: they change from turn to turn, and anything
+    that changes in the system message would invalidate the cached history after it."""
+    return f"{RELEVANT_MEMORY_HEADING}\n{relevant}\n\n{question}" if relevant.strip() else question
+
+
+def _memory(user, query: str, engine, query_vector: Future | None = None) -> tuple[str, str]:
+    """(memory block, relevant facts) for ``user``'s prompt answering ``query``.
+
+    The block is the user's stored one, the same bytes in all their conversations
+    (memory.blocks.memory_block_current): their pinned profile (name, how to be addressed,
+    standing preferences such as diet; issue 28). The relevant facts are their other facts
+    most like ``query`` above the relevance floor (memory.selectors.memory_relevant; "" for a
+    turn they have nothing to do with), retrieved only when they have such facts
+    (``query_vector``: the message's embedding, started early). For an overflow user (pinned
+    facts over settings.CHAT_MEMORY_MAX_TOKENS) the block is the facts most like ``query``
+    (memory.selectors.memory_block). ("", "") when memory is off (globally or for the user)
+    or no fact is stored. A failure (e.g. the embedding model failing) is logged and the turn
+    goes on without memory."""
     from memory.blocks import memory_block_current  # noqa: PLC0415 - loads the memory layer
-    from memory.selectors import memory_block, memory_enabled_for  # noqa: PLC0415
+    from memory.selectors import memory_block, memory_enabled_for, memory_relevant  # noqa: PLC0415
+
+    def count(text: str) -> int:
+        return len(engine.encode_text(text))
 
     try:
         if not memory_enabled_for(user):
-            return ""
+            return "", ""
         block = memory_block_current(user_id=user.pk)
-        if not block.overflow:
-            return block.text
-        return memory_block(
-            user=user, query=query, encode_tokens=lambda text: len(engine.encode_text(text)),
-            query_vector=query_vector,
-        )  # fmt: skip
+        if block.overflow:
+            return memory_block(user=user, query=query, encode_tokens=count, query_vector=query_vector), ""
+        relevant = ""
+        if block.retrievable and settings.CHAT_MEMORY_RELEVANT_K > 0:
+            relevant = memory_relevant(user=user, query=query, encode_tokens=count, query_vector=query_vector)
+        return block.text, relevant
     except Exception:  # noqa: BLE001 - memory is an extra; the answer must not fail for it
         logger.exception("memory retrieval failed for user %s", user.pk)
-        return ""
+        return "", ""
     finally:
         if query_vector is not None:
             query_vector.cancel()  # a no-op once used; else frees the embedding thread

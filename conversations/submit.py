@@ -11,7 +11,10 @@ rate limit, input verdict, policy), store the message, and start the generation
 
 from __future__ import annotations
 
+import logging
+
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from accounts.callers import acaller_of
 from conversations import cache, selectors, services
@@ -24,6 +27,8 @@ from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
 from gateway import gate
 from gateway.admission import InputBlocked
+
+logger = logging.getLogger(__name__)
 
 
 async def turn_submit(
@@ -91,6 +96,7 @@ async def turn_submit(
         except BaseException:
             await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
             raise
+        await _memory_commands(conversation, question)
         stream = await _answer_start(conversation, question, plan, answer_id)
     return question, stream
 
@@ -109,6 +115,30 @@ async def _question_store(conversation, text: str, *, replaces, parent_id, model
         await sync_to_async(services.conversation_model_set)(conversation=conversation, model=model)
     await cache.aturn_cached(question, after=previous_turn_at)
     return question
+
+
+async def _memory_commands(conversation, question: Turn) -> None:
+    """Apply the message's explicit memory requests ("remember that I ...", "forget that ...",
+    "call me ...") at once, before its answer starts (memory/updates.py), so the chat can show
+    "Memory updated" under that answer. Not in a temporary or zero-retention chat (nothing of
+    it is kept). A failure is logged: the answer must not fail for memory."""
+    from memory.commands import commands_parse  # noqa: PLC0415 - loads the memory layer
+    from memory.updates import memory_commands_apply  # noqa: PLC0415
+
+    # A pure parse first: a message with no request (nearly all) costs no query here.
+    if conversation.temporary or not settings.CHAT_MEMORY_ENABLED or not commands_parse(question.content):
+        return
+    if await sync_to_async(conversation_zero_retention)(conversation):
+        return
+
+    def apply() -> None:
+        owner = conversation.owner
+        memory_commands_apply(user=owner, conversation_id=conversation.conversation_id, turn=question)
+
+    try:
+        await sync_to_async(apply)()
+    except Exception:  # noqa: BLE001 - memory is an extra
+        logger.exception("memory commands of turn %s failed", question.turn_id)
 
 
 async def answer_regenerate(

@@ -1,5 +1,11 @@
-"""The per-user memory block: every fact of a user in every one of their conversations'
-instructions, rebuilt in the background when the facts change (issue 19 part 3).
+"""The per-user memory block: a user's pinned profile in every one of their conversations'
+instructions, rebuilt in the background when the facts change (issue 19 part 3, issue 28).
+
+Issue 28: only the *pinned* facts (name, how to address the user, standing preferences such as
+diet; memory/statements.py PINNED_SLOTS) are in the block; the user's other facts enter a
+turn's prompt only when relevant to its message (memory.selectors.memory_relevant,
+conversations/plan.py), so a turn they have nothing to do with pays for none of them.
+``retrievable`` counts those other facts: 0 means a turn needs no query embedding.
 
 ChatGPT puts a user's saved memories into each conversation's instructions instead of searching
 per message; so does this product by default. The block is the same bytes in all of a user's
@@ -45,18 +51,19 @@ from django.utils import timezone
 from conversations import regions
 from memory.models import MemoryBlock, UserMemory
 from memory.selectors import memory_fact_sanitise
+from memory.statements import PINNED_SLOTS
 
 logger = logging.getLogger(__name__)
 
 # Creates the row at version 1 (built_version -1: not built), or bumps an existing row's version.
 _TOUCH_SQL = """
-INSERT INTO memory_block (user_id, version, built_version, text, token_count, budget, overflow)
-VALUES (%s, 1, -1, '', 0, 0, false)
+INSERT INTO memory_block (user_id, version, built_version, text, token_count, budget, overflow, retrievable)
+VALUES (%s, 1, -1, '', 0, 0, false, 0)
 ON CONFLICT (user_id) DO UPDATE SET version = memory_block.version + 1
 """
 _ENSURE_SQL = """
-INSERT INTO memory_block (user_id, version, built_version, text, token_count, budget, overflow)
-VALUES (%s, 0, -1, '', 0, 0, false)
+INSERT INTO memory_block (user_id, version, built_version, text, token_count, budget, overflow, retrievable)
+VALUES (%s, 0, -1, '', 0, 0, false, 0)
 ON CONFLICT (user_id) DO NOTHING
 """
 
@@ -66,12 +73,13 @@ class BuiltBlock:
     """A memory block: ``text`` (``- fact`` lines, oldest first; "" for overflow or no facts),
     ``token_count`` (of all the facts' lines, tokens), ``overflow`` (over ``budget`` tokens:
     turns retrieve instead), ``budget`` (tokens, the ``CHAT_MEMORY_MAX_TOKENS`` it was built
-    under)."""
+    under), ``retrievable`` (the user's facts not in the block: retrieved when relevant)."""
 
     text: str
     token_count: int
     overflow: bool
     budget: int
+    retrievable: int = 0
 
 
 def block_tokens(text: str) -> int:
@@ -92,24 +100,26 @@ def block_tokens(text: str) -> int:
 def memory_block_build(
     *, user_id, count_tokens: Callable[[str], int] | None = None, budget: int | None = None
 ) -> BuiltBlock:
-    """The memory block of user ``user_id`` from their facts as stored now (one query; no
-    embedding): each fact sanitised on a ``- fact`` line, oldest first (created_at, then
+    """The memory block of user ``user_id`` from their pinned facts as stored now (one query; no
+    embedding): each pinned fact sanitised on a ``- fact`` line, oldest first (created_at, then
     fact_id: a total order, so the same facts always give the same bytes), joined by newlines.
     ``count_tokens`` (text -> tokens; default :func:`block_tokens`) counts the whole block;
     over ``budget`` (default ``CHAT_MEMORY_MAX_TOKENS``) it is an overflow block (empty text).
     Whether memory is on for the user is not looked at here: turns check it themselves."""
     budget = settings.CHAT_MEMORY_MAX_TOKENS if budget is None else budget
-    texts = (
+    rows = list(
         UserMemory.objects.filter(user_id=user_id)
         .order_by("created_at", "fact_id")
-        .values_list("text", flat=True)
+        .values_list("text", "slot")
     )
-    lines = [f"- {clean}" for clean in map(memory_fact_sanitise, texts) if clean]
+    pinned = [text for text, slot in rows if slot in PINNED_SLOTS]
+    retrievable = len(rows) - len(pinned)
+    lines = [f"- {clean}" for clean in map(memory_fact_sanitise, pinned) if clean]
     text = "\n".join(lines)
     tokens = (count_tokens or block_tokens)(text) if text else 0
     if tokens > budget:
-        return BuiltBlock(text="", token_count=tokens, overflow=True, budget=budget)
-    return BuiltBlock(text=text, token_count=tokens, overflow=False, budget=budget)
+        return BuiltBlock(text="", token_count=tokens, overflow=True, budget=budget, retrievable=len(rows))
+    return BuiltBlock(text=text, token_count=tokens, overflow=False, budget=budget, retrievable=retrievable)
 
 
 def memory_block_touch(*, user_id) -> None:
@@ -149,7 +159,8 @@ def _rebuild(db: str, *, user_id, count_tokens) -> tuple[MemoryBlock, bool]:
     built = memory_block_build(user_id=user_id, count_tokens=count_tokens, budget=budget)
     block.text, block.token_count, block.overflow = built.text, built.token_count, built.overflow
     block.budget, block.built_version, block.built_at = budget, block.version, timezone.now()
-    block.save(update_fields=["text", "token_count", "overflow", "budget", "built_version", "built_at"])
+    block.retrievable = built.retrievable
+    block.save(update_fields=["text", "token_count", "overflow", "budget", "built_version", "built_at", "retrievable"])
     return block, True
 
 
@@ -175,16 +186,19 @@ def memory_block_current(*, user_id) -> BuiltBlock:
         block = rebuilt[0] if rebuilt is not None else None
     if _is_current(block):
         return BuiltBlock(
-            text=block.text, token_count=block.token_count, overflow=block.overflow, budget=block.budget
-        )
+            text=block.text, token_count=block.token_count, overflow=block.overflow, budget=block.budget,
+            retrievable=block.retrievable,
+        )  # fmt: skip
     return memory_block_build(user_id=user_id)
 
 
 async def amemory_block_needs_query(*, user_id) -> bool:
     """Whether a turn of user ``user_id`` may need query-time retrieval (so its message's
     embedding should start as the request arrives): False only when their stored block is
-    current and not overflow - the common case, which then embeds nothing. One primary-key
+    current, not overflow, and they have no facts outside it or per-turn retrieval is off
+    (``CHAT_MEMORY_RELEVANT_K`` 0); then nothing is embedded. One primary-key
     read (and, with several region databases, the user's and their membership's to find it)."""
     db = await sync_to_async(regions.user_db)(user_id=user_id)
     block = await regions.manager(MemoryBlock, db, user_id=int(user_id)).filter(user_id=user_id).afirst()
-    return not _is_current(block) or block.overflow
+    relevant_on = int(getattr(settings, "CHAT_MEMORY_RELEVANT_K", 3)) > 0  # 0: no per-turn retrieval
+    return not _is_current(block) or block.overflow or (block.retrievable > 0 and relevant_on)

@@ -6,13 +6,15 @@
    ``memory.memory_extract`` for each. The turn path never queues or waits for anything: a turn
    costs nothing extra, and no task waits in the broker for a countdown (a task held past the
    broker's visibility timeout is delivered again; see below).
-2. The task (:func:`conversation_memory_extract`) asks the model, as the service user (lowest
-   engine priority; inference/service_client.py), for facts about the user stated in the turns
-   written since the last extraction, with a JSON-schema ``response_format`` (vLLM structured
-   output): ``{"facts": [string]}``. The answer is parsed strictly (:func:`facts_parse`), capped
-   in number (``CHAT_MEMORY_EXTRACT_MAX_FACTS``) and length (``CHAT_MEMORY_FACT_CHARS``), and
-   stored with ``memory.services.memory_add(source="extracted", ...)`` (which skips
-   near-duplicates).
+2. The task (:func:`conversation_memory_extract`) reads the **user's own messages** written
+   since the last extraction (never the assistant's answers) and finds the grounded statements
+   about the user in them (memory/statements.py: deterministic first-person patterns, with
+   quoted, translated, summarised, story and role-play text excluded; issue 28). Each is
+   stored with the turn and the span it came from, through
+   ``memory.services.memory_facts_store(source="extracted", ...)``: a newer fact in a
+   single-valued slot replaces the older one, near-duplicates are skipped. No model is asked
+   (docs/memory.md says why), so a run costs no engine time; at most
+   ``CHAT_MEMORY_EXTRACT_MAX_FACTS`` facts per run.
 
 Exactly once per idle period. Celery here acknowledges late and the Redis broker redelivers a
 task still unacknowledged after its visibility timeout, so two copies of one task may run, one
@@ -30,56 +32,30 @@ conversation's database; the facts go to the owner's home region's, conversation
   that commit stored nothing and moved nothing: the redelivered copy (or the next sweep, once
   the lease runs out) does the work.
 
-A model endpoint that fails releases the lease (the next sweep tries again); an answer that is
-not the JSON asked for counts as "no facts" for that period (greedy decoding would repeat it).
+Any other error releases the lease (the next sweep tries again).
 """
 
 from __future__ import annotations
 
-import inspect
-import json
 import logging
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-import httpx
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.callers import caller_for, user_cache_salt
 from accounts.models import Organisation, User
-from accounts.services import service_user
 from conversations import regions, selectors
 from conversations.models import Conversation
 from conversations.selectors import conversation_zero_retention
-from gateway import gate
-from inference import service_client
-from inference.engine import get_engine
-from inference.service_client import ServiceCallError
 from memory.extraction_models import ExtractionMarker
+from memory.commands import commands_parse, forget_words
+from memory.statements import UserMessage, fact_words, statements_extract
 
 logger = logging.getLogger(__name__)
-
-# The request: a plain system prompt and the question after the transcript. SmolLM2-135M under
-# the JSON schema answered [] to every conversation when the rules came as a system prompt, and
-# copied a worked example's facts into its answers; this form (tried against both) lists facts
-# for a conversation that states some and [] for one that states none.
-EXTRACTION_SYSTEM = "You are a helpful assistant."
-EXTRACTION_QUESTION = (
-    "What durable facts did the user state about themselves (name, home, work, family, pets, "
-    "likes, plans)? Only what the user said, not the assistant; no guesses. Answer as JSON "
-    '{"facts": [short sentences starting with "The user"]}, an empty list if none.'
-)
-# Longest message text, in characters, put into the extraction prompt (a long answer is mostly
-# not about the user; a long question is clipped further if one exchange alone does not fit).
-MESSAGE_CHARS = 2000
-CLIP_FACTOR = 0.5
-_SPACE = re.compile(r"\s+")
 
 
 def _setting(name: str, default):
@@ -87,136 +63,23 @@ def _setting(name: str, default):
 
 
 def extract_max_facts() -> int:
-    """Facts kept from one extraction (``CHAT_MEMORY_EXTRACT_MAX_FACTS``, default 5)."""
-    return int(_setting("CHAT_MEMORY_EXTRACT_MAX_FACTS", 5))
+    """Facts kept from one extraction (``CHAT_MEMORY_EXTRACT_MAX_FACTS``, default 10)."""
+    return int(_setting("CHAT_MEMORY_EXTRACT_MAX_FACTS", 10))
 
 
 def extract_lease_s() -> float:
-    """Seconds a run holds a conversation (``CHAT_MEMORY_EXTRACT_LEASE_S``; default: the model
-    endpoint's timeout + 60 s, so a live run's lease outlasts its model call)."""
+    """Seconds a run holds a conversation (``CHAT_MEMORY_EXTRACT_LEASE_S``; default: the internal
+    API timeout + 60 s, ample for reading and storing one conversation's facts)."""
     return float(_setting("CHAT_MEMORY_EXTRACT_LEASE_S", settings.CHAT_INTERNAL_API_TIMEOUT_S + 60))
-
-
-def facts_schema() -> dict:
-    """The JSON schema of the model's answer: ``{"facts": [string]}``, at most
-    :func:`extract_max_facts` strings of 1..``CHAT_MEMORY_FACT_CHARS`` characters, nothing else."""
-    return {
-        "type": "object",
-        "properties": {
-            "facts": {
-                "type": "array",
-                "items": {"type": "string", "minLength": 1, "maxLength": settings.CHAT_MEMORY_FACT_CHARS},
-                "maxItems": extract_max_facts(),
-            }
-        },
-        "required": ["facts"],
-        "additionalProperties": False,
-    }
-
-
-def response_format() -> dict:
-    """The OpenAI ``response_format`` for :func:`facts_schema` (api/schemas.py ResponseFormat;
-    api/completions.py passes the schema to vLLM's structured output)."""
-    return {"type": "json_schema", "json_schema": {"name": "memory_facts", "strict": True, "schema": facts_schema()}}
-
-
-def facts_parse(text: str) -> list[str]:
-    """The facts in the model's answer ``text``, strictly: it must be a JSON object with exactly
-    the key ``facts``, a list of strings. Each fact is stripped and its whitespace collapsed;
-    empty ones, ones longer than ``CHAT_MEMORY_FACT_CHARS`` and repeats (case-insensitive) are
-    dropped; at most :func:`extract_max_facts` are kept, in the model's order.
-    Raises ValueError when the answer is not of that shape."""
-    try:
-        data = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"the answer is not JSON: {text[:200]!r}") from exc
-    if not isinstance(data, dict) or set(data) != {"facts"}:
-        raise ValueError(f'the answer is not {{"facts": [...]}}: {text[:200]!r}')
-    items = data["facts"]
-    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise ValueError(f"facts is not a list of strings: {text[:200]!r}")
-    facts: list[str] = []
-    seen: set[str] = set()
-    for item in items:
-        fact = _SPACE.sub(" ", item).strip()
-        if not fact or len(fact) > settings.CHAT_MEMORY_FACT_CHARS or fact.casefold() in seen:
-            continue
-        seen.add(fact.casefold())
-        facts.append(fact)
-        if len(facts) == extract_max_facts():
-            break
-    return facts
-
-
-def extraction_messages(exchanges: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
-    """The chat messages asking for facts in ``exchanges`` ((user message, answer), oldest
-    first; an answer may be "")."""
-    transcript = "\n".join(
-        f"User: {q}\nAssistant: {a}" if a else f"User: {q}" for q, a in exchanges
-    )
-    return [
-        {"role": "system", "content": EXTRACTION_SYSTEM},
-        {"role": "user", "content": f"Here is a conversation:\n{transcript}\n\n{EXTRACTION_QUESTION}"},
-    ]
-
-
-def model_facts(exchanges: Sequence[tuple[str, str]], *, cache_salt: str | None = None) -> list[str]:
-    """Ask the served model (service credential, lowest priority, greedy) for the facts in
-    ``exchanges`` with the JSON-schema ``response_format``; :func:`facts_parse` of its answer.
-    ``cache_salt``: the conversation owner's prefix-cache salt (their data, their cache).
-    Raises ServiceCallError if the endpoint fails, ValueError if the answer is not the JSON."""
-    return facts_parse(
-        chat_complete_json(
-            extraction_messages(exchanges),
-            max_tokens=settings.CHAT_MEMORY_EXTRACT_MAX_TOKENS,
-            response_format=response_format(),
-            cache_salt=cache_salt,
-        )
-    )
-
-
-def chat_complete_json(
-    messages: Sequence[dict[str, str]], *, max_tokens: int, response_format: dict, cache_salt: str | None = None
-) -> str:
-    """``service_client.chat_complete`` (greedy) with a ``response_format``: one non-streamed
-    completion of ``messages`` by the served model through the service endpoint
-    (``service_client.http_client``: the service credential; the server runs the service
-    user's requests at ``CHAT_BACKGROUND_PRIORITY``, the lowest), under ``cache_salt`` (the
-    owner's; None: the service's). Returns the answer's text.
-    Raises ServiceCallError as chat_complete does."""
-    if "response_format" in inspect.signature(service_client.chat_complete).parameters:
-        return service_client.chat_complete(
-            messages, max_tokens=max_tokens, temperature=0.0, response_format=response_format,
-            cache_salt=cache_salt,
-        )  # fmt: skip
-    # chat_complete takes no response_format yet: the same request, with it.
-    body = {
-        "model": settings.CHAT_MODEL_NAME, "messages": list(messages), "max_tokens": max_tokens,
-        "temperature": 0.0, "stream": False, "response_format": response_format,
-    }  # fmt: skip
-    if cache_salt:
-        body["cache_salt"] = cache_salt
-    try:
-        with service_client.http_client() as client:
-            response = client.post("/v1/chat/completions", json=body)
-    except httpx.HTTPError as exc:
-        raise ServiceCallError(f"the model endpoint {settings.CHAT_INTERNAL_API_URL} is unreachable: {exc}") from exc
-    if response.status_code != 200:
-        raise ServiceCallError(f"the model endpoint answered {response.status_code}: {response.text[:500]}")
-    try:
-        return response.json()["choices"][0]["message"]["content"] or ""
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise ServiceCallError(f"the model endpoint sent no completion: {response.text[:500]}") from exc
 
 
 @dataclass(frozen=True)
 class Extraction:
     """What one run did. ``status``: ``stored`` (this run's facts were stored; ``stored`` may be
-    0 when the model found none or all were near-duplicates), ``disabled`` (memory off for the
+    0 when the user stated none or all were near-duplicates), ``disabled`` (memory off for the
     deployment or the owner), ``zero_retention``, ``gone`` (no such conversation), ``not_idle``,
     ``done`` (this idle period already extracted), ``claimed`` (another run holds the lease),
-    ``lost`` (another run stored first), ``failed`` (the model endpoint failed; retried by a
-    later sweep)."""
+    ``lost`` (another run stored first)."""
 
     status: str
     stored: int = 0
@@ -231,45 +94,40 @@ def _conversation(*, conversation_id: UUID) -> Conversation | None:
 
 
 @regions.routed
-def _exchanges(*, conversation_id: UUID, after: datetime | None, through: datetime) -> list[tuple[str, str]]:
-    """(current user message, usable answer or "") of the positions begun after ``after`` and by
-    ``through``, oldest first; texts cut to MESSAGE_CHARS."""
-    exchanges = []
-    for position in selectors.positions_after(conversation_id=conversation_id, after=after):
-        if position.question.created_at > through:
-            continue  # a later period's
-        answer = position.usable_answer()
-        question = position.question.content[:MESSAGE_CHARS]
-        if question.strip():
-            exchanges.append((question, answer.content[:MESSAGE_CHARS] if answer is not None else ""))
-    return exchanges
-
-
-def _chunks(exchanges: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
-    """``exchanges`` in consecutive chunks whose extraction prompt fits the service pool's
-    context less the answer budget (token counts by the served model's chat template); a single
-    exchange too long alone is clipped until it fits."""
-    encode_chat = get_engine().encode_chat
-    pool = gate.route_for(caller_for(service_user())).pool
-    room = pool.max_context - settings.CHAT_MEMORY_EXTRACT_MAX_TOKENS
-
-    def fits(chunk) -> bool:
-        return len(encode_chat(extraction_messages(chunk))) <= room
-
-    chunks: list[list[tuple[str, str]]] = []
-    chunk: list[tuple[str, str]] = []
-    for q, a in exchanges:
-        if chunk and fits([*chunk, (q, a)]):
-            chunk.append((q, a))
+def _user_messages(*, conversation_id: UUID, after: datetime | None, through: datetime) -> list[UserMessage]:
+    """The user's messages of the conversation's selected path, oldest first, as
+    memory.statements.UserMessage: ``new`` for those written after ``after`` and by ``through``
+    (facts come from these), the earlier ones too (they carry a role-play's start). Only user
+    turns are read: the assistant's answers never reach the extractor."""
+    messages = []
+    for position in selectors.positions_after(conversation_id=conversation_id, after=None):
+        question = position.question
+        if question.role != "user" or question.created_at > through:
             continue
-        if chunk:
-            chunks.append(chunk)
-        while not fits([(q, a)]) and (q or a):
-            q, a = q[: int(len(q) * CLIP_FACTOR)], a[: int(len(a) * CLIP_FACTOR)]
-        chunk = [(q, a)]
-    if chunk:
-        chunks.append(chunk)
-    return chunks
+        new = after is None or question.created_at > after
+        messages.append(UserMessage(turn_id=question.turn_id, text=question.content, new=new))
+    return messages
+
+
+def _not_commanded(statements: list, messages: list[UserMessage]) -> list:
+    """``statements`` less those an explicit command settled when it was sent (memory/updates.py):
+    the sentence of a "remember ..." / "call me ..." (applied then; an Undo must stay undone),
+    and any fact a "forget ..." in the same or a later message names."""
+    order = {m.turn_id: i for i, m in enumerate(messages)}
+    commands = {m.turn_id: commands_parse(m.text) for m in messages if m.new}
+    forgets = [
+        (order[turn_id], forget_words(c.clause))
+        for turn_id, found in commands.items() for c in found if c.kind == "forget"
+    ]  # fmt: skip
+    kept = []
+    for statement in statements:
+        if any(c.start <= statement.end and statement.start <= c.end for c in commands.get(statement.turn_id, [])):
+            continue
+        words = fact_words(statement.text)
+        if any(i >= order[statement.turn_id] and (w is None or (w and w <= words)) for i, w in forgets):
+            continue
+        kept.append(statement)
+    return kept
 
 
 def _markers(conversation_id: UUID):
@@ -302,7 +160,7 @@ def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None =
         return Extraction("gone")
     if conversation_zero_retention(conversation):
         return Extraction("zero_retention")  # nothing of it may be kept, facts included
-    owner = User.objects.filter(pk=conversation.owner_id).first()
+    owner = User.objects.filter(pk=conversation.owner_id).only("pk", "memory_enabled").first()
     if owner is None or not owner.memory_enabled:
         return Extraction("disabled")
     through = conversation.last_turn_at
@@ -321,29 +179,20 @@ def conversation_memory_extract(*, conversation_id: UUID, now: datetime | None =
     if not claimed:
         return Extraction("claimed")
     try:
-        facts: list[str] = []
-        salt = user_cache_salt(owner, conversation.org)  # their data: their prefix cache
-        for chunk in _chunks(_exchanges(conversation_id=conversation_id, after=expected, through=through)):
-            facts.extend(model_facts(chunk, cache_salt=salt))
-    except ServiceCallError as exc:
-        _release(conversation_id, lease)
-        logger.warning("memory extraction of conversation %s failed: %s", conversation_id, exc)
-        return Extraction("failed")
-    except ValueError as exc:  # not the JSON asked for: this period yields nothing
-        logger.warning("memory extraction of conversation %s: %s", conversation_id, exc)
-        facts = []
+        messages = _user_messages(conversation_id=conversation_id, after=expected, through=through)
+        statements = _not_commanded(statements_extract(messages), messages)[: extract_max_facts()]
+        return _store(conversation, owner, statements, expected=expected, through=through)
     except BaseException:
         _release(conversation_id, lease)
         raise
-    return _store(conversation, owner, facts[: extract_max_facts()], expected=expected, through=through)
 
 
-def _store(conversation, owner, facts: list[str], *, expected, through) -> Extraction:
-    """Move the marker from ``expected`` to ``through`` and store ``facts``, in one transaction
+def _store(conversation, owner, facts: list, *, expected, through) -> Extraction:
+    """Move the marker from ``expected`` to ``through`` and store ``facts`` (Statements), in one transaction
     on the conversation's database (the facts' own transaction, on the owner's home region's
     database, is nested in it: one transaction when that is the same database); nothing when
     another run moved the marker first."""
-    from memory.services import memory_add  # noqa: PLC0415 - memory.services imports the models
+    from memory.services import FactIn, memory_facts_store  # noqa: PLC0415 - memory.services imports the models
 
     db = regions.db_for_conversation_id(conversation.pk)
     with transaction.atomic(using=db):
@@ -356,10 +205,10 @@ def _store(conversation, owner, facts: list[str], *, expected, through) -> Extra
         if facts:
             try:
                 with transaction.atomic(using=db):
-                    stored = memory_add(
-                        user=owner, texts=facts, source="extracted",
+                    stored = memory_facts_store(
+                        user=owner, facts=[FactIn.of(f) for f in facts], source="extracted",
                         source_conversation_id=conversation.pk,
-                    )  # fmt: skip
+                    ).added  # fmt: skip
             except ValidationError as exc:  # e.g. the owner's facts are at their cap
                 logger.warning("memory facts of conversation %s not stored: %s", conversation.pk, exc)
     logger.info("memory: %d fact(s) from conversation %s through %s", len(stored), conversation.pk, through)

@@ -22,6 +22,7 @@ class UserMemory(models.Model):
 
     class Source(models.TextChoices):
         EXTRACTED = "extracted", "Extracted from a conversation"
+        EXPLICIT = "explicit", "Asked for in a conversation"  # "remember that I ...", "call me ..."
         MANUAL = "manual", "Added by hand"
 
     fact_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -38,6 +39,16 @@ class UserMemory(models.Model):
     embedding = VectorField(dimensions=embedding_dimension())
     source_conversation_id = models.UUIDField(null=True, blank=True)
     source = models.CharField(max_length=16, choices=Source.choices, default=Source.MANUAL)
+    # Grounding (issue 28): the user turn the fact was read from and the span of its text
+    # (character offsets, ``span_text`` == that turn's ``content[span_start:span_end]``). Empty
+    # for facts added by hand. Turns live in the conversation's region: a plain UUID.
+    source_turn_id = models.UUIDField(null=True, blank=True)
+    span_start = models.PositiveIntegerField(null=True, blank=True)
+    span_end = models.PositiveIntegerField(null=True, blank=True)
+    span_text = models.TextField(blank=True, default="")
+    # A single-valued kind of fact (memory/statements.py SLOTS: name, home, diet...): a newer
+    # fact in the slot replaces the older one. Pinned slots go into every prompt.
+    slot = models.CharField(max_length=16, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -65,8 +76,10 @@ class UserMemory(models.Model):
 
 class MemoryBlock(models.Model):
     """A user's memory block as it goes into every one of their conversations' instructions
-    (DESIGN.md, "Memory in the prompt"; issue 19 part 3): all their facts, sanitised, oldest
-    first, one ``- fact`` line each (memory/blocks.py builds it).
+    (DESIGN.md, "Memory in the prompt"; issues 19 and 28): their pinned profile (name, how to
+    address them, standing preferences such as diet: memory/statements.py PINNED_SLOTS),
+    sanitised, oldest first, one ``- fact`` line each (memory/blocks.py builds it). Their other
+    facts enter a turn's prompt only when relevant to it (conversations/plan.py).
 
     ``version`` is bumped in the same transaction as every change of the user's facts or of
     their memory switch (memory/services.py); ``built_version`` is the version ``text`` was
@@ -89,6 +102,9 @@ class MemoryBlock(models.Model):
     token_count = models.PositiveIntegerField(default=0)
     budget = models.PositiveIntegerField(default=0)  # CHAT_MEMORY_MAX_TOKENS when built (tokens)
     overflow = models.BooleanField(default=False)
+    # The user's facts outside the pinned profile when built: a turn retrieves the relevant
+    # ones (issue 28); 0 -> nothing to retrieve, so a turn embeds nothing.
+    retrievable = models.PositiveIntegerField(default=0)
     built_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -96,6 +112,36 @@ class MemoryBlock(models.Model):
 
     def __str__(self) -> str:
         return f"memory block of {self.user_id} (version {self.built_version} of {self.version})"
+
+
+class MemoryUpdate(models.Model):
+    """A change to a user's memory asked for in a conversation ("remember that I ...", "forget
+    that ...", "call me ..."; issue 28), shown as "Memory updated" under that turn's answer with
+    an Undo. ``turn_id``: the user turn that asked; ``added``: ids (strings) of the facts it
+    stored; ``removed``: the facts it deleted (replaced or forgotten), as dicts of their fields
+    (text, slot, source, source_conversation_id, source_turn_id, span_start, span_end,
+    span_text) so Undo can restore them; ``summary``: what the chat shows; ``undone_at``: when
+    it was undone (None: in force)."""
+
+    update_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_updates",
+        db_index=False, db_constraint=False,  # in the user's home region's database
+    )  # fmt: skip
+    conversation_id = models.UUIDField(null=True, blank=True)
+    turn_id = models.UUIDField(null=True, blank=True)
+    added = models.JSONField(default=list)
+    removed = models.JSONField(default=list)
+    summary = models.CharField(max_length=400, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    undone_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "memory_update"
+        indexes = [models.Index(fields=["user", "turn_id"], name="memory_update_user_turn")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.summary[:60]}"
 
 
 # The extraction marker (memory/extraction_models.py) is a model of this app too: imported here so

@@ -36,7 +36,7 @@ from memory.models import UserMemory
 
 _SEARCH_SQL = """
 WITH mine AS MATERIALIZED (
-    SELECT fact_id, user_id, text, source, source_conversation_id, created_at,
+    SELECT fact_id, user_id, text, source, slot, source_conversation_id, created_at,
            (embedding <=> %s::vector) AS distance
     FROM user_memory
     WHERE user_id = %s
@@ -165,3 +165,44 @@ def memory_block(
     chosen.sort(key=lambda item: (item[0].created_at, str(item[0].fact_id)))
     return "\n".join(line for _, line in chosen)
 
+
+
+def relevant_similarity() -> float:
+    """The cosine similarity a fact needs to a turn's message to enter its prompt
+    (``CHAT_MEMORY_RELEVANT_SIMILARITY``, default 0.25: with all-MiniLM-L6-v2, unrelated
+    requests such as "Say the word yes." scored at most 0.20 against the bench's 20 facts, and
+    related ones 0.22-0.41; bench/memory_bench.py prints the tokens this admits)."""
+    return float(getattr(settings, "CHAT_MEMORY_RELEVANT_SIMILARITY", 0.25))
+
+
+def memory_relevant(
+    *,
+    user,
+    query: str,
+    encode_tokens: Callable[[str], int] | None = None,
+    query_vector: Future | None = None,
+) -> str:
+    """The user's facts outside the pinned profile that are relevant to ``query`` (a turn's
+    message), as ``- fact`` lines oldest first: at most ``CHAT_MEMORY_RELEVANT_K`` (default 3),
+    each with similarity >= :func:`relevant_similarity`, within ``CHAT_MEMORY_RELEVANT_TOKENS``
+    (default 40) counted by ``encode_tokens``. "" when none is (the common case for a request
+    about the world). Pinned facts are left out: the memory block carries them."""
+    from memory.statements import PINNED_SLOTS  # noqa: PLC0415
+
+    k = int(getattr(settings, "CHAT_MEMORY_RELEVANT_K", 3))
+    found = memory_search(
+        user=user, query=query, k=k + len(PINNED_SLOTS), min_similarity=relevant_similarity(),
+        query_vector=query_vector,
+    )  # fmt: skip
+    budget = int(getattr(settings, "CHAT_MEMORY_RELEVANT_TOKENS", 40))
+    count = encode_tokens or _approx_tokens
+    chosen: list[tuple[UserMemory, str]] = []
+    for fact, _similarity in found:
+        if fact.slot in PINNED_SLOTS or len(chosen) == k:
+            continue
+        clean = memory_fact_sanitise(fact.text)
+        candidate = "\n".join([*(line for _, line in chosen), f"- {clean}"])
+        if clean and count(candidate) <= budget:
+            chosen.append((fact, f"- {clean}"))
+    chosen.sort(key=lambda item: (item[0].created_at, str(item[0].fact_id)))
+    return "\n".join(line for _, line in chosen)

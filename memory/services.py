@@ -7,6 +7,7 @@ user's home region's database (conversations/regions.py ``user_db``), in one tra
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from uuid import UUID
 
 from django.conf import settings
@@ -31,6 +32,48 @@ from memory.selectors import (  # noqa: F401 - re-exported
 _LOCK_CLASS = 7_001
 
 SOURCES = {choice for choice, _label in UserMemory.Source.choices}
+
+# The fields of a fact that Undo restores (MemoryUpdate.removed), besides its user and embedding.
+SNAPSHOT_FIELDS = (
+    "text", "slot", "source", "source_conversation_id", "source_turn_id", "span_start", "span_end", "span_text",
+)
+
+
+@dataclass(frozen=True)
+class FactIn:
+    """A fact to store: ``text`` (cleaned by memory_fact_clean), ``slot`` ("" or a single-valued
+    kind, memory/statements.py SLOTS), and its grounding: ``turn_id`` (the user turn),
+    ``start``/``end`` (character offsets into its text), ``span`` (the text between them)."""
+
+    text: str
+    slot: str = ""
+    turn_id: UUID | None = None
+    start: int | None = None
+    end: int | None = None
+    span: str = ""
+
+    @classmethod
+    def of(cls, statement) -> FactIn:
+        """From a memory.statements.Statement."""
+        return cls(statement.text, statement.slot, statement.turn_id, statement.start, statement.end, statement.span)
+
+
+@dataclass(frozen=True)
+class MemoryChange:
+    """What one store did: ``added`` (the new facts), ``removed`` (snapshots of the facts a
+    newer fact in the same slot replaced: dicts of :data:`SNAPSHOT_FIELDS`, ids as strings)."""
+
+    added: list
+    removed: list
+
+
+def fact_snapshot(fact: UserMemory) -> dict:
+    """The fields Undo needs to put ``fact`` back (JSON-safe)."""
+    out = {name: getattr(fact, name) for name in SNAPSHOT_FIELDS}
+    for name in ("source_conversation_id", "source_turn_id"):
+        out[name] = str(out[name]) if out[name] else None
+    out["fact_id"] = str(fact.fact_id)
+    return out
 
 
 def memory_fact_clean(text: str) -> str:
@@ -57,56 +100,87 @@ def memory_add(
     source: str = UserMemory.Source.MANUAL,
     source_conversation_id: UUID | None = None,
 ) -> list[UserMemory]:
-    """Store ``texts`` as the user's facts; returns the new ones (in the order given).
+    """Store ``texts`` as the user's facts (no slot, no grounding: facts added by hand or through
+    ``PATCH /v1/users/{id}/memory``); returns the new ones. See :func:`memory_facts_store`."""
+    return memory_facts_store(
+        user=user, facts=[FactIn(text) for text in texts], source=source,
+        source_conversation_id=source_conversation_id,
+    ).added  # fmt: skip
 
-    Each text is cleaned (memory_fact_clean). A text is skipped, not stored, when it is a
+
+def memory_facts_store(
+    *,
+    user,
+    facts: list[FactIn],
+    source: str = UserMemory.Source.MANUAL,
+    source_conversation_id: UUID | None = None,
+) -> MemoryChange:
+    """Store ``facts`` as the user's; returns what was added and what was replaced.
+
+    Each text is cleaned (memory_fact_clean). A fact with a single-valued ``slot`` (memory/
+    statements.py SINGLE_VALUED: name, home, diet...) *replaces* the user's facts in that slot
+    (a new "lives in Paris" removes "lives in Lyon"), unless it says the same (same text,
+    case-insensitive: then it is skipped). Any other fact is skipped when it is a
     near-duplicate: cosine similarity >= ``CHAT_MEMORY_DEDUP_SIMILARITY`` to one of the user's
-    facts or to an earlier text of the same batch (so re-adding a fact, or the extractor finding
-    it again, changes nothing). ``source`` is "manual" or "extracted"; ``source_conversation_id``
-    the conversation an extracted fact came from.
+    facts or to an earlier fact of the same batch. ``source``: "manual", "extracted" or
+    "explicit"; ``source_conversation_id``: the conversation it came from.
 
     Raises ValidationError (nothing stored) for a bad text or source, or when the user would
     have more than ``CHAT_MEMORY_MAX_FACTS_PER_USER`` facts. Embeds before taking the lock (one
     batch on the CPU, ~5-15 ms per text); the check and insert run under a per-user advisory
-    transaction lock. Storing any fact queues the user's memory block rebuild after commit
+    transaction lock. Any change queues the user's memory block rebuild after commit
     (memory/blocks.py).
     """
+    from memory.statements import SINGLE_VALUED  # noqa: PLC0415 - pure module, kept light
+
     if source not in SOURCES:
         raise ValidationError(f"Unknown source {source!r}.", code="invalid")
-    cleaned = [memory_fact_clean(text) for text in texts]
+    cleaned = [(memory_fact_clean(fact.text), fact) for fact in facts]
     if not cleaned:
-        return []
-    vectors = embed(cleaned)
+        return MemoryChange([], [])
+    vectors = embed([text for text, _ in cleaned])
     threshold = settings.CHAT_MEMORY_DEDUP_SIMILARITY
     cap = settings.CHAT_MEMORY_MAX_FACTS_PER_USER
     with regions.user_pinned(user=user, atomic=True) as db:
         with connections[db].cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_LOCK_CLASS, user.pk])
         kept: list[UserMemory] = []
-        for text, vector in zip(cleaned, vectors, strict=True):
-            nearest = memory_nearest(user=user, vector=vector, k=1)
-            if nearest and nearest[0][1] >= threshold:
-                continue
-            # Vectors are L2-normalised: the dot product is the cosine similarity.
-            if any(sum(a * b for a, b in zip(vector, other.embedding, strict=True)) >= threshold for other in kept):
-                continue
+        replaced: list[UserMemory] = []
+        for (text, fact), vector in zip(cleaned, vectors, strict=True):
+            if fact.slot in SINGLE_VALUED:
+                same_slot = list(UserMemory.objects.filter(user=user, slot=fact.slot).defer("embedding"))
+                if any(old.text.casefold() == text.casefold() for old in same_slot):
+                    continue
+                replaced.extend(o for o in same_slot if o.pk not in {r.pk for r in replaced})
+                kept = [k for k in kept if k.slot != fact.slot]  # the batch's later one wins
+            else:
+                nearest = memory_nearest(user=user, vector=vector, k=1)
+                if nearest and nearest[0][1] >= threshold and nearest[0][0].pk not in {r.pk for r in replaced}:
+                    continue
+                # Vectors are L2-normalised: the dot product is the cosine similarity.
+                if any(sum(a * b for a, b in zip(vector, other.embedding, strict=True)) >= threshold for other in kept):
+                    continue
             kept.append(
                 UserMemory(
-                    user=user, text=text, embedding=vector, source=source,
-                    source_conversation_id=source_conversation_id,
+                    user=user, text=text, embedding=vector, source=source, slot=fact.slot,
+                    source_conversation_id=source_conversation_id, source_turn_id=fact.turn_id,
+                    span_start=fact.start, span_end=fact.end, span_text=fact.span,
                 )
             )  # fmt: skip
-        if not kept:
-            return []
-        existing = UserMemory.objects.filter(user=user).count()
+        if not kept and not replaced:
+            return MemoryChange([], [])
+        existing = UserMemory.objects.filter(user=user).count() - len(replaced)
         if existing + len(kept) > cap:
             raise ValidationError(
                 f"You can keep at most {cap} facts; you have {existing}. Delete some first.",
                 code="too_many",
             )
+        removed = [fact_snapshot(old) for old in replaced]
+        if replaced:
+            UserMemory.objects.filter(user=user, pk__in=[old.pk for old in replaced]).delete()
         stored = UserMemory.objects.bulk_create(kept)
         memory_block_touch(user_id=user.pk)
-        return stored
+        return MemoryChange(stored, removed)
 
 
 @regions.atomic_for_user

@@ -11,4 +11,5 @@ urlpatterns = [
     path("settings/memory/<uuid:fact_id>/delete", views.memory_delete, name="memory-delete"),
     path("settings/memory/clear", views.memory_clear, name="memory-clear"),
     path("settings/memory/toggle", views.memory_toggle, name="memory-toggle"),
+    path("memory/updates/<uuid:update_id>/undo", views.memory_update_undo, name="memory-update-undo"),
 ]

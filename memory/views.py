@@ -87,3 +87,22 @@ def memory_toggle(request: HttpRequest) -> HttpResponse:
     """Switch memory on (``enabled=on``) or off (anything else)."""
     services.memory_set_enabled(user=request.user, enabled=request.POST.get("enabled") == "on")
     return redirect("memory-settings")
+
+
+@require_POST
+@login_required
+def memory_update_undo(request: HttpRequest, update_id: UUID) -> HttpResponse:
+    """Undo a "Memory updated" (memory/updates.py): htmx gets the notice again (now "undone"),
+    a plain form post goes back to the conversation. 404 when the update is not the user's."""
+    from memory.models import MemoryUpdate  # noqa: PLC0415
+    from memory.updates import memory_update_undo as undo  # noqa: PLC0415
+
+    try:
+        update = undo(user=request.user, update_id=update_id)
+    except MemoryUpdate.DoesNotExist:
+        raise Http404("No such memory update.") from None
+    if request.headers.get("HX-Request"):
+        return render(request, "memory/_update.html", {"update": update})
+    if update.conversation_id:
+        return redirect("conversation", update.conversation_id)
+    return redirect("memory-settings")

@@ -313,6 +313,7 @@ ROUTES: list[Route] = [
     Route("memory-delete", ("POST",), OWN, lambda w: {"fact_id": w.fact.pk}),
     Route("memory-clear", ("POST",), SELF, bodies={"POST": form(confirm="yes")}),
     Route("memory-toggle", ("POST",), SELF, bodies={"POST": form(enabled="")}),
+    Route("memory-update-undo", ("POST",), OWN, lambda w: {"update_id": w.memory_update.pk}),
     Route("theme-set", ("POST",), SELF, bodies={"POST": form(theme="dark")}),
     Route(
         "custom-instructions-set", ("POST",), SELF, bodies={"POST": form(custom_instructions="pwned")}

@@ -44,7 +44,7 @@ from conversations import services as conversation_services
 from conversations.models import Conversation, Turn
 from feedback.services import feedback_set
 from memory.embeddings import embedding_dimension
-from memory.models import UserMemory
+from memory.models import MemoryUpdate, UserMemory
 from sharing.services import share_link_create, share_link_revoke
 from tests.conftest import PASSWORD
 from workspaces import selectors as workspace_selectors
@@ -81,6 +81,7 @@ class World:
     link: object  # alice's working share link
     revoked_link: object
     fact: UserMemory
+    memory_update: object  # alice's "Memory updated" (issue 28), for its Undo
     feedback: object
     alice_key: ApiKey
     alice_session: UserSession
@@ -151,6 +152,9 @@ def build_world() -> World:
     fact = UserMemory.objects.create(
         user=alice, text=SECRET_FACT, embedding=[0.0] * embedding_dimension()
     )
+    memory_update = MemoryUpdate.objects.create(
+        user=alice, conversation_id=conversation.pk, turn_id=question.turn_id, summary="Remembered: x"
+    )
     alice_key = api_key_create(user=alice, name="alice's script")
     alice_revoked = api_key_create(user=alice, name="alice's old script")
     api_key_revoke(api_key=alice_revoked.api_key)
@@ -184,6 +188,7 @@ def build_world() -> World:
         alice=alice, bob=bob, carol=carol, dave=dave, mallory=mallory, sam=sam,
         acme=acme, globex=globex, conversation=conversation, question=question, answer=answer,
         attachment=attachment, link=link, revoked_link=revoked_link, fact=fact,
+        memory_update=memory_update,
         feedback=feedback, alice_key=alice_key.api_key, alice_session=alice_session,
         invitation=invitation.invitation, bob_conversation=bob_conversation, bob_answer=bob_answer,
         raw={

@@ -11,7 +11,6 @@ tests/integration/test_cache_salt_real.py checks the isolation itself with the r
 from __future__ import annotations
 
 import re
-from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -26,11 +25,10 @@ from conversations import summaries
 from gateway.gate import Caller
 from gateway.tenancy import cache_salt_for
 from inference.engine import GenerationOptions, VllmEngine
-from memory import extraction
 from memory import services as memory_services
 from tests.test_admission_entrypoints import ENTRYPOINTS, person, send
 from tests.test_api import BearerClient, assert_error, post_json
-from tests.test_memory_block import FACTS, endpoint, words  # noqa: F401 - fixtures
+from tests.test_memory_block import FACTS, add_pinned, endpoint, words  # noqa: F401 - fixtures
 from tests.test_remote import engine as remote_engine
 from tests.test_remote import server, sse  # noqa: F401 - the fixture
 from tests.test_summaries import in_process_endpoint, seed, small_context  # noqa: F401 - fixtures
@@ -208,7 +206,7 @@ async def test_the_memory_warm_up_fills_the_cache_under_the_salt_the_users_turns
     make_user, words, endpoint  # noqa: F811
 ):
     who = await person(make_user)
-    await sync_to_async(memory_services.memory_add)(user=who.user, texts=FACTS)
+    await sync_to_async(add_pinned)(who.user, FACTS)  # the block carries pinned facts (issue 28)
     assert (await send("turns", who, "Name a prime number.")).status == 200
     (warm_up, warm_options), (turn, turn_options) = [
         (ids, options) for ids, options, _ in words.requests
@@ -228,23 +226,6 @@ def test_a_summary_is_written_under_the_conversations_owner_salt(
     assert summaries.summary_update(conversation_id=conversation.pk)
     assert engine_double.requests
     assert set(salts(engine_double)) == {user_cache_salt(owner)}
-
-
-@pytest.mark.django_db(transaction=True)
-def test_memory_extraction_asks_under_the_conversations_owner_salt(make_user, monkeypatch, settings):
-    owner = make_user("facts-owner")
-    conversation = conversation_services.conversation_create(owner=owner)
-    conversation_services.turn_append_user(conversation=conversation, content="I moved to Lyon last year.")
-    asked: list[str | None] = []
-
-    def chat_complete_json(messages, *, max_tokens, response_format, cache_salt=None):
-        asked.append(cache_salt)
-        return '{"facts": []}'
-
-    monkeypatch.setattr(extraction, "chat_complete_json", chat_complete_json)
-    later = conversation.last_turn_at + timedelta(seconds=settings.CHAT_MEMORY_IDLE_S + 1)
-    assert extraction.conversation_memory_extract(conversation_id=conversation.pk, now=later).status == "stored"
-    assert asked and set(asked) == {user_cache_salt(owner)}
 
 
 @pytest.mark.django_db

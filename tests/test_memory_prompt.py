@@ -19,6 +19,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 FACTS = ["prefers metric units", "is learning Rust", "has a grey cat called Pixel", "lives in Lyon", "is vegetarian"]
 
+def add_pinned(user, texts):
+    """Store ``texts`` as pinned facts (a standing preference: memory/statements.py
+    PINNED_SLOTS), the ones the memory block carries (issue 28); returns the new facts."""
+    from memory.services import FactIn
+
+    return memory_services.memory_facts_store(user=user, facts=[FactIn(t, slot="preference") for t in texts]).added
+
+
 
 @pytest.fixture
 def overflow(settings):
@@ -43,9 +51,9 @@ async def ask(client, content: str) -> None:
     await read_stream(response)
 
 
-async def test_every_fact_goes_into_the_memory_block_after_the_system_prompt(make_user, prompts):
+async def test_every_pinned_fact_goes_into_the_memory_block_after_the_system_prompt(make_user, prompts):
     client, user = await api_client(make_user)
-    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
+    await sync_to_async(add_pinned)(user, [f"The user {f}." for f in FACTS])
     await ask(client, "How many kilometres is a marathon?")
     system = prompts[-1][0]
     head, _, block = system["content"].partition(MEMORY_HEADING)
@@ -57,7 +65,7 @@ async def test_every_fact_goes_into_the_memory_block_after_the_system_prompt(mak
 
 async def test_an_overflow_users_most_relevant_fact_goes_into_the_memory_block(make_user, prompts, overflow):
     client, user = await api_client(make_user)
-    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
+    await sync_to_async(add_pinned)(user, [f"The user {f}." for f in FACTS])
     await ask(client, "How many kilometres is a marathon?")
     system = prompts[-1][0]
     assert system["role"] == "system"
@@ -71,7 +79,7 @@ async def test_an_overflow_users_most_relevant_fact_goes_into_the_memory_block(m
 async def test_another_users_facts_never_reach_the_prompt(make_user, prompts):
     client, _ = await api_client(make_user, username="ann")
     _, bob = await api_client(make_user, username="bob")
-    await sync_to_async(memory_services.memory_add)(user=bob, texts=["The user is secretly a spy called Nightjar."])
+    await sync_to_async(add_pinned)(bob, ["The user is secretly a spy called Nightjar."])
     await ask(client, "Who is the spy called Nightjar?")
     assert all("Nightjar" not in m["content"] or m["role"] == "user" for m in prompts[-1])
     assert MEMORY_HEADING not in prompts[-1][0]["content"]
@@ -79,7 +87,7 @@ async def test_another_users_facts_never_reach_the_prompt(make_user, prompts):
 
 async def test_memory_off_puts_nothing_in_the_prompt(make_user, prompts):
     client, user = await api_client(make_user)
-    await sync_to_async(memory_services.memory_add)(user=user, texts=["The user prefers metric units."])
+    await sync_to_async(add_pinned)(user, ["The user prefers metric units."])
     await sync_to_async(memory_services.memory_set_enabled)(user=user, enabled=False)
     await ask(client, "How many kilometres is a marathon?")
     assert MEMORY_HEADING not in prompts[-1][0]["content"]
@@ -87,7 +95,7 @@ async def test_memory_off_puts_nothing_in_the_prompt(make_user, prompts):
 
 async def test_a_deleted_fact_is_gone_from_the_next_prompt(make_user, prompts):
     client, user = await api_client(make_user)
-    (fact,) = await sync_to_async(memory_services.memory_add)(user=user, texts=["The user prefers metric units."])
+    (fact,) = await sync_to_async(add_pinned)(user, ["The user prefers metric units."])
     await sync_to_async(memory_services.memory_remove)(user=user, fact_ids=[fact.fact_id])
     await ask(client, "How many kilometres is a marathon?")
     assert "metric" not in prompts[-1][0]["content"]
@@ -102,8 +110,7 @@ async def test_the_same_facts_give_the_same_block_whatever_their_similarity_orde
     settings.CHAT_MEMORY_MAX_TOKENS = 14
     client, user = await api_client(make_user)
     long_fact = "The user once " + " ".join(["walked"] * 20) + " along the coast."
-    await sync_to_async(memory_services.memory_add)(
-        user=user, texts=["The user prefers metric units.", "The user is learning Rust.", long_fact]
+    await sync_to_async(add_pinned)(user, ["The user prefers metric units.", "The user is learning Rust.", long_fact]
     )
     questions = ["Metric units or imperial? Also any Rust tips?", "How do I write a for loop in Rust, in metric?"]
     rankings = [
@@ -128,7 +135,7 @@ async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrive
     from memory.embeddings import embed_one  # noqa: PLC0415
 
     client, user = await api_client(make_user)
-    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
+    await sync_to_async(add_pinned)(user, [f"The user {f}." for f in FACTS])
     started: list[str] = []
 
     def early(text: str) -> Future:
@@ -150,7 +157,7 @@ async def test_a_started_query_embedding_is_cancelled_when_memory_is_off(make_us
     from conversations import plan  # noqa: PLC0415
 
     client, user = await api_client(make_user)
-    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
+    await sync_to_async(add_pinned)(user, [f"The user {f}." for f in FACTS])
     await sync_to_async(memory_services.memory_set_enabled)(user=user, enabled=False)
     futures: list[Future] = []
     monkeypatch.setattr(plan, "memory_query_start", lambda text: futures.append(Future()) or futures[-1])
@@ -165,10 +172,73 @@ async def test_a_user_within_the_budget_embeds_no_message(make_user, prompts, mo
     from memory import selectors  # noqa: PLC0415
 
     client, user = await api_client(make_user)
-    await sync_to_async(memory_services.memory_add)(user=user, texts=[f"The user {f}." for f in FACTS])
+    await sync_to_async(add_pinned)(user, [f"The user {f}." for f in FACTS])
     started: list[str] = []
     monkeypatch.setattr(plan, "memory_query_start", lambda text: started.append(text))
     monkeypatch.setattr(selectors, "memory_nearest", lambda **kw: pytest.fail("searched"))
     await ask(client, "How many kilometres is a marathon?")
     assert started == []
     assert "grey cat called Pixel" in prompts[-1][0]["content"].partition(MEMORY_HEADING)[2]
+
+
+# --- relevance (issue 28) -----------------------------------------------------------------------
+
+
+async def test_a_fact_outside_the_profile_enters_only_a_turn_it_is_relevant_to(make_user, prompts):
+    """Given a pinned name and an unpinned "grows tomatoes and basil", when the user asks
+    something unrelated, then only the profile is in the prompt; when they ask about their
+    garden, the fact goes before the question (not into the system message, whose bytes stay
+    the same, so the cached prefix holds)."""
+    from conversations.plan import RELEVANT_MEMORY_HEADING
+    from memory.services import FactIn
+
+    client, user = await api_client(make_user)
+    await sync_to_async(memory_services.memory_facts_store)(user=user, facts=[FactIn("The user's name is Ada.", slot="name")])
+    await sync_to_async(memory_services.memory_add)(user=user, texts=["The user grows tomatoes and basil."])
+
+    await ask(client, "Say the word yes.")
+    unrelated = prompts[-1]
+    await ask(client, "How do I keep the tomatoes in my garden healthy?")
+    related = prompts[-1]
+
+    assert "Ada" in unrelated[0]["content"] and "tomatoes" not in unrelated[0]["content"]
+    assert unrelated[-1]["content"] == "Say the word yes."
+    assert related[0]["content"] == unrelated[0]["content"]
+    assert related[-1]["content"].startswith(f"{RELEVANT_MEMORY_HEADING}\n- The user grows tomatoes and basil.\n\n")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_memory_adds_at_most_40_tokens_to_an_irrelevant_turn(make_user):
+    """The issue's target on a small fixed set: 20 facts plus a name and a diet; requests about
+    the world get the profile only (tokens counted by the pool's tokenizer: the double's)."""
+    from bench.memory_bench import FACTS as BENCH_FACTS
+    from bench.memory_prompt import memory_prompt_tokens
+    from memory.services import FactIn
+
+    user = make_user("ada")
+    memory_services.memory_add(user=user, texts=[f"The user {f}." for f in BENCH_FACTS])
+    memory_services.memory_facts_store(user=user, facts=[
+        FactIn("The user's name is Ada.", slot="name"), FactIn("The user is vegetarian.", slot="diet"),
+    ])  # fmt: skip
+
+    for question in ("Say the word yes.", "What is 17 times 23?", "Explain the causes of World War I."):
+        added, _filler, relevant = memory_prompt_tokens(user=user, question=question)
+        assert relevant == "" and 0 < added <= 40, (question, added)
+
+
+async def test_per_turn_retrieval_off_embeds_nothing_and_adds_no_fact(make_user, prompts, settings, monkeypatch):
+    """CHAT_MEMORY_RELEVANT_K = 0 (the operator's switch for the per-turn embedding's cost):
+    a user with facts outside the profile gets no message embedding and no relevant facts."""
+    import memory.embeddings
+
+    settings.CHAT_MEMORY_RELEVANT_K = 0
+    embedded = []
+    original = memory.embeddings.embed_one_start
+    monkeypatch.setattr(memory.embeddings, "embed_one_start", lambda text: embedded.append(text) or original(text))
+    client, user = await api_client(make_user)
+    await sync_to_async(memory_services.memory_add)(user=user, texts=["The user grows tomatoes and basil."])
+
+    await ask(client, "How do I keep the tomatoes in my garden healthy?")
+
+    assert embedded == []
+    assert prompts[-1][-1]["content"] == "How do I keep the tomatoes in my garden healthy?"

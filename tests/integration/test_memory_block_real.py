@@ -41,7 +41,7 @@ def kv_block_size(engine) -> int:
 def test_a_new_chat_after_the_rebuild_reads_the_memory_block_from_the_prefix_cache(
     live, make_user, settings
 ):
-    """Given a user whose 21 facts (one unique to this run) fit the block, when the facts are
+    """Given a user whose 21 pinned facts (one unique to this run) fit the block, when the facts are
     stored (rebuild + warm-up), then the first turn of a new conversation reports at least the
     whole KV blocks of the prefix through the memory block as cached - more than the shared
     instructions before the block could account for, so the warm-up put the block there."""
@@ -50,9 +50,10 @@ def test_a_new_chat_after_the_rebuild_reads_the_memory_block_from_the_prefix_cac
     settings.CHAT_MEMORY_MAX_TOKENS = 1000
     tag = uuid.uuid4().hex[:10]
     user = make_user(f"memory-warm-{tag}")
-    memory_services.memory_add(
-        user=user,
-        texts=[f"The user's locker code word is {tag}."] + [f"The user {f}." for f in FACTS],
+    # Pinned facts (standing preferences): the ones the block carries (issue 28).
+    texts = [f"The user's locker code word is {tag}."] + [f"The user {f}." for f in FACTS]
+    memory_services.memory_facts_store(
+        user=user, facts=[memory_services.FactIn(t, slot="preference") for t in texts]
     )
     block = memory_block_current(user_id=user.pk)
     assert not block.overflow and tag in block.text

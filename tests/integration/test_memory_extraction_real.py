@@ -1,84 +1,68 @@
-"""Memory extraction for real: the extraction asks the real uvicorn server's /v1/chat/completions
-(the service credential) for facts, the real vLLM engine answers under the JSON schema (structured
-output), and the facts are embedded and stored. The pipeline is what is judged here, not the
-135M model's judgement of what a fact is."""
+"""Memory end to end (issue 28): the real uvicorn server with the real vLLM engine answers every
+turn over /v1, explicit requests change memory as each message is sent, and a real Celery worker,
+reached through the broker, extracts the facts of the idle conversation from the user's own
+messages into PostgreSQL, each grounded in a user turn."""
 
 from __future__ import annotations
 
-import json
-import uuid
 from datetime import timedelta
 
 import pytest
+from django.db.models import F
 
+from accounts.services import api_key_create
 from conversations import services
+from conversations.models import Conversation, Turn
 from memory import extraction
 from memory.extraction_models import ExtractionMarker
-from memory.models import UserMemory
+from memory.models import MemoryUpdate, UserMemory
+from chatsite.celery import app
+from tests.integration.test_summaries_real import post_turn, wait_until
+from tests.processes import celery_worker_process
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.django_db(transaction=True)]
 
-STATEMENTS = [
-    ("My name is Ada and I live in Lyon, in France.", "Nice to meet you, Ada from Lyon."),
-    ("I have a grey cat called Pixel.", "Pixel sounds lovely."),
-    ("I work as a bee keeper and I love lentil soup.", "Bee keeping and lentil soup, noted."),
-]
 
-
-@pytest.fixture
-def engine_requests(live, monkeypatch) -> list:
-    """(request id, options) of every generation the real engine is asked for."""
-    seen = []
-    original = live.engine.generate
-
-    def generate(prompt_token_ids, options, request_id):
-        seen.append((request_id, options))
-        return original(prompt_token_ids, options, request_id)
-
-    monkeypatch.setattr(live.engine, "generate", generate)
-    return seen
-
-
-def test_an_idle_conversation_yields_stored_facts_through_the_real_engine(
-    live, make_user, settings, engine_requests, monkeypatch
+def test_requests_apply_at_once_and_a_real_worker_extracts_only_what_the_user_said(
+    live, make_user, tmp_path, settings
 ):
-    """Given a conversation in which the user states facts about themselves, idle for
-    CHAT_MEMORY_IDLE_S, when it is extracted, then the server's endpoint was asked once, as the
-    service user at the background priority with the facts schema; the engine's answer is the
-    schema's JSON; at least one fact is stored, extracted from that conversation; and a second
-    run does nothing."""
-    settings.CHAT_INTERNAL_API_URL = live.url
-    answers = []
-    original = extraction.chat_complete_json
-    monkeypatch.setattr(
-        extraction, "chat_complete_json", lambda *a, **k: answers.append(original(*a, **k)) or answers[-1]
-    )
+    """Given a user chatting with the real engine, when they send "remember that I'm
+    vegetarian", it is stored at once with a Memory update; "forget that I'm vegetarian"
+    removes it at once. When the conversation is idle and the sweep queues its extraction
+    through the broker, a real worker stores "lives in Lyon" and the grey cat, grounded in
+    the user's turn, and nothing from the translation or the engine's answers."""
     user = make_user("ada")
+    key = api_key_create(user=user, name="test").raw
     conversation = services.conversation_create(owner=user)
-    for question, reply in STATEMENTS:
-        q = services.turn_append_user(conversation=conversation, content=question)
-        services.turn_append_assistant(
-            conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=q.turn_id,
-            content=reply, status="complete", prompt_tokens=10, completion_tokens=8,
-        )  # fmt: skip
-    conversation.refresh_from_db()
-    now = conversation.last_turn_at + timedelta(seconds=settings.CHAT_MEMORY_IDLE_S + 1)
 
-    result = extraction.conversation_memory_extract(conversation_id=conversation.pk, now=now)
-    again = extraction.conversation_memory_extract(conversation_id=conversation.pk, now=now)
+    post_turn(live, key, conversation.pk, "Remember that I'm vegetarian.")
+    assert list(UserMemory.objects.filter(user=user).values_list("text", flat=True)) == ["The user is vegetarian."]
+    post_turn(live, key, conversation.pk, "I live in Lyon and I have a grey cat called Pixel.")
+    post_turn(live, key, conversation.pk, "Translate into French: My name is John and I work at a hospital.")
+    post_turn(live, key, conversation.pk, "Please forget that I'm vegetarian.")
+    assert not UserMemory.objects.filter(user=user).exists()
+    assert MemoryUpdate.objects.filter(user=user).count() == 2
+    answers = list(Turn.objects.filter(conversation_id=conversation.pk, role=Turn.Role.ASSISTANT).values_list("content", flat=True))
+    assert len(answers) == 4 and all(answers)  # the real engine answered every turn
+    shift = timedelta(seconds=settings.CHAT_MEMORY_IDLE_S + 5)
+    Turn.objects.filter(conversation_id=conversation.pk).update(created_at=F("created_at") - shift)
+    Conversation.objects.filter(pk=conversation.pk).update(last_turn_at=F("last_turn_at") - shift)
+
     live.drain()
+    app.conf.task_always_eager = False  # from here tasks go through the broker to the worker
+    try:
+        with celery_worker_process(tmp_path, {"CHAT_INTERNAL_API_URL": live.url}) as worker:
+            assert extraction.memory_sweep() == [conversation.pk]
+            wait_until(
+                lambda: ExtractionMarker.objects.filter(pk=conversation.pk, extracted_through__isnull=False).exists(),
+                120, f"the worker's extraction (log: {worker.log_path})",
+            )  # fmt: skip
+            assert "memory.memory_extract" in worker.log()
+    finally:
+        app.conf.task_always_eager = True
 
-    [answer] = answers
-    data = json.loads(answer)  # structured output: the schema's JSON, whatever the facts
-    assert set(data) == {"facts"} and all(isinstance(f, str) for f in data["facts"])
-    [(request_id, options)] = engine_requests
-    assert request_id.startswith("chatcmpl-")  # through the OpenAI-compatible endpoint
-    assert options.json_schema == extraction.facts_schema()
-    assert options.priority == settings.CHAT_BACKGROUND_PRIORITY
-    assert result.status == "stored" and result.stored >= 1, answer
     facts = list(UserMemory.objects.filter(user=user))
-    assert len(facts) == result.stored
-    assert all(f.source == "extracted" and f.source_conversation_id == conversation.pk for f in facts)
-    assert all(0 < len(f.text) <= settings.CHAT_MEMORY_FACT_CHARS for f in facts)
-    assert again.status == "done"
-    assert ExtractionMarker.objects.get(pk=conversation.pk).extracted_through == conversation.last_turn_at
+    assert sorted(f.text for f in facts) == ["The user has a grey cat called Pixel.", "The user lives in Lyon."]
+    for fact in facts:
+        turn = Turn.objects.get(pk=fact.source_turn_id)
+        assert turn.role == Turn.Role.USER and turn.content[fact.span_start : fact.span_end] == fact.span_text
