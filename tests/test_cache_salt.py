@@ -25,7 +25,6 @@ from conversations import summaries
 from gateway.gate import Caller
 from gateway.tenancy import cache_salt_for
 from inference.engine import GenerationOptions, VllmEngine
-from memory import services as memory_services
 from tests.test_admission_entrypoints import ENTRYPOINTS, person, send
 from tests.test_api import BearerClient, assert_error, post_json
 from tests.test_memory_block import FACTS, add_pinned, endpoint, words  # noqa: F401 - fixtures
