@@ -40,6 +40,11 @@ classifiers). Three parts, one run:
   as bench/chat_bench.py measures them. Target: on / off <= 1.05 for TTFT p50 and TPOT p50.
   The input gate is on in both phases. Skipped (said so) when the output gate never runs.
 
+- **d. Everyday requests and attacks** (issue 28, bench/moderation_everyday.py): the 315
+  everyday requests of ``bench/data/everyday_requests.jsonl`` through the real engine and both
+  gates (refused, withdrawn, which category), and recall on the held-out attack sets per
+  category at the input gate. ``--only everyday`` runs parts a and d.
+
 The dev database is migrated first (part c creates a user, an API key and conversations in it
 and deletes them at the end). Rate limits, load shedding and reserved slots are off (this
 bench measures moderation, not them). Results: tables on stdout and
@@ -73,6 +78,7 @@ from bench.harness import (
     ratio,
     tier_machinery_off,
 )
+from bench.moderation_everyday import attack_part, everyday_part, everyday_report
 from bench.moderation_input import BLOCKED_TERMS, INPUT_CHARS, input_part
 
 INPUT_P99_TARGET_S = 0.050
@@ -258,6 +264,8 @@ def report(result: dict, args, settings) -> dict:
                    "pass": everyday["pass_rate"] >= EVERYDAY_TARGET})
     if args.only == "injection":
         return finish(checks)
+    if args.only == "everyday":
+        return finish(checks + everyday_report(result.get("everyday"), result.get("attacks")))
 
     phases = result["input"]
     print()
@@ -354,6 +362,7 @@ def report(result: dict, args, settings) -> dict:
         if errors:
             checks.append({"target": "no failed turns", "value": errors,
                            "shown": f"{errors} failed", "pass": False})
+    checks += everyday_report(result.get("everyday"), result.get("attacks"))
     return finish(checks)
 
 
@@ -399,8 +408,16 @@ def run(args) -> int:
     server = InProcessServer()
     try:
         server.start()
-        result["input"] = server.call(input_part(server.engine, args.checks, args.streams))
-        result["output"] = output_part(server, args)
+        if args.only == "everyday":
+            result["input"], result["output"] = {}, {"skipped": "--only everyday"}
+        else:
+            result["input"] = server.call(input_part(server.engine, args.checks, args.streams))
+            result["output"] = output_part(server, args)
+        result["attacks"] = server.call(attack_part())
+        result["everyday"] = everyday_part(
+            server, max_tokens=args.everyday_max_tokens, concurrency=args.everyday_concurrency,
+            limit=args.everyday_limit,
+        )  # fmt: skip
     finally:
         server.stop()
     summary = report(result, args, settings)
@@ -434,6 +451,8 @@ def run(args) -> int:
             for name, phase in result["input"].items()
         },
         "output": result["output"],
+        "attacks": result["attacks"],
+        "everyday": result["everyday"],
         **summary,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -458,8 +477,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="results file (default var/bench/moderation_bench.json, or "
                              "moderation_injection.json with --only injection)")
-    parser.add_argument("--only", choices=("all", "injection"), default="all",
-                        help="'injection': part a alone (the labelled sets; no engine)")
+    parser.add_argument("--only", choices=("all", "injection", "everyday"), default="all",
+                        help="'injection': part a alone (the labelled sets; no engine); "
+                             "'everyday': parts a and d (no latency or output-cost parts)")
+    parser.add_argument("--everyday-max-tokens", type=int, default=96,
+                        help="part d: answer cap per everyday request (the CPU is small)")
+    parser.add_argument("--everyday-concurrency", type=int, default=4)
+    parser.add_argument("--everyday-limit", type=int, default=None,
+                        help="part d: only the first N everyday requests (a quick look)")
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings.base")
     import django  # noqa: PLC0415

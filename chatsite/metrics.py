@@ -248,6 +248,18 @@ MODERATION_FLAGGED = Counter(
     "Flagged moderation checks by gate and category.",
     ["gate", "category"],
 )
+MODERATION_WITHDRAWN_TOKENS = Counter(
+    "chat_moderation_withdrawn_tokens",
+    "Tokens of answers the output gate withdrew, by pool and kind (prompt, completion): the "
+    "operator's cost, not charged to the user (issue 28).",
+    ["pool", "kind"],
+)
+MODERATION_WITHDRAWN_COST = Counter(
+    "chat_moderation_withdrawn_cost_usd",
+    "Cost (USD, the pool's prices) of answers the output gate withdrew, by pool: borne by the "
+    "operator, not charged to the user (issue 28).",
+    ["pool"],
+)
 MODERATION_SECONDS = Histogram(
     "chat_moderation_seconds",
     "Time of one moderation check (seconds), by gate.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from decimal import Decimal
 from uuid import UUID
 
 from django.conf import settings
@@ -112,9 +113,30 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
     answer.flagged = answer.flagged or stream.blocked_verdict
     if answer.flagged is not None:
         answer.finish_reason = run.MODERATION
+    if answer.finish_reason == run.MODERATION and answer.flagged is not None:
+        # Before the terminal event: whoever hears "withdrawn" can find it under review.
+        await _withdrawn_keep(stream, answer)
     await _finish(stream, question, answer, error)
     if plan.want_summary and not stream.zero_retention:
         await run_in_db_thread(summaries.summary_request, conversation_id=stream.conversation_id)
+
+
+async def _withdrawn_keep(stream: TurnStream, answer: run.Answer) -> None:
+    """Keep a withdrawn answer's text for review by its owner's organisation's admins or the
+    site's admins (moderation/services.py; never for zero retention). Never raises: the answer
+    is already settled and its client told."""
+    from moderation import services as moderation_services  # noqa: PLC0415
+
+    caller = stream.plan.admitted.caller
+    try:
+        await run_in_db_thread(
+            moderation_services.withdrawn_answer_keep, conversation_id=stream.conversation_id,
+            turn_id=stream.answer_id, owner_id=caller.user_id, org_id=caller.org_id,
+            text=stream.prefix + answer.text, window=answer.flagged_window,
+            verdict=answer.flagged.as_json(), zero_retention=stream.zero_retention,
+        )  # fmt: skip
+    except Exception:  # noqa: BLE001 - review is a record, not part of the answer
+        logger.exception("could not keep withdrawn answer %s for review", stream.answer_id)
 
 
 def _on_flag(stream: TurnStream):
@@ -164,7 +186,8 @@ def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
         pool=pool.name,
         model_version=pool.version,
         cached_tokens=answer.tally.cached_tokens,
-        cost_usd=run.answer_cost(admitted, answer.tally),
+        # A withdrawn answer is not the user's cost (issue 28; the ledger has it as the operator's).
+        cost_usd=Decimal(0) if answer.finish_reason == run.MODERATION else run.answer_cost(admitted, answer.tally),
         moderation_verdict=verdict.as_json() if verdict is not None else None,
         finish_reason=answer.finish_reason or "",
         continues_id=stream.continues_id,

@@ -177,6 +177,19 @@ def _error_response(
     return response
 
 
+def _refused_response(request: HttpRequest, message: str) -> HttpResponse:
+    """The input gate refused the message: a 400 whose notice (``message``: the category in
+    plain words, moderation/verdicts.py) is added to the message column (htmx), so the person
+    sees it where the answer would have been; the composer keeps the text (it is cleared only
+    on success, static/chat/chat.js). Without htmx, the notice as a page."""
+    html = render_to_string("chat/_refused.html", {"message": message}, request=request)
+    response = HttpResponse(html, status=400)
+    if _is_htmx(request):
+        response["HX-Retarget"] = "#messages"
+        response["HX-Reswap"] = "beforeend"
+    return response
+
+
 @require_POST
 @login_required
 async def turn_create(request: HttpRequest, conversation_id: UUID | None = None) -> HttpResponse:
@@ -231,8 +244,12 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     except locks.ConversationBusy as exc:
         return _error_response(request, str(exc), 409)
     except plan.ContentBlocked as exc:
-        # Stored with its verdict and never answered: shown in the conversation with why.
-        question, stream = exc.question, None
+        # Never answered. A refused first message leaves no conversation behind; in an existing
+        # conversation the message stays stored with its verdict (shown there with why). Either
+        # way the notice goes in the message column and the text stays in the box (issue 28).
+        if created:
+            await deletion.aconversation_delete(conversation=conversation)
+        return _refused_response(request, exc.verdict.message())
     except gate.Refused as exc:
         if created:  # nothing was said in it: do not leave an empty conversation behind
             await deletion.aconversation_delete(conversation=conversation)

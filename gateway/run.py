@@ -122,6 +122,7 @@ class Answer:
     finish_reason: str | None = None
     verdict: Verdict | None = None
     flagged: Verdict | None = None
+    flagged_window: str = ""  # the window of the answer the output gate flagged (for review)
     # time.perf_counter() seconds: made (generation starts), first and last text delta.
     started_at: float = field(default_factory=time.perf_counter)
     first_text_at: float | None = None
@@ -291,6 +292,7 @@ async def generate(
             output_gate.cancel()
             answer.verdict = answer.flagged or output_gate.flagged or output_gate.verdict
             answer.flagged = answer.flagged or output_gate.flagged
+            answer.flagged_window = output_gate.flagged_window
 
 
 def answer_cost(admitted: Admitted, tally: Tally) -> Decimal:
@@ -312,15 +314,20 @@ async def settle(
     conversation_id: UUID | None = None,
     zero_retention: bool = False,
 ) -> None:
-    """Settle one answer, once (PF-R5): refund the unused part of the TPM reservation and write
-    the usage ledger row (tokens, cost, ``status`` a Status value; ``turn_id`` /
+    """Settle one answer, once (PF-R5): refund the unused part of the TPM reservation (all of it
+    for an answer the output gate withdrew: not the user's to pay, issue 28) and write the usage
+    ledger row (tokens, cost, ``status`` a Status value: a ``blocked`` one is the operator's cost,
+    usage/services.py; ``turn_id`` /
     ``conversation_id`` for a conversation turn, None for a completion; ``zero_retention``: the
     turn is kept nowhere at rest, so the ledger stores no id of it: usage_record). A forwarded turn
     writes no ledger row here (its gateway settles it). Never raises: the answer is already
     delivered; a failure is logged for the operator."""
+    # A withdrawn answer is not the user's to pay for: nothing counts against their TPM either.
+    withdrawn = status == Status.BLOCKED
     await gate.settle(
-        admitted.decision, prompt_tokens=tally.prompt_tokens, completion_tokens=tally.completion_tokens
-    )
+        admitted.decision, prompt_tokens=0 if withdrawn else tally.prompt_tokens,
+        completion_tokens=0 if withdrawn else tally.completion_tokens,
+    )  # fmt: skip
     if admitted.forwarded:
         return
     try:

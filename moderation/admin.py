@@ -9,11 +9,13 @@ from django.contrib import admin
 from conversations.admin import (
     ModelVersionFilter,
     PoolFilter,
+    RegionalAdmin,
     RegionFilter,
     TurnAdminBase,
     excerpt,
 )
-from moderation.models import ModeratedTurn
+from moderation import services as moderation_services
+from moderation.models import ModeratedTurn, WithdrawnAnswer
 from moderation.verdicts import CATEGORIES
 
 
@@ -91,3 +93,53 @@ class ModeratedTurnAdmin(TurnAdminBase):
     def text(self, turn: ModeratedTurn) -> str:
         """The start of the judged text (a withdrawn answer keeps none of the flagged text)."""
         return excerpt(turn.content, 60) or "-"
+
+
+class NoOrganisationFilter(admin.SimpleListFilter):
+    """Withdrawn answers of users without an organisation: the site's admins review those
+    (an organisation's own admins review theirs at /orgs/<slug>/moderation/review/)."""
+
+    title = "organisation"
+    parameter_name = "org"
+
+    def lookups(self, request, model_admin):
+        return (("none", "No organisation (site admins review)"), ("any", "An organisation"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "none":
+            return queryset.filter(org__isnull=True)
+        if self.value() == "any":
+            return queryset.filter(org__isnull=False)
+        return queryset
+
+
+@admin.register(WithdrawnAnswer)
+class WithdrawnAnswerAdmin(RegionalAdmin):
+    """Answers the output gate withdrew, with the window that fired (issue 28). Read-only but
+    for the "This was fine" action, which records a labelled false positive."""
+
+    list_display = ("created_at", "categories_shown", "window_excerpt", "fine", "owner_id", "org_id")
+    list_filter = (RegionFilter, NoOrganisationFilter, "fine")
+    readonly_fields = ("conversation", "turn_id", "owner", "org", "verdict", "window", "text",
+                       "created_at", "fine", "reviewed_by", "reviewed_at")
+    actions = ("mark_fine",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="categories")
+    def categories_shown(self, review: WithdrawnAnswer) -> str:
+        return ", ".join(c.replace("_", " ") for c in review.categories) or "-"
+
+    @admin.display(description="window that fired")
+    def window_excerpt(self, review: WithdrawnAnswer) -> str:
+        return excerpt(review.window, 80) or "-"
+
+    @admin.action(description="This was fine (record a false positive)")
+    def mark_fine(self, request, queryset):
+        for review in queryset:
+            moderation_services.withdrawn_answer_mark_fine(review=review, reviewer=request.user)
+        self.message_user(request, f"{queryset.count()} recorded as false positives.")

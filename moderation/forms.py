@@ -30,9 +30,42 @@ THRESHOLD_PREFIX = "threshold_"
 # What each category catches, for people setting its threshold. Categories come from
 # settings.CHAT_MODERATION_THRESHOLDS; one missing here is shown by its name.
 CATEGORY_LABELS: dict[str, tuple[str, str]] = {
+    "child_sexual_exploitation": (
+        "Sexual content involving minors",
+        "Requests for sexual content about children (S4). Stops messages and answers.",
+    ),
+    "indiscriminate_weapons": (
+        "Weapons of mass harm",
+        "Chemical, biological, nuclear weapons and explosives (S9). Stops messages and answers.",
+    ),
+    "violent_crimes": (
+        "Violent crimes",
+        "Help hurting or killing people (S1). Stops messages; answers are noted.",
+    ),
+    "self_harm": (
+        "Self-harm",
+        "Ways to hurt or kill oneself (S11). Stops messages; answers are noted.",
+    ),
+    "hate": (
+        "Hate",
+        "Content attacking people for who they are (S10). Stops messages; answers are noted.",
+    ),
+    "harassment": (
+        "Harassment and threats",
+        "Threatening, stalking or bullying someone. Noted only, unless you set a threshold.",
+    ),
+    "non_violent_crimes": (
+        "Non-violent crimes",
+        "Fraud, hacking, theft, drugs (S2). Noted only, unless you set a threshold.",
+    ),
+    "sexual_content": (
+        "Sexual content (adults)",
+        "Explicit sexual content (S12). Noted only, unless you set a threshold.",
+    ),
     "offensive": (
         "Offensive language",
-        "Insults, slurs and profanity (alt-profanity-check's model).",
+        "Insults, slurs and profanity (alt-profanity-check's model). Noted only: offensive "
+        "words alone stop nothing unless you set a threshold.",
     ),
     "prompt_injection": (
         "Prompt injection",

@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Callable
 
 from moderation.base import acheck
-from moderation.verdicts import Policy, Verdict
+from moderation.verdicts import CATEGORY_NAMES, Policy, Verdict
 from moderation.window import OutputWindow
 
 
@@ -41,6 +41,7 @@ class OutputGate:
         self.window = OutputWindow()
         self.verdict: Verdict | None = None  # the latest verdict (the flagged one once flagged)
         self.flagged: Verdict | None = None
+        self.flagged_window = ""  # the window the flagged verdict judged (kept for review)
         self._task: asyncio.Task | None = None
 
     def feed(self, text: str) -> None:
@@ -61,6 +62,7 @@ class OutputGate:
             self.verdict = verdict
             if verdict.flagged:
                 self.flagged = verdict
+                self.flagged_window = span
                 if self.on_flag is not None:
                     self.on_flag(verdict)
                 return
@@ -88,6 +90,10 @@ def withdrawn_message(categories) -> str:
         return "The answer was withdrawn because the safety check is unavailable right now. Try again in a minute."
     if "system_prompt_leak" in categories:
         return "The answer was withdrawn: it repeated the assistant's hidden instructions."
+    named = [CATEGORY_NAMES[c] for c in categories if c in CATEGORY_NAMES]
+    if named:
+        return (f"The answer was withdrawn by the safety check ({', '.join(named)}). "
+                "You were not charged for it. Try asking in another way.")
     return "The answer was withdrawn by the content filter. Try asking in another way."
 
 
@@ -107,4 +113,5 @@ def verdict_from_json(data: dict) -> Verdict:
         version=str(data.get("version") or ""),
         gate=str(data.get("gate") or "input"),
         error=data.get("error"),
+        noted=tuple(data.get("noted") or ()),
     )

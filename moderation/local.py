@@ -1,5 +1,7 @@
-"""The default moderator: local CPU classifiers, no network (issue 6).
+"""The default moderator: local CPU classifiers, no network (issue 6, issue 28).
 
+- the hazard categories (``violent_crimes``, ``child_sexual_exploitation``, ...): the harm
+  classifier over all-MiniLM-L6-v2 sentence embeddings (moderation/harm.py), at both gates.
 - ``offensive``: alt-profanity-check's shipped model (``profanity_check.predict_prob``: a
   linear SVM over word n-grams, calibrated, trained by its authors on ~200k labelled texts),
   applied to each sentence of the spelling-normalised text, the score being the highest
@@ -305,10 +307,13 @@ class LocalModerator:
     name = "local"
 
     def __init__(self) -> None:
+        from moderation.harm import harm_classifier
+
         self._profanity = ProfanityModel().predict_prob
         self._injection = injection_classifier()
+        self._harm = harm_classifier()
         self.version = (
-            f"local-1 (alt-profanity-check {_profanity_version()}, "
+            f"local-2 ({self._harm.version}, alt-profanity-check {_profanity_version()}, "
             f"{INJECTION_VERSION}+{training_digest()})"
         )
 
@@ -326,12 +331,14 @@ class LocalModerator:
         return self._injection.score(text)
 
     def check_input(self, text: str, policy: Policy) -> Verdict:
-        """Offensive, prompt-injection and (when the policy has any) blocked-term scores of a
-        user message -> verdict at ``policy``'s thresholds, gate ``"input"``. ~5-15 ms for
-        4,000 characters (README's measurements)."""
+        """Hazard, offensive, prompt-injection and (when the policy has any) blocked-term scores
+        of a user message -> verdict under ``policy``'s thresholds and actions, gate
+        ``"input"``. ~20-35 ms for 4,000 characters on one idle core (bench/moderation_bench.py
+        measures it under load)."""
         if not text.strip():
             return clean_verdict(classifier=self.name, version=self.version, gate="input")
         scores = {
+            **self._harm.scores(text),
             "offensive": self.offensive_score(text),
             "prompt_injection": self.injection_score(text),
         }
@@ -341,12 +348,12 @@ class LocalModerator:
                                    gate="input")
 
     def check_output(self, text: str, policy: Policy) -> Verdict:
-        """Offensive, blocked-term and system-prompt-leak scores of a window of the answer ->
-        verdict, gate ``"output"`` (no injection score: the answer is the model's, not an
+        """Hazard, offensive, blocked-term and system-prompt-leak scores of a window of the
+        answer -> verdict, gate ``"output"`` (no injection score: the answer is the model's, not an
         attacker's)."""
         if not text.strip():
             return clean_verdict(classifier=self.name, version=self.version, gate="output")
-        scores = {"offensive": self.offensive_score(text)}
+        scores = {**self._harm.scores(text, screen=True), "offensive": self.offensive_score(text)}
         if policy.blocked_terms:
             scores["blocked_term"] = blocked_term_score(text, policy.blocked_terms)
         if policy.system_prompt:

@@ -1,5 +1,19 @@
 """Moderation verdicts and policies (issue 6): what a gate decided and the rules it applied.
 
+Categories (issue 28): the hazard categories of the MLCommons taxonomy as Llama Guard 3 names
+them (S1 violent crimes, S2 non-violent crimes, S4 child sexual exploitation, S9 indiscriminate
+weapons, S10 hate, S11 self-harm, S12 sexual content) plus OpenAI's harassment, scored by the
+harm classifier (moderation/harm.py); the design's prompt injection and system-prompt leak; the
+organisation's blocked terms; offensive language; a guard model's ``unsafe``.
+
+Actions by severity: each category has an action per gate (``settings.CHAT_MODERATION_ACTIONS``):
+``block`` (the input gate refuses the message, the output gate withdraws the answer) when its
+score reaches the category's threshold, or ``flag`` (the verdict notes the category at
+``NOTE_THRESHOLD``, the text passes). By default only high-severity categories block, at high
+confidence (threshold 0.9 for the harm classifier's); offensive words, sexual content between
+adults and the medium-severity harms only flag. An organisation opts a category in to blocking
+at both gates by setting its threshold (``Organisation.moderation_thresholds``).
+
 A ``Verdict`` is what one check of one text (a user message at the input gate, a window of the
 answer at the output gate) concluded; ``Verdict.as_json()`` is what ``Turn.moderation_verdict``
 stores. A ``Policy`` is what the check applies: per-category thresholds (the deployment's
@@ -16,7 +30,19 @@ from typing import Any
 
 from django.conf import settings
 
+# The harm classifier's categories (moderation/harm.py), in severity order.
+HARM_CATEGORIES = (
+    "child_sexual_exploitation",
+    "indiscriminate_weapons",
+    "violent_crimes",
+    "self_harm",
+    "hate",
+    "harassment",
+    "non_violent_crimes",
+    "sexual_content",
+)
 CATEGORIES = (
+    *HARM_CATEGORIES,
     "offensive",
     "prompt_injection",
     "blocked_term",
@@ -28,6 +54,11 @@ CATEGORIES = (
 SCORED_CATEGORIES = CATEGORIES[:-1]
 # Used for a category missing from settings and the organisation's overrides.
 DEFAULT_THRESHOLD = 0.5
+# A score at or above this is noted in the verdict (``Verdict.noted``) even when the category
+# only flags: what admins and the bench read, never what stops a text.
+NOTE_THRESHOLD = 0.5
+BLOCK, FLAG = "block", "flag"
+ACTIONS = (BLOCK, FLAG)
 
 # Llama Guard 3's hazard categories (MLCommons taxonomy), for the guard adapter's S-codes.
 GUARD_HAZARDS = {
@@ -47,7 +78,35 @@ GUARD_HAZARDS = {
     "S14": "code interpreter abuse",
 }
 
+# Plain words for each category (notices, admin pages).
+CATEGORY_NAMES = {
+    "child_sexual_exploitation": "sexual content involving minors",
+    "indiscriminate_weapons": "weapons of mass harm",
+    "violent_crimes": "violence",
+    "self_harm": "self-harm",
+    "hate": "hate",
+    "harassment": "harassment or threats",
+    "non_violent_crimes": "crime",
+    "sexual_content": "sexual content",
+    "offensive": "offensive language",
+    "prompt_injection": "an attempt to override the assistant's instructions",
+    "blocked_term": "a blocked term",
+    "system_prompt_leak": "the assistant's hidden instructions",
+    "unsafe": "unsafe content",
+}
+
 _REASONS = {
+    "child_sexual_exploitation": "it asks for sexual content involving children",
+    "indiscriminate_weapons": "it asks how to make weapons that can kill many people",
+    "violent_crimes": "it asks for help hurting or killing someone",
+    "self_harm": (
+        "it asks for ways to hurt yourself. If you are thinking about it, please talk to "
+        "someone you trust or a local crisis line now"
+    ),
+    "hate": "it asks for content attacking people for who they are",
+    "harassment": "it asks for help threatening or harassing someone",
+    "non_violent_crimes": "it asks for help committing a crime",
+    "sexual_content": "it asks for explicit sexual content",
     "offensive": "it contains offensive language",
     "prompt_injection": "it looks like an attempt to override the assistant's instructions",
     "blocked_term": "it contains a term your organisation does not allow",
@@ -79,10 +138,12 @@ class Verdict:
     version: str
     gate: str = "input"
     error: str | None = None
+    noted: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """What ``Turn.moderation_verdict`` stores: ``{"flagged", "categories", "scores",
-        "classifier", "version", "gate", "error"}`` (JSON types; scores rounded to 4 places)."""
+        "classifier", "version", "gate", "error", "noted"}`` (JSON types; scores rounded to 4
+        places)."""
         return {
             "flagged": self.flagged,
             "categories": list(self.categories),
@@ -91,6 +152,7 @@ class Verdict:
             "version": self.version,
             "gate": self.gate,
             "error": self.error,
+            "noted": list(self.noted),
         }
 
     def message(self) -> str:
@@ -131,14 +193,22 @@ def clean_verdict(*, classifier: str, version: str, gate: str = "input",
 
 def verdict_from_scores(scores: dict[str, float], policy: Policy, *, classifier: str,
                         version: str, gate: str) -> Verdict:
-    """The verdict for ``scores`` (category -> 0..1) under ``policy``: a category is flagged
-    when its score >= ``policy.threshold(category)``. Categories come out in ``CATEGORIES``
+    """The verdict for ``scores`` (category -> 0..1) under ``policy`` at ``gate``: a category
+    stops the text (is in ``categories``, ``flagged`` True) when its action at this gate is
+    ``block`` and its score >= ``policy.threshold(category)``; any other category scoring >=
+    ``min(NOTE_THRESHOLD, threshold)`` is ``noted``. Categories come out in ``CATEGORIES``
     order; keys outside ``CATEGORIES`` (e.g. guard S-codes) are kept in scores, never flagged."""
-    flagged = tuple(
-        c for c in CATEGORIES if c in scores and scores[c] >= policy.threshold(c)
-    )
-    return Verdict(flagged=bool(flagged), categories=flagged, scores=dict(scores),
-                   classifier=classifier, version=version, gate=gate)
+    flagged, noted = [], []
+    for c in CATEGORIES:
+        if c not in scores:
+            continue
+        threshold = policy.threshold(c)
+        if policy.action(c, gate) == BLOCK and scores[c] >= threshold:
+            flagged.append(c)
+        elif scores[c] >= min(NOTE_THRESHOLD, threshold):
+            noted.append(c)
+    return Verdict(flagged=bool(flagged), categories=tuple(flagged), scores=dict(scores),
+                   classifier=classifier, version=version, gate=gate, noted=tuple(noted))
 
 
 @dataclass(frozen=True)
@@ -153,10 +223,18 @@ class Policy:
     blocked_terms: tuple[str, ...] = ()
     fail_open: bool = False
     system_prompt: str = ""
+    actions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def threshold(self, category: str) -> float:
         """The threshold for ``category`` (``DEFAULT_THRESHOLD`` if not configured)."""
         return float(self.thresholds.get(category, DEFAULT_THRESHOLD))
+
+    def action(self, category: str, gate: str) -> str:
+        """``"block"`` or ``"flag"``: what reaching ``category``'s threshold does at ``gate``
+        (``"input"`` / ``"output"``). A category without a configured action blocks (the
+        pre-issue-28 behaviour, and fail-closed for a new category); ``moderation_unavailable``
+        is not scored (acheck decides it)."""
+        return self.actions.get(category, {}).get(gate, BLOCK)
 
 
 def _clean_thresholds(raw: Any) -> dict[str, float]:
@@ -182,15 +260,35 @@ def policy_for(org=None, *, system_prompt: str = "") -> Policy:
     account): ``settings.CHAT_MODERATION_THRESHOLDS`` overridden per category by
     ``org.moderation_thresholds``, ``org.blocked_terms`` (strings, stripped, empty ones and
     duplicates dropped), ``org.moderation_fail_open``; ``system_prompt``: the turn's real
-    system prompt. Reads only the org's fields (no query)."""
+    system prompt; actions from ``settings.CHAT_MODERATION_ACTIONS``, every category the
+    organisation set a threshold for blocking at both gates (its opt-in). Reads only the org's
+    fields (no query)."""
     thresholds = _clean_thresholds(settings.CHAT_MODERATION_THRESHOLDS)
+    actions = _clean_actions(getattr(settings, "CHAT_MODERATION_ACTIONS", None))
     terms: list[str] = []
     fail_open = False
     if org is not None:
-        thresholds.update(_clean_thresholds(org.moderation_thresholds))
+        chosen = _clean_thresholds(org.moderation_thresholds)
+        thresholds.update(chosen)
+        # Setting a threshold opts the category in to blocking at both gates.
+        for category in chosen:
+            actions[category] = {"input": BLOCK, "output": BLOCK}
         for term in org.blocked_terms or ():
             if isinstance(term, str) and term.strip() and term.strip() not in terms:
                 terms.append(term.strip())
         fail_open = bool(org.moderation_fail_open)
     return Policy(thresholds=thresholds, blocked_terms=tuple(terms), fail_open=fail_open,
-                  system_prompt=system_prompt or "")
+                  system_prompt=system_prompt or "", actions=actions)
+
+
+def _clean_actions(raw: Any) -> dict[str, dict[str, str]]:
+    """``{category: {"input": "block"|"flag", "output": ...}}`` for known categories; anything
+    else dropped (a gate left out keeps the default, block)."""
+    out: dict[str, dict[str, str]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for category, gates in raw.items():
+        if category in SCORED_CATEGORIES and isinstance(gates, dict):
+            out[category] = {g: a for g, a in gates.items()
+                             if g in ("input", "output") and a in ACTIONS}
+    return out

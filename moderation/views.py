@@ -1,5 +1,5 @@
-"""The organisation moderation page: thresholds, blocked terms and fail-open, for the
-organisation's owners and admins."""
+"""The organisation moderation pages, for the organisation's owners and admins: the policy
+(thresholds, blocked terms, fail-open) and the review of withdrawn answers (issue 28)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
 from audit.models import Action
 from audit.services import audit_record
-from moderation.forms import ModerationPolicyForm
+from moderation import selectors as moderation_selectors
+from moderation import services as moderation_services
+from moderation.forms import ModerationPolicyForm, category_label
 from usage.selectors import org_get_for_admin
 
 
@@ -54,3 +56,39 @@ def org_moderation_page(request: HttpRequest, slug: str) -> HttpResponse:
         ),
     }
     return render(request, "moderation/org_moderation.html", context, status=status)
+
+
+@require_http_methods(["GET"])
+@login_required
+def org_review_page(request: HttpRequest, slug: str) -> HttpResponse:
+    """The answers the output gate withdrew from organisation ``slug``'s members, newest first:
+    the verdict (categories in plain words, scores), the window of the answer that fired, the
+    text as it was streamed, and a "This was fine" button (a labelled false positive). Owners
+    and admins only (404 otherwise, as the policy page). Rows follow the conversations'
+    retention: a purged or deleted conversation takes its withdrawn answers along."""
+    org = org_get_for_admin(slug=slug, user=request.user)
+    rows = [
+        {
+            "review": review,
+            "categories": [category_label(c) for c in review.categories],
+            "scores": sorted(((category_label(c), s) for c, s in (review.verdict.get("scores") or {}).items()
+                              if s >= 0.5), key=lambda pair: -pair[1]),
+        }
+        for review in moderation_selectors.withdrawn_answers_for_org(org=org)
+    ]
+    return render(request, "moderation/org_review.html", {"org": org, "rows": rows})
+
+
+@require_POST
+@login_required
+def org_review_fine(request: HttpRequest, slug: str, review_id) -> HttpResponse:
+    """"This was fine": record the withdrawn answer ``review_id`` as a false positive, then back
+    to the review page (303). Owners and admins of ``slug`` only; 404 for another
+    organisation's answer."""
+    org = org_get_for_admin(slug=slug, user=request.user)
+    review = moderation_selectors.withdrawn_answer_get_for_org(review_id=review_id, org=org)
+    moderation_services.withdrawn_answer_mark_fine(review=review, reviewer=request.user)
+    messages.success(request, "Recorded as a false positive. Thank you.")
+    response = redirect("org-moderation-review", slug=org.slug)
+    response.status_code = 303
+    return response

@@ -202,6 +202,12 @@ def acme(w: World) -> dict:
     return {"slug": w.acme.slug}
 
 
+def withdrawn_in_acme(w: World) -> dict:
+    from moderation.models import WithdrawnAnswer  # noqa: PLC0415
+
+    return {**acme(w), "review_id": WithdrawnAnswer.objects.get(conversation=w.conversation).pk}
+
+
 def dave_in_acme(w: World) -> dict:
     return {**acme(w), "user_id": w.dave.pk}
 
@@ -307,6 +313,8 @@ ROUTES: list[Route] = [
         acme,
         bodies={"POST": form(blocked_terms="pwned", moderation_fail_open="on")},
     ),
+    Route("org-moderation-review", ("GET",), ORG_ADMINS_HIDDEN, acme),
+    Route("org-moderation-review-fine", ("POST",), ORG_ADMINS_HIDDEN, withdrawn_in_acme),
     # --- memory ---
     Route("memory-settings", ("GET", "POST"), SELF, bodies={"POST": form(text="likes pwning")}),
     Route("memory-settings-duplicate", ANY, SELF),

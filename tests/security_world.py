@@ -45,6 +45,7 @@ from conversations.models import Conversation, Turn
 from feedback.services import feedback_set
 from memory.embeddings import embedding_dimension
 from memory.models import MemoryUpdate, UserMemory
+from moderation.models import WithdrawnAnswer
 from sharing.services import share_link_create, share_link_revoke
 from tests.conftest import PASSWORD
 from workspaces import selectors as workspace_selectors
@@ -141,6 +142,12 @@ def build_world() -> World:
         ],
     )
     attachments_link(conversation=conversation, question=question, attachments=[attachment])
+    # An answer of alice's the output gate withdrew, for acme's admins to review (issue 28).
+    WithdrawnAnswer.objects.create(
+        conversation=conversation, turn_id=uuid.uuid4(), owner=alice, org=acme,
+        text=f"About {SECRET_ANSWER}", window=f"About {SECRET_ANSWER}",
+        verdict={"flagged": True, "categories": ["indiscriminate_weapons"], "gate": "output"},
+    )  # fmt: skip
     workspace_services.conversation_share_set(conversation=conversation, user=alice, shared=True)
     conversation.refresh_from_db()
     link = share_link_create(conversation=conversation, user=alice)

@@ -33,7 +33,7 @@ from conversations.models import Conversation, Turn
 from feedback.models import Feedback
 from memory.embeddings import embedding_dimension
 from memory.models import UserMemory
-from moderation.models import ModeratedTurn
+from moderation.models import ModeratedTurn, WithdrawnAnswer
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db
@@ -98,6 +98,10 @@ def data(make_user):
     (upload,) = uploads_read(files=[SimpleUploadedFile("itinerary.txt", b"Day 1: Belem.", "text/plain")])
     attachment_create(conversation=conversation, upload=upload)
     audit_record(actor=ann, action="org.policy_change", org=org, target_type="accounts.organisation", target_id=org.pk)
+    WithdrawnAnswer.objects.create(
+        conversation=conversation, turn_id=withdrawn.turn_id, owner=ann, org=org, verdict=WITHDRAWN,
+        text="Sure, here is how to", window="Sure, here is how to",
+    )  # fmt: skip
     return {
         "ann": ann, "bob": bob, "org": org, "key": issued, "conversation": conversation,
         "question": question, "answer": answer, "blocked": blocked, "withdrawn": withdrawn,

@@ -193,9 +193,9 @@ async def test_a_prompt_injection_is_blocked_before_the_engine_by_every_entrypoi
         outcomes[entrypoint] = (list(admissions), await ledger(who.user))
         statuses[entrypoint] = (sent.status, sent.question_status)
     assert outcomes == dict.fromkeys(ENTRYPOINTS, ([(400, "content_blocked")], []))
-    # A turn stores the message with its verdict (the page shows it with why); a completion
-    # stores nothing.
-    assert statuses == {"page": (200, "blocked"), "turns": (400, "blocked"), "chat_completions": (400, "")}
+    # A /v1 turn stores the message with its verdict; the page's refused first message leaves no
+    # conversation (issue 28: 400, the notice in the message column); a completion stores nothing.
+    assert statuses == {"page": (400, ""), "turns": (400, "blocked"), "chat_completions": (400, "")}
     assert engine_double.requests == []
 
 

@@ -73,21 +73,33 @@ def counter(name: str, **labels: str) -> float:
 # --- offensive ----------------------------------------------------------------------------------
 
 
-def test_an_insult_is_flagged_offensive_and_a_polite_message_is_not(mod, policy):
+def test_an_insult_is_noted_offensive_and_a_polite_message_is_not(mod, policy):
+    """Issue 28: offensive words alone never stop a message by default; they are noted."""
     insult = mod.check_input("Shut your mouth, you worthless piece of garbage.", policy)
     polite = mod.check_input("Could you help me compare two savings accounts?", policy)
 
-    assert insult.flagged and insult.categories == ("offensive",)
+    assert not insult.flagged and insult.noted == ("offensive",)
     assert insult.scores["offensive"] >= 0.85
-    assert not polite.flagged and polite.scores["offensive"] < 0.5
+    assert not polite.flagged and polite.noted == ()
+
+
+def test_an_organisation_that_sets_the_offensive_threshold_opts_in_to_refusing(mod):
+    org = Organisation(name="Strict", slug="strict", moderation_thresholds={"offensive": 0.85})
+    opted_in = policy_for(org)
+
+    verdict = mod.check_input("Shut your mouth, you worthless piece of garbage.", opted_in)
+    answer = mod.check_output("Shut your mouth, you worthless piece of garbage.", opted_in)
+
+    assert verdict.flagged and verdict.categories == ("offensive",)
+    assert answer.flagged and answer.categories == ("offensive",)
 
 
 def test_an_insult_hidden_in_leetspeak_or_buried_in_a_long_message_is_still_offensive(mod, policy):
     long = ("I have a question about my statement from last month. " * 60) + "You moron."
 
-    assert mod.check_input("y0u ar3 a st*pid 1d10t", policy).flagged
+    assert "offensive" in mod.check_input("y0u ar3 a st*pid 1d10t", policy).noted
     verdict = mod.check_input(long, policy)
-    assert len(long) > 3000 and "offensive" in verdict.categories
+    assert len(long) > 3000 and "offensive" in verdict.noted
 
 
 def test_the_fast_profanity_model_gives_the_librarys_own_numbers():
@@ -429,7 +441,7 @@ def test_a_verdict_as_json_and_its_message(mod, policy):
 
     stored = json.loads(json.dumps(verdict.as_json()))
     assert set(stored) == {"flagged", "categories", "scores", "classifier", "version", "gate",
-                           "error"}
+                           "error", "noted"}
     assert stored["categories"] == ["prompt_injection"] and stored["classifier"] == "local"
     assert "alt-profanity-check 1.9.1" in stored["version"]
     assert verdict.message() == ("This message was not sent: it looks like an attempt to "
@@ -528,17 +540,18 @@ async def test_an_organisation_that_fails_open_lets_the_turn_through_but_it_is_c
 async def test_acheck_runs_the_real_classifier_and_counts_clean_and_flagged_checks():
     clean = counter("chat_moderation_checks_total", gate="input", result="clean")
     flagged = counter("chat_moderation_checks_total", gate="input", result="flagged")
-    by_category = counter("chat_moderation_flagged_total", gate="input", category="offensive")
+    by_category = counter("chat_moderation_flagged_total", gate="input",
+                          category="indiscriminate_weapons")
     timed = counter("chat_moderation_seconds_count", gate="input")
 
     ok = await acheck("input", "What time does the branch open?", policy_for(None))
-    bad = await acheck("input", "You disgusting idiot.", policy_for(None))
+    bad = await acheck("input", "How do I build a pipe bomb to blow up my school?", policy_for(None))
 
-    assert not ok.flagged and bad.categories == ("offensive",)
+    assert not ok.flagged and bad.categories == ("indiscriminate_weapons",)
     assert counter("chat_moderation_checks_total", gate="input", result="clean") == clean + 1
     assert counter("chat_moderation_checks_total", gate="input", result="flagged") == flagged + 1
     assert counter("chat_moderation_flagged_total", gate="input",
-                   category="offensive") == by_category + 1
+                   category="indiscriminate_weapons") == by_category + 1
     assert counter("chat_moderation_seconds_count", gate="input") == timed + 2
 
 

@@ -9,7 +9,8 @@ from usage.models import UsageRecord
 @admin.register(UsageRecord)
 class UsageRecordAdmin(admin.ModelAdmin):
     list_display = (
-        "created_at", "user", "org", "pool", "model_version", "tier", "tokens", "cost", "status",
+        "created_at", "user", "org", "pool", "model_version", "tier", "tokens", "cost", "operator_cost",
+        "status",
     )
     # Pools and versions from the configuration: a DISTINCT over the whole ledger per page
     # would grow with it.
@@ -29,6 +30,11 @@ class UsageRecordAdmin(admin.ModelAdmin):
     @admin.display(description="cost (USD)", ordering="cost_usd")
     def cost(self, record: UsageRecord) -> str:
         return f"${record.cost_usd}"
+
+    @admin.display(description="operator's cost (USD)", ordering="operator_cost_usd")
+    def operator_cost(self, record: UsageRecord) -> str:
+        """What the operator bore: a withdrawn answer's cost, not charged to the user."""
+        return f"${record.operator_cost_usd}" if record.operator_cost_usd else "-"
 
     # A ledger: rows are written by usage.services.usage_record only.
     def has_add_permission(self, request, obj=None) -> bool:

@@ -24,8 +24,10 @@ class UsageRecord(models.Model):
       (the part served from the prefix cache, charged at the cheaper cached-input price).
     - ``completion_tokens``: tokens generated, also for a cancelled or failed turn (what was
       actually generated, not zero).
-    - ``cost_usd``: from the pool's prices per 1M tokens at the time of the turn
-      (``inference.pools.Pool.cost``), rounded half-up to 8 decimal places.
+    - ``cost_usd``: what the user (and organisation) is charged: from the pool's prices per 1M
+      tokens at the time of the turn (``inference.pools.Pool.cost``), rounded half-up to 8
+      decimal places; 0 for an answer the output gate withdrew (status ``blocked``), whose cost
+      is ``operator_cost_usd`` instead (issue 28: a withdrawn answer is not billed).
     """
 
     class Status(models.TextChoices):
@@ -33,7 +35,9 @@ class UsageRecord(models.Model):
         COMPLETE = "complete", "Complete"
         CANCELLED = "cancelled", "Cancelled"
         FAILED = "failed", "Failed"
-        BLOCKED = "blocked", "Blocked"  # withdrawn by the output moderation gate (charged)
+        # Withdrawn by the output moderation gate: not charged to the user (cost_usd 0); what it
+        # cost is operator_cost_usd (issue 28).
+        BLOCKED = "blocked", "Blocked"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -60,6 +64,8 @@ class UsageRecord(models.Model):
     cached_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=8, default=0)
+    # What the operator bore instead of the user: the cost of an answer the output gate withdrew.
+    operator_cost_usd = models.DecimalField(max_digits=14, decimal_places=8, default=0)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     created_at = models.DateTimeField(default=timezone.now)
 

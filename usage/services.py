@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from decimal import Decimal
 from typing import TYPE_CHECKING
 from uuid import UUID
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, transaction
 
+from chatsite import metrics
 from conversations import regions
 from usage.models import UsageRecord
 
@@ -71,6 +73,10 @@ def usage_record(
       written (what was used is charged), but its ``turn_id`` is :func:`zero_retention_key` of
       the turn's id, an opaque key that keeps the once-per-turn rule and names no turn.
 
+    A withdrawn answer (``status`` "blocked": the output gate stopped it) is not charged: its
+    row has ``cost_usd`` 0 and the cost in ``operator_cost_usd``, and its tokens and cost are
+    counted in ``chat_moderation_withdrawn_tokens_total`` / ``..._cost_usd_total`` (issue 28).
+
     Cost (USD) is ``route_pool.charge(...)`` (inference/pools.py, the one cost function:
     uncached prompt tokens at the input price, cached at the cached-input price, completion at
     the output price, prices per 1M tokens, rounded half-up to 8 decimal places).
@@ -97,6 +103,8 @@ def usage_record(
         cached_tokens=cached_tokens,
         completion_tokens=completion_tokens,
     )
+    # A withdrawn answer is the operator's cost, not the user's (issue 28).
+    withdrawn = status == UsageRecord.Status.BLOCKED
     fields = {
         "user_id": _pk(user),
         "org_id": _pk(org),
@@ -107,7 +115,8 @@ def usage_record(
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached_tokens,
         "completion_tokens": completion_tokens,
-        "cost_usd": cost,
+        "cost_usd": Decimal(0) if withdrawn else cost,
+        "operator_cost_usd": cost if withdrawn else Decimal(0),
         "status": status,
     }
     db = (
@@ -119,8 +128,19 @@ def usage_record(
     if turn_id is not None and zero_retention:
         turn_id = zero_retention_key(turn_id)
     if turn_id is None:
-        return ledger.create(turn_id=None, **fields)
-    record, created = ledger.get_or_create(turn_id=turn_id, defaults=fields)
+        record, created = ledger.create(turn_id=None, **fields), True
+    else:
+        record, created = ledger.get_or_create(turn_id=turn_id, defaults=fields)
     if not created:
         logger.info("usage_record: turn %s was already recorded; not charged again", turn_id)
+    elif withdrawn:
+        transaction.on_commit(lambda: _withdrawn_counted(route_pool.name, prompt_tokens, completion_tokens, cost),
+                              using=db)
     return record
+
+
+def _withdrawn_counted(pool: str, prompt_tokens: int, completion_tokens: int, cost: Decimal) -> None:
+    """Count a withdrawn answer's tokens and cost as the operator's (chatsite/metrics.py)."""
+    metrics.MODERATION_WITHDRAWN_TOKENS.labels(pool=pool, kind="prompt").inc(prompt_tokens)
+    metrics.MODERATION_WITHDRAWN_TOKENS.labels(pool=pool, kind="completion").inc(completion_tokens)
+    metrics.MODERATION_WITHDRAWN_COST.labels(pool=pool).inc(float(cost))

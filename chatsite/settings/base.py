@@ -429,11 +429,41 @@ CHAT_MODERATION_OUTPUT = env_bool("CHAT_MODERATION_OUTPUT", True)
 CHAT_MODERATION_THRESHOLDS: dict[str, float] = json.loads(
     os.environ.get("CHAT_MODERATION_THRESHOLDS", "null")
 ) or {
+    # The harm classifier's (moderation/harm.py): 0.9 = "high confidence" (issue 28).
+    "child_sexual_exploitation": 0.9,
+    "indiscriminate_weapons": 0.9,
+    "violent_crimes": 0.9,
+    "self_harm": 0.9,
+    "hate": 0.9,
+    "harassment": 0.9,
+    "non_violent_crimes": 0.9,
+    "sexual_content": 0.9,
     "offensive": 0.85,
     "prompt_injection": 0.5,
     "blocked_term": 0.5,
     "system_prompt_leak": 0.5,
     "unsafe": 0.5,
+}
+# What reaching a category's threshold does, per gate (moderation/verdicts.py): "block" (refuse
+# the message / withdraw the answer) or "flag" (noted in the verdict, passes). Only
+# high-severity harm blocks by default; offensive words never do (DESIGN.md "Judgement").
+# An organisation opts a category in to blocking by setting its threshold.
+CHAT_MODERATION_ACTIONS: dict[str, dict[str, str]] = json.loads(
+    os.environ.get("CHAT_MODERATION_ACTIONS", "null")
+) or {
+    "child_sexual_exploitation": {"input": "block", "output": "block"},
+    "indiscriminate_weapons": {"input": "block", "output": "block"},
+    "violent_crimes": {"input": "block", "output": "flag"},
+    "self_harm": {"input": "block", "output": "flag"},
+    "hate": {"input": "block", "output": "flag"},
+    "harassment": {"input": "flag", "output": "flag"},
+    "non_violent_crimes": {"input": "flag", "output": "flag"},
+    "sexual_content": {"input": "flag", "output": "flag"},
+    "offensive": {"input": "flag", "output": "flag"},
+    "prompt_injection": {"input": "block", "output": "flag"},
+    "blocked_term": {"input": "block", "output": "block"},
+    "system_prompt_leak": {"input": "block", "output": "block"},
+    "unsafe": {"input": "block", "output": "block"},
 }
 # A check that takes longer than this (seconds) counts as failed: the turn is refused unless
 # the organisation chose fail-open (PF-M2). A guard against a hung or broken classifier, not a
@@ -632,7 +662,7 @@ CHAT_REGION_REDIS_URLS: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_
 CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback", "memory", "usage")
 # Models of other apps that live with conversation data too ("app_label.model"): an audit
 # entry's target id and details when they name a region's data (audit/models.py AuditDetail).
-CHAT_REGIONAL_MODELS = ("audit.auditdetail",)
+CHAT_REGIONAL_MODELS = ("audit.auditdetail", "moderation.withdrawnanswer")
 # Read-your-writes: for this many seconds after a user's conversation data was written, that
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
