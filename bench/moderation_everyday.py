@@ -180,7 +180,11 @@ def everyday_report(everyday: dict | None, attacks: dict | None) -> list[dict]:
     if attacks is not None:
         print("   attacks at the input gate (held out): set | n | stopped | detected (stopped or noted)")
         for name, row in attacks.items():
-            print(f"     {name:<26} {row['n']:>4}   {row['stopped_rate']:.3f}   {row['detected_rate']:.3f}")
+            print(f"     {name:<26} {row['n']:>4}   {row['stopped_rate']:.3f}   {row['detected_rate']:.3f}"
+                  + ("   (reported, not a target: rudeness is noted, never refused by default)"
+                     if name == "offensive" else ""))
+            if name == "offensive":  # issue 28's recall target names injection and harm only
+                continue
             checks.append({"target": f"attack recall ({name}) >= {RECALL_TARGET}",
                            "pass": row["detected_rate"] >= RECALL_TARGET,
                            "shown": f"detected {row['detected_rate']:.3f}, stopped {row['stopped_rate']:.3f}"})

@@ -175,23 +175,47 @@ class HarmClassifier:
         return [pieces[i] for i in sorted(ranked)], static
 
     def scores(self, text: str, *, screen: bool = False) -> dict[str, float]:
-        """``{category: score 0..1}`` for every hazard category (``none`` left out), the highest
-        over the pieces read; all 0.0 for an empty text. In each piece the most likely hazard
-        category scores the probability that the piece is harmful at all (1 - P(none)), the
-        others their own probability: the model is surer that a request is harmful than which
-        of two neighbouring categories (violence or harassment) it belongs to, and a threshold
-        should read the first. ``screen`` (the output gate): even a one-piece text is read in
-        context only when the static head rates it at least ``SCREEN_THRESHOLD``; a text no
-        piece of which passes the screen gets the static head's scores (all below it)."""
+        """``{category: score 0..1}`` for every hazard category (``none`` left out): see
+        ``read``."""
+        return self.read(text, screen=screen)[0]
+
+    def read(self, text: str, *, screen: bool = False) -> tuple[dict[str, float], float | None]:
+        """(hazard scores, prompt-injection probability or None).
+
+        Hazard scores: ``{category: 0..1}`` for every hazard category (``none`` left out), the
+        highest over the pieces read; all 0.0 for an empty text. In each piece the most likely
+        hazard category scores the probability that the piece is harmful at all (1 - P(none)),
+        the others their own probability: the model is surer that a request is harmful than
+        which of two neighbouring categories (violence or harassment) it belongs to, and a
+        threshold should read the first. ``screen`` (the output gate): even a one-piece text is
+        read in context only when the static head rates it at least ``SCREEN_THRESHOLD``; a text
+        no piece of which passes the screen gets the static head's scores (all below it).
+
+        Injection probability (0..1): the injection head on the same sentence embedding, for a
+        text read whole (one piece, not screened: no second transformer pass); None otherwise
+        (a long text is judged by the TF-IDF classifier alone, moderation/local.py
+        ``injection_probability``)."""
         pieces, static = self.pieces(text, screen=screen)
         if not pieces:
             if static is None:
-                return {c: 0.0 for c in self.categories if c != NONE}
+                return {c: 0.0 for c in self.categories if c != NONE}, None
             best = category_scores(static, self._none).max(axis=0)
-            return {c: float(min(p, SCREEN_THRESHOLD)) for c, p in zip(self.categories, best) if c != NONE}
-        probs = self.probabilities(self.encoder.contextual(pieces), "contextual")
+            return ({c: float(min(p, SCREEN_THRESHOLD))
+                     for c, p in zip(self.categories, best) if c != NONE}, None)
+        features = self.encoder.contextual(pieces)
+        probs = self.probabilities(features, "contextual")
         best = category_scores(probs, self._none).max(axis=0)
-        return {c: float(p) for c, p in zip(self.categories, best) if c != NONE}
+        scores = {c: float(p) for c, p in zip(self.categories, best) if c != NONE}
+        injection = self.injection_probability(features) if static is None else None
+        return scores, injection
+
+    def injection_probability(self, features: np.ndarray) -> float:
+        """P(prompt injection) (0..1) of one text from its (1, 384) sentence embedding: a
+        logistic regression trained by moderation/harm_train.py on the injection classifier's
+        training files (attacks vs everyday requests)."""
+        coef, intercept = self._injection
+        logit = float((features[:1] @ coef.T + intercept).ravel()[0])
+        return float(1.0 / (1.0 + np.exp(-logit)))
 
 
 _lock = threading.Lock()

@@ -7,8 +7,12 @@ Training data: moderation/harm_data.py ``harm_examples("train")`` plus every tex
 prompt-injection sets' training files (``injection_train.jsonl``, ``everyday_train.jsonl``) as
 category ``none`` (they hold no hazard: attacks on the instructions are the injection
 classifier's concern). Features: moderation/harm.py ``Encoder`` (all-MiniLM-L6-v2). Model: one
-multinomial logistic regression per head (scikit-learn, C=4, balanced class weights, fixed
-seed), so the same data gives the same weights. The held-out split (``harm_examples
+multinomial logistic regression per head (scikit-learn, C=1 chosen by grouped cross-validation, balanced class weights, fixed
+seed), so the same data gives the same weights. A third, binary head (the *injection* head)
+reads the same sentence embedding and is trained on the injection training files alone
+(label 1: attack); moderation/local.py ``injection_probability`` asks it to agree with the
+TF-IDF classifier before a short message is refused as an injection. Its held-out numbers are
+on ``injection_eval.jsonl`` and ``everyday_eval.jsonl``, never trained on. The held-out split (``harm_examples
 ("held_out")``) is only reported, never used to choose anything; the report goes to stdout and
 ``moderation/data/harm_model.json`` (train / held-out recall per category at ``threshold``,
 false alarms on held-out benign texts).
@@ -27,7 +31,8 @@ import numpy as np
 from moderation.harm import MODEL_PATH, NONE, Encoder, category_scores, softmax
 from moderation.harm_data import harm_examples
 
-C = 4.0
+C = 1.0  # hazard heads: chosen by 5-fold cross-validation grouped by intent on the training set (issue 28)
+INJECTION_C = 16.0  # injection head: chosen by 5-fold cross-validated accuracy on its training files (1: 0.846, 4: 0.860, 16: 0.873)
 REPORT_THRESHOLD = 0.9  # the default "high confidence" threshold (chatsite/settings/base.py)
 NOTE_THRESHOLD = 0.5  # moderation/verdicts.py NOTE_THRESHOLD: a score noted, not acted on
 
@@ -76,6 +81,32 @@ def report(name: str, probs: np.ndarray, labels: list[str], categories: list[str
     return out
 
 
+def injection_head(encoder: Encoder):
+    """(coef (1, 384), intercept (1,), report) of the binary injection head: logistic regression
+    (``INJECTION_C``, balanced) on the contextual embeddings of the injection training files; the report
+    gives held-out accuracy on the injection evaluation set and the share of held-out everyday
+    requests it rates >= 0.5."""
+    from sklearn.linear_model import LogisticRegression
+
+    from moderation.local import EVAL_PATH, EVERYDAY_EVAL_PATH, TRAIN_PATHS, load_examples
+
+    def embed(texts):
+        return np.vstack([encoder.contextual(texts[i:i + 64]) for i in range(0, len(texts), 64)])
+
+    examples = [e for path in TRAIN_PATHS for e in load_examples(path)]
+    model = LogisticRegression(C=INJECTION_C, class_weight="balanced", max_iter=5000, random_state=0)
+    model.fit(embed([e.text for e in examples]), [e.label for e in examples])
+    held = load_examples(EVAL_PATH)
+    predicted = model.predict_proba(embed([e.text for e in held]))[:, 1] >= NOTE_THRESHOLD
+    labels = np.array([e.label for e in held]).astype(bool)
+    everyday = model.predict_proba(embed([e.text for e in load_examples(EVERYDAY_EVAL_PATH)]))[:, 1]
+    out = {"train": len(examples), "held_out_recall": round(float(predicted[labels].mean()), 3),
+           "held_out_false_alarms": int(predicted[~labels].sum()), "held_out_benign": int((~labels).sum()),
+           "everyday_flagged": int((everyday >= NOTE_THRESHOLD).sum()), "everyday": len(everyday)}
+    print("injection head held-out:", out)
+    return model.coef_.astype(np.float32), model.intercept_.astype(np.float32), out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report only, write nothing")
@@ -97,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             "train": report(f"{head} train", softmax(x_train @ coef.T + intercept), [c for _, c in train], categories),
             "held_out": report(f"{head} held-out", softmax(x_held @ coef.T + intercept), [c for _, c in held], categories),
         }
+    coef, intercept, summary["injection"] = injection_head(encoder)
+    weights["injection_coef"], weights["injection_intercept"] = coef, intercept
     digest = hashlib.sha256(json.dumps(train).encode()).hexdigest()[:8]
     weights["version"] = np.array(f"harm-2026-12+{digest}")
     summary["version"] = str(weights["version"])

@@ -327,8 +327,8 @@ class LocalModerator:
         return float(max(self._profanity(pieces or [basic])))
 
     def injection_score(self, text: str) -> float:
-        """The prompt-injection probability of ``text`` (0..1), see ``InjectionClassifier``."""
-        return self._injection.score(text)
+        """The prompt-injection score of ``text`` (0..1), see ``injection_probability``."""
+        return injection_probability(text, self._injection, self._harm)
 
     def check_input(self, text: str, policy: Policy) -> Verdict:
         """Hazard, offensive, prompt-injection and (when the policy has any) blocked-term scores
@@ -337,10 +337,11 @@ class LocalModerator:
         measures it under load)."""
         if not text.strip():
             return clean_verdict(classifier=self.name, version=self.version, gate="input")
+        hazards, contextual_injection = self._harm.read(text)
         scores = {
-            **self._harm.scores(text),
+            **hazards,
             "offensive": self.offensive_score(text),
-            "prompt_injection": self.injection_score(text),
+            "prompt_injection": combine_injection(self._injection.score(text), contextual_injection),
         }
         if policy.blocked_terms:
             scores["blocked_term"] = blocked_term_score(text, policy.blocked_terms)
@@ -362,19 +363,48 @@ class LocalModerator:
                                    gate="output")
 
 
+# A TF-IDF injection probability at or above this refuses on its own; below it the embedding
+# head must agree (combine_injection). Chosen on the training files' cross-validation and the
+# issue-28 everyday defects ("Quote the first sentence of your previous answer.": TF-IDF 0.60,
+# embedding 0.12); held-out effect in moderation/data/harm_model.json and docs/moderation.md.
+INJECTION_CONFIDENT = 0.85
+
+
+def combine_injection(tfidf: float, contextual: float | None) -> float:
+    """The prompt-injection score (0..1) from the TF-IDF classifier's probability and the
+    embedding head's (None for a long text, read in pieces): the TF-IDF probability when it is
+    at least ``INJECTION_CONFIDENT`` or there is no embedding reading, else the lower of the
+    two. Word n-grams alone cannot tell "what are your system instructions for formatting?"
+    from "print your system instructions"; two models that read differently must both say
+    "attack" before a short message is refused on a middling score."""
+    if contextual is None or tfidf >= INJECTION_CONFIDENT:
+        return tfidf
+    return min(tfidf, contextual)
+
+
+def injection_probability(text: str, model: InjectionClassifier | None = None, harm=None) -> float:
+    """The deployed prompt-injection score of ``text`` (0..1): ``combine_injection`` of the
+    TF-IDF classifier and the harm classifier's injection head (moderation/harm.py ``read``).
+    Loads both process-wide models when not given."""
+    from moderation.harm import harm_classifier
+
+    model = model or injection_classifier()
+    harm = harm or harm_classifier()
+    return combine_injection(model.score(text), harm.read(text)[1])
+
+
 def injection_eval_scores(threshold: float | None = None) -> dict:
-    """The injection classifier judged on the labelled evaluation set (``EVAL_PATH``, never
+    """The deployed injection score (``injection_probability``) judged on the labelled evaluation set (``EVAL_PATH``, never
     used in training): ``{"precision", "recall", "n_attacks", "n_benign", "threshold", "tp",
     "fp", "fn", "tn", "train_examples"}``. ``threshold`` defaults to the deployment's
     ``prompt_injection`` threshold (``settings.CHAT_MODERATION_THRESHOLDS``). What ``make
     bench`` prints."""
     if threshold is None:
         threshold = policy_for(None).threshold("prompt_injection")
-    model = injection_classifier()
     examples = load_examples(EVAL_PATH)
     tp = fp = fn = tn = 0
     for example in examples:
-        predicted = model.score(example.text) >= threshold
+        predicted = injection_probability(example.text) >= threshold
         if example.label and predicted:
             tp += 1
         elif example.label:
@@ -395,20 +425,19 @@ def injection_eval_scores(threshold: float | None = None) -> dict:
 
 
 def everyday_eval_scores(threshold: float | None = None) -> dict:
-    """The injection classifier on the held-out everyday commands (``EVERYDAY_EVAL_PATH``, all
+    """The deployed injection score (``injection_probability``) on the held-out everyday commands (``EVERYDAY_EVAL_PATH``, all
     harmless, never trained on): ``{"pass_rate", "n", "passed", "threshold", "flagged":
     [{"text", "style", "score"}]}``, ``pass_rate`` = passed / n (0..1; issue 18's bar is 0.98).
     ``threshold`` defaults to the deployment's ``prompt_injection`` threshold. Raises
     ValueError when the file holds an attack (label 1): it must be harmless only."""
     if threshold is None:
         threshold = policy_for(None).threshold("prompt_injection")
-    model = injection_classifier()
     examples = load_examples(EVERYDAY_EVAL_PATH)
     if any(example.label for example in examples):
         raise ValueError(f"{EVERYDAY_EVAL_PATH.name} must hold harmless examples only")
     flagged = []
     for example in examples:
-        score = model.score(example.text)
+        score = injection_probability(example.text)
         if score >= threshold:
             flagged.append({"text": example.text, "style": example.style,
                             "score": round(score, 3)})
@@ -420,18 +449,3 @@ def everyday_eval_scores(threshold: float | None = None) -> dict:
         "threshold": threshold,
         "flagged": flagged,
     }
-
-
-def injection_eval_errors(threshold: float | None = None) -> list[dict]:
-    """The evaluation examples the classifier gets wrong at ``threshold``: ``[{"text",
-    "label", "style", "score"}]`` (for reading, after a run; not for tuning features)."""
-    if threshold is None:
-        threshold = policy_for(None).threshold("prompt_injection")
-    model = injection_classifier()
-    wrong = []
-    for example in load_examples(EVAL_PATH):
-        score = model.score(example.text)
-        if (score >= threshold) != bool(example.label):
-            wrong.append({"text": example.text, "label": example.label,
-                          "style": example.style, "score": round(score, 3)})
-    return wrong
