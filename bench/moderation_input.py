@@ -65,12 +65,14 @@ def long_message(i: int) -> str:
 
 
 def bench_policy():
-    """The deployment's thresholds and 100 blocked terms (a large organisation list)."""
+    """The deployment's thresholds and actions and 100 blocked terms (a large organisation
+    list)."""
     from moderation.verdicts import Policy, policy_for  # noqa: PLC0415
 
     base = policy_for(None)
     terms = tuple(f"codename orchid {i}" for i in range(BLOCKED_TERMS))
-    return Policy(thresholds=dict(base.thresholds), blocked_terms=terms)
+    return Policy(thresholds=dict(base.thresholds), blocked_terms=terms,
+                  actions={c: dict(a) for c, a in base.actions.items()})
 
 
 async def time_checks(engine, phase: CheckPhase, checks: int, policy, offset: int) -> None:

@@ -31,7 +31,8 @@ import numpy as np
 from moderation.harm import MODEL_PATH, NONE, Encoder, category_scores, softmax
 from moderation.harm_data import harm_examples
 
-C = 1.0  # hazard heads: chosen by 5-fold cross-validation grouped by intent on the training set (issue 28)
+C = 1.0  # contextual head: chosen by 5-fold cross-validation grouped by intent on the training set (issue 28)
+STATIC_C = 4.0  # static head (the screen): sharper, so everyday windows stay under SCREEN_THRESHOLD
 INJECTION_C = 16.0  # injection head: chosen by 5-fold cross-validated accuracy on its training files (1: 0.846, 4: 0.860, 16: 0.873)
 REPORT_THRESHOLD = 0.9  # the default "high confidence" threshold (chatsite/settings/base.py)
 NOTE_THRESHOLD = 0.5  # moderation/verdicts.py NOTE_THRESHOLD: a score noted, not acted on
@@ -47,12 +48,13 @@ def training_rows() -> list[tuple[str, str]]:
     return rows
 
 
-def fit(features: np.ndarray, labels: list[str], categories: list[str]):
-    """(coef (k, 384), intercept (k,)) of a multinomial logistic regression."""
+def fit(features: np.ndarray, labels: list[str], categories: list[str], c: float = C):
+    """(coef (k, 384), intercept (k,)) of a multinomial logistic regression (inverse
+    regularisation ``c``)."""
     from sklearn.linear_model import LogisticRegression
 
     y = np.array([categories.index(label) for label in labels])
-    model = LogisticRegression(C=C, class_weight="balanced", max_iter=5000, random_state=0)
+    model = LogisticRegression(C=c, class_weight="balanced", max_iter=5000, random_state=0)
     model.fit(features, y)
     return model.coef_.astype(np.float32), model.intercept_.astype(np.float32)
 
@@ -121,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                      "held_out_counts": dict(Counter(c for _, c in held))}
     for head, embed in (("static", encoder.static), ("contextual", encoder.contextual)):
         x_train = np.vstack([embed([t for t, _ in train[i:i + 64]]) for i in range(0, len(train), 64)])
-        coef, intercept = fit(x_train, [c for _, c in train], categories)
+        coef, intercept = fit(x_train, [c for _, c in train], categories,
+                              STATIC_C if head == "static" else C)
         weights[f"{head}_coef"], weights[f"{head}_intercept"] = coef, intercept
         x_held = embed([t for t, _ in held])
         summary[head] = {

@@ -42,6 +42,7 @@ from conversations.turndata import turn_values
 from conversations.versions import Tree, tree_build
 from feedback.models import Feedback
 from memory.models import UserMemory
+from moderation.models import WithdrawnAnswer
 from privacy.archive import ArchiveBuilder, Export
 from privacy.markdown import conversation_markdown
 from sharing.models import ShareLink
@@ -110,6 +111,19 @@ def feedback_json(feedback: Feedback) -> dict:
         "model_version": feedback.model_version,
         "created_at": feedback.created_at,
         "updated_at": feedback.updated_at,
+    }
+
+
+def withdrawn_json(answer: WithdrawnAnswer) -> dict:
+    return {
+        "turn_id": answer.turn_id,
+        "text": answer.text,
+        "window": answer.window,
+        "categories": answer.categories,
+        "verdict": answer.verdict,
+        "created_at": answer.created_at,
+        "reviewed_as_fine": answer.fine,
+        "reviewed_at": answer.reviewed_at,
     }
 
 
@@ -200,6 +214,9 @@ def conversation_items(
         ratings = _grouped(
             Feedback.objects.using(db).filter(conversation_id__in=ids), "conversation_id"
         )
+        withdrawn = _grouped(
+            WithdrawnAnswer.objects.using(db).filter(conversation_id__in=ids), "conversation_id"
+        )
         missing_orgs = {c.org_id for c in batch if c.org_id and c.org_id not in orgs}
         orgs.update(Organisation.objects.filter(pk__in=missing_orgs).values_list("pk", "slug"))
         if people is not None:
@@ -214,13 +231,14 @@ def conversation_items(
                 attachments=attachments.get(conversation.pk, []),
                 links=links.get(conversation.pk, []),
                 ratings=ratings.get(conversation.pk, []),
+                withdrawn=withdrawn.get(conversation.pk, []),
                 people=people,
                 orgs=orgs,
             )
 
 
 def _conversation_item(
-    builder, storage, db, conversation, *, attachments, links, ratings, people, orgs
+    builder, storage, db, conversation, *, attachments, links, ratings, withdrawn, people, orgs
 ) -> dict:
     turns = conversation_turns(db, conversation)
     files = {
@@ -249,7 +267,7 @@ def _conversation_item(
     )
     item = conversation_json(
         conversation, turns, org=org, attachments=attachments, links=links, ratings=ratings,
-        files=files, markdown_file=markdown,
+        withdrawn=withdrawn, files=files, markdown_file=markdown,
     )  # fmt: skip
     if people is not None:
         item = {"owner": owner, **item}
@@ -264,6 +282,7 @@ def conversation_json(
     attachments: Iterable[Attachment] = (),
     links: Iterable[ShareLink] = (),
     ratings: Iterable[Feedback] = (),
+    withdrawn: Iterable[WithdrawnAnswer] = (),
     files: dict | None = None,
     markdown_file: str | None = None,
 ) -> dict:
@@ -271,7 +290,8 @@ def conversation_json(
     (turn, held) pairs; the whole tree, each user turn with its ``parent``), ``selected_path``
     (the ids of the turns of the branch the chat page shows, oldest first), its attachments
     (``files``: attachment id -> the file's name in the archive, None when not in one), share
-    links and ratings. Values are Python's, for the encoder."""
+    links, ratings and withdrawn answers (the text the output gate stopped, kept for review:
+    issue 28). Values are Python's, for the encoder."""
     files = files or {}
     tree = tree_build(t for t, _ in turns)
     path = []
@@ -298,6 +318,7 @@ def conversation_json(
         "attachments": [attachment_json(a, files.get(a.attachment_id)) for a in attachments],
         "share_links": [share_link_json(link) for link in links],
         "feedback": [feedback_json(f) for f in ratings],
+        "withdrawn_answers": [withdrawn_json(w) for w in withdrawn],
     }
 
 

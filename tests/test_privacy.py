@@ -32,6 +32,7 @@ from conversations.models import Turn
 from feedback.services import feedback_set
 from memory.embeddings import embedding_dimension
 from memory.models import UserMemory
+from moderation.services import withdrawn_answer_keep
 from privacy import export
 from sharing.services import share_link_create
 from usage.models import UsageRecord
@@ -200,6 +201,24 @@ def test_data_json_holds_the_conversation_turns_link_and_rating(alice):
     assert conversation["share_links"][0]["link_id"] == str(alice.link.pk)
     assert conversation["feedback"][0]["comment"] == "good tangerine"
     assert conversation["attachments"][0]["name"] == "tangerine.txt"
+
+
+def test_data_json_holds_a_withdrawn_answer_kept_for_review(alice):
+    """Issue 28: the text the output gate withdrew is the person's data too: it is in their
+    archive with the categories that fired and whether a reviewer marked it fine."""
+    answer = Turn.objects.get(conversation_id=alice.conversation.pk, role="assistant")
+    withdrawn_answer_keep(
+        conversation_id=alice.conversation.pk, turn_id=answer.turn_id, owner_id=alice.user.pk,
+        org_id=None, text="I will remember tangerine.", window="remember tangerine",
+        verdict={"flagged": True, "categories": ["indiscriminate_weapons"]}, zero_retention=False,
+    )  # fmt: skip
+
+    data = data_json(archive(signed_in(alice.user).post("/settings/data/export")))
+
+    (conversation,) = data["conversations"]
+    (kept,) = conversation["withdrawn_answers"]
+    assert kept["turn_id"] == str(answer.turn_id) and kept["text"] == "I will remember tangerine."
+    assert kept["categories"] == ["indiscriminate_weapons"] and kept["reviewed_as_fine"] is False
 
 
 def test_data_json_holds_account_settings_memory_usage_keys_and_sessions(alice):

@@ -20,6 +20,7 @@ from playwright.sync_api import Browser, Page, expect
 from accounts.models import User
 from conversations import services as conversation_services
 from conversations.models import Conversation, Turn
+from moderation.services import withdrawn_answer_keep
 from sharing import services as sharing_services
 from tests.browser.test_chat_ui import (  # noqa: F401
     ANSWER,
@@ -77,6 +78,14 @@ class World:
             slug="acme-research",
         )
         self.link = sharing_services.share_link_create(conversation=conversation, user=self.user)
+        # An answer the output gate withdrew, for the organisation's review page (issue 28).
+        withdrawn_answer_keep(
+            conversation_id=conversation.pk, turn_id=uuid.uuid4(), owner_id=self.user.pk,
+            org_id=self.org.pk, text=LONG_ANSWER, window=LONG_ANSWER[:400],
+            verdict={"flagged": True, "categories": ["indiscriminate_weapons"],
+                     "scores": {"indiscriminate_weapons": 0.93}, "gate": "output"},
+            zero_retention=False,
+        )  # fmt: skip
 
     def signed_in_pages(self) -> list[str]:
         c, slug = self.conversation.pk, self.org.slug
@@ -84,6 +93,7 @@ class World:
             "/", f"/c/{c}/", "/settings/", "/usage/", "/settings/memory/", "/settings/api-keys/",
             "/settings/sessions/", "/settings/data/", "/settings/shared-links/", f"/c/{c}/share/",
             "/orgs/", f"/orgs/{slug}/", f"/orgs/{slug}/members/", f"/orgs/{slug}/policies/",
+            f"/orgs/{slug}/moderation/", f"/orgs/{slug}/moderation/review/",
             f"/s/{self.link.token}/", "/no/such/page/",
         ]  # fmt: skip
 
@@ -407,7 +417,9 @@ def test_write_screenshots(live, engine_double, make_user, browser):  # noqa: F8
     pages = {
         "chat": f"/c/{c}/", "settings": "/settings/", "usage": "/usage/",
         "api-keys": "/settings/api-keys/", "org": f"/orgs/{world.org.slug}/",
-        "org-policies": f"/orgs/{world.org.slug}/policies/", "404": "/no/such/page/",
+        "org-policies": f"/orgs/{world.org.slug}/policies/",
+        "org-moderation": f"/orgs/{world.org.slug}/moderation/",
+        "org-review": f"/orgs/{world.org.slug}/moderation/review/", "404": "/no/such/page/",
     }  # fmt: skip
     written = []
     for size_name, size in SIZES.items():
