@@ -316,6 +316,14 @@ class LocalModerator:
             f"local-2 ({self._harm.version}, alt-profanity-check {_profanity_version()}, "
             f"{INJECTION_VERSION}+{training_digest()})"
         )
+        # One pass through every model now, at construction: torch's and scikit-learn's first
+        # calls set up kernels and thread pools (hundreds of ms on a busy machine), and a
+        # construction is not held to a check's timeout (moderation/base.py acheck), while the
+        # first check is; a turn that arrives during the server's warm-up waits for this.
+        self._harm.read("warm-up")
+        self._harm.read("warm-up", screen=True)
+        self._injection.score("warm-up")
+        self.offensive_score("warm-up")
 
     def offensive_score(self, text: str) -> float:
         """alt-profanity-check's probability (0..1) that ``text`` is offensive: the highest over
