@@ -50,6 +50,9 @@ class Conversation(models.Model):
     # tree, the key (the parent message's id, "" for the first messages) -> the chosen child's
     # id. Stored, so a reload and another device show the same branch.
     branch_choices = models.JSONField(default=dict, blank=True, db_default={})
+    # The answer version the user last looked at (``< i/n >``): question id -> the chosen
+    # answer's id; a question without one shows its newest answer (conversations/versions.py).
+    answer_choices = models.JSONField(default=dict, blank=True, db_default={})
     # A temporary chat (issue 18): zero-retention at the user's choice (selectors.
     # conversation_zero_retention), never listed, deleted when its page goes away or
     # settings.CHAT_ZDR_TTL_S after its last turn (retention.temporary_chats_purge_expired).

@@ -187,7 +187,7 @@ def reply_get(*, turn: Turn) -> Turn | None:
 class Exchange:
     """A user turn and the assistant's answer to it (None while it is being generated).
 
-    ``answers``: every version of the answer, oldest first (``answer`` is the newest); empty
+    ``answers``: every version of the answer, oldest first (``answer`` is the one shown); empty
     when there is none. ``questions``: every version of the question (its siblings in the turn
     tree, ``question`` among them), oldest first; empty when unknown (conversations/versions.py)."""
 
@@ -200,9 +200,9 @@ class Exchange:
 def exchange_list(*, conversation: Conversation) -> list[Exchange]:
     """The conversation as question/answer pairs, oldest first, for rendering: the positions of
     the selected path of its turn tree (conversations/versions.py; ``branch_choices``), each
-    with its question's versions and the newest version of its answer."""
+    with its question's versions and the version of its answer shown (``answer_choices``)."""
     positions = versions.positions_build(
-        turn_list(conversation=conversation), conversation.branch_choices
+        turn_list(conversation=conversation), conversation.branch_choices, conversation.answer_choices
     )
     return [
         Exchange(
@@ -220,7 +220,7 @@ def conversation_tree(*, conversation: Conversation) -> versions.Tree:
 
 def selected_path(*, conversation: Conversation) -> list[Turn]:
     """The turns of the branch the page shows, oldest first: each position's question and the
-    answer shown (the newest version; none while one is being written)."""
+    answer shown (the version chosen, else the newest; none while one is being written)."""
     turns: list[Turn] = []
     for exchange in exchange_list(conversation=conversation):
         turns.append(exchange.question)

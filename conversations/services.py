@@ -258,6 +258,24 @@ def branch_select(*, conversation: Conversation, question: Turn, parent_id: UUID
     conversation.branch_choices = locked.branch_choices
 
 
+@transaction.atomic
+@regions.atomic
+def answer_select(*, conversation: Conversation, question_id: UUID, answer_id: UUID | None) -> None:
+    """Show answer version ``answer_id`` for question ``question_id`` from now on, on every
+    device (Conversation.answer_choices, conversations/versions.py); None forgets the choice,
+    so the newest answer is shown (Regenerate and Continue: the new answer is the one to see).
+    The turns are untouched (append-only); the caller checks that the answer is one of the
+    conversation's and replies to that question."""
+    locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+    choices = {k: v for k, v in locked.answer_choices.items() if k != str(question_id)}
+    if answer_id is not None:
+        choices[str(question_id)] = str(answer_id)
+    if choices != locked.answer_choices:
+        locked.answer_choices = choices
+        locked.save(update_fields=["answer_choices"])
+    conversation.answer_choices = choices
+
+
 def turn_append_assistant(
     *,
     conversation_id: UUID,

@@ -225,7 +225,13 @@ async def _answer_start(
     conversation, question: Turn, plan, answer_id, replaces_id=None, continues: Turn | None = None
 ) -> TurnStream:
     """Start the answer under the caller's claim, keeping nothing at rest for a zero-retention
-    conversation (conversations/generate.py ``generation_start``)."""
+    conversation (conversations/generate.py ``generation_start``). A new version of an answer
+    (Regenerate, Continue) is the one to see: an older version chosen for the question is
+    forgotten (services.answer_select)."""
+    if (replaces_id or continues) and str(question.turn_id) in conversation.answer_choices:
+        await sync_to_async(services.answer_select)(
+            conversation=conversation, question_id=question.turn_id, answer_id=None
+        )
     return generation_start(
         conversation_id=conversation.conversation_id,
         question=question,

@@ -415,6 +415,15 @@ async def answer_for_question(
     return UUID(value) if value else None
 
 
+def answer_for_question_sync(question_id: UUID, *, conversation_id: UUID | None = None) -> UUID | None:
+    """:func:`answer_for_question` for synchronous code (a page rendered mid-answer)."""
+    value = redis_guard.call(
+        "turnlog", lambda r: r.get(question_key(question_id)), default=None,
+        fallback=_MIRROR_FALLBACK, region=redis_region(conversation_id, question_id),
+    )  # fmt: skip
+    return UUID(_text(value)) if value else None
+
+
 async def belongs_to(answer_id: UUID, conversation_id: UUID) -> bool:
     """Whether Redis records ``answer_id`` as a turn of ``conversation_id`` (callers have
     already checked that the conversation is the requester's)."""

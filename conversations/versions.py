@@ -15,7 +15,9 @@ So the conversation the page shows is a **path** from a first message down to a 
   child's id; stored server-side so a reload and another device show the same branch), else the
   child whose subtree holds the most recent message;
 - a **position** of the path is one question with its siblings (the versions the page flips
-  between, ``< 2/3 >``, oldest first) and its answers (oldest first; the newest is shown).
+  between, ``< 2/3 >``, oldest first) and its answers (oldest first): the one the user chose
+  last is shown (``Conversation.answer_choices``: question id -> answer id; Regenerate and
+  Continue clear it), else the newest.
 
 Turns written before the tree existed have no stored parent. Their parent is derived here, in
 the order they were written: an edit's parent is the edited turn's; any other message's is the
@@ -58,12 +60,14 @@ class Position:
 
     ``questions``: the question's versions, i.e. the user turns with its parent, oldest first
     (the ``< i/n >`` the page shows). ``current``: the one on the path. ``answers_by_question``:
-    question turn id -> its answers, oldest first.
+    question turn id -> its answers, oldest first. ``answer_choices``: question id -> the id of
+    the answer version chosen (Conversation.answer_choices, ids as strings).
     """
 
     questions: list[Turn]
     answers_by_question: dict[UUID, list[Turn]] = field(default_factory=dict)
     current: Turn | None = None
+    answer_choices: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[datetime, str]:
@@ -87,9 +91,11 @@ class Position:
 
     @property
     def answer(self) -> Turn | None:
-        """The newest answer to the current question (what the page shows), or None."""
+        """The answer the page shows for the current question: the version chosen last if it is
+        among its answers, else the newest; None if it has none."""
         answers = self.answers
-        return answers[-1] if answers else None
+        chosen = self.answer_choices.get(str(self.question.turn_id))
+        return next((a for a in answers if str(a.turn_id) == chosen), answers[-1] if answers else None)
 
     def usable_answer(self) -> Turn | None:
         """The newest answer to the current question that can go into a prompt: not failed and
@@ -156,13 +162,15 @@ class Tree:
         chain.reverse()
         return chain
 
-    def position(self, question: Turn) -> Position:
-        """The position ``question`` is the current question of."""
+    def position(self, question: Turn, answer_choices: Mapping[str, str] | None = None) -> Position:
+        """The position ``question`` is the current question of. ``answer_choices``:
+        Conversation.answer_choices (None: each question shows its newest answer)."""
         siblings = self.siblings(question)
         return Position(
             questions=list(siblings),
             answers_by_question={q.turn_id: self.answers.get(q.turn_id, []) for q in siblings},
             current=question,
+            answer_choices=answer_choices or {},
         )
 
     def path(self, choices: Mapping[str, str] | None = None, *, below: Turn | None = None) -> list[Turn]:
@@ -244,12 +252,17 @@ def tree_build(turns: Iterable[Turn]) -> Tree:
     return Tree(questions=questions, parent=parent, children=children, answers=answers, latest=latest)
 
 
-def positions_build(turns: Iterable[Turn], choices: Mapping[str, str] | None = None) -> list[Position]:
+def positions_build(
+    turns: Iterable[Turn],
+    choices: Mapping[str, str] | None = None,
+    answer_choices: Mapping[str, str] | None = None,
+) -> list[Position]:
     """The positions of the selected path (module docstring) of a conversation's ``turns``
     (all of them, any order), first message first. ``choices``: Conversation.branch_choices;
-    None or {}: at each fork the branch with the most recent message."""
+    None or {}: at each fork the branch with the most recent message. ``answer_choices``:
+    Conversation.answer_choices; None or {}: each position shows its newest answer."""
     tree = tree_build(turns)
-    return [tree.position(q) for q in tree.path(choices)]
+    return [tree.position(q, answer_choices) for q in tree.path(choices)]
 
 
 def position_of(positions: list[Position], question_id: UUID) -> int | None:

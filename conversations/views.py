@@ -21,7 +21,7 @@ from django.http import (
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.callers import acaller_for, caller_for
 from attachments import services as attachment_services
@@ -59,9 +59,17 @@ def _exchanges_context(conversation: Conversation | None, *, streaming: dict | N
     streaming = streaming or {}
     contexts = []
     for x in selectors.exchange_list(conversation=conversation):
-        if x.question.turn_id in streaming:  # the page follows its stream (done may be sent at once)
+        answer_id = streaming.get(x.question.turn_id)
+        if answer_id is not None:  # the page follows its stream (done may be sent at once)
             x = dataclasses.replace(x, answer=None, answers=())
-        contexts.append(_exchange_context(conversation, x, answer_id=streaming.get(x.question.turn_id)))
+        elif x.answer is None and not _blocked(x.question):
+            # Being written (a page loaded mid-answer): its id gives the bubble the action row
+            # a freshly sent answer has, shown when the stream ends. None if Redis does not
+            # know it (then the page shows the stored answer once it is reloaded).
+            answer_id = turnlog.answer_for_question_sync(
+                x.question.turn_id, conversation_id=conversation.conversation_id
+            )
+        contexts.append(_exchange_context(conversation, x, answer_id=answer_id))
     return contexts
 
 
@@ -421,16 +429,20 @@ async def answer_continue(request: HttpRequest, conversation_id: UUID, turn_id: 
     )
 
 
-@require_GET
+@require_http_methods(["GET", "POST"])
 @login_required
 def answer_version(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
     """One version of an answer, as the answer fragment with its ``< i/n >`` controls (what the
-    version buttons swap in). 404 if it is not an answer in the user's conversation."""
+    version buttons swap in). ``POST`` also makes it the version shown for its question from now
+    on, after a reload and on another device (services.answer_select). 404 if it is not an
+    answer in the user's conversation."""
     conversation = selectors.conversation_get_for_user(
         conversation_id=conversation_id, user=request.user
     )
     answer = selectors.answer_get(conversation=conversation, turn_id=turn_id)
     answers = selectors.answer_versions(answer=answer)
+    if request.method == "POST":
+        services.answer_select(conversation=conversation, question_id=answer.reply_to_id, answer_id=answer.turn_id)
     exchange = selectors.Exchange(question=None, answer=answer, answers=tuple(answers))
     return render(request, "chat/_answer.html", _exchange_context(conversation, exchange))
 

@@ -234,7 +234,7 @@ ROUTES: list[Route] = [
     Route("turn-edit", ("POST",), OWN, question, bodies={"POST": CONTENT}, generates=True),
     Route("answer-regenerate", ("POST",), OWN, answer, generates=True),
     Route("answer-continue", ("POST",), OWN, answer, generates=True),
-    Route("answer-version", ("GET",), OWN, answer),
+    Route("answer-version", ("GET", "POST"), OWN, answer),
     Route("question-select", ("POST",), OWN, question),
     Route("conversation-export", ("GET",), OWN, lambda w: {**conv(w), "extension": "json"}),
     Route("conversation-rename", ("POST",), OWN, conv, bodies={"POST": form(title="pwned")}),

@@ -147,14 +147,35 @@
     add(fileInput(zone), e.dataTransfer.files);
   });
 
-  // Pasted files (a screenshot, files copied in a file manager) become chips; pasted text is
-  // left to the box.
+  // Pasted files (a screenshot, files copied in a file manager) become chips. Pasted text is
+  // left to the box, unless the box could not hold it (its maxlength would cut it without a
+  // word): then, as ChatGPT does, it goes in as an attached text file, and the box says so.
   document.addEventListener("paste", function (e) {
     var zone = dropZone(e.target);
     var files = e.clipboardData && e.clipboardData.files;
-    if (!zone || !files || !files.length) return;
+    if (!zone) return;
+    if (files && files.length) {
+      e.preventDefault();
+      add(fileInput(zone), files);
+      return;
+    }
+    var box = e.target;
+    var text = e.clipboardData && e.clipboardData.getData("text/plain");
+    if (!text || !box.matches("textarea") || box.maxLength <= 0) return;
+    var kept = box.value.length - (box.selectionEnd - box.selectionStart);
+    if (kept + text.length <= box.maxLength) return;
     e.preventDefault();
-    add(fileInput(zone), files);
+    var input = fileInput(zone);
+    var count = picked(input).filter(function (f) { return f.__chatPasted; }).length;
+    var file = new File([text], count ? "Pasted text " + (count + 1) + ".txt" : "Pasted text.txt", { type: "text/plain" });
+    file.__chatPasted = true;
+    add(input, [file]);
+    var note = document.getElementById("composer-note");
+    if (note) {
+      note.removeAttribute("data-limit");
+      note.textContent = "The pasted text (" + text.length.toLocaleString("en") + " characters) is longer than the message box holds (" +
+        box.maxLength.toLocaleString("en") + "), so it is attached as a file.";
+    }
   });
 
   // --- upload progress -----------------------------------------------------------------------

@@ -157,14 +157,38 @@
     if (err) err.textContent = "Type a message before sending.";
   }, true);
 
+  // Once a message has gone, the box keeps only what was typed after it was sent. A new chat's
+  // first answer brings a new composer (templates/chat/_turn_created.html, for the
+  // conversation's address): that text and the focus move into its box, so a follow-up typed at
+  // once is not lost.
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    var form = e.detail.elt;
+    if (!form || form.id !== "composer") return;
+    var box = form.querySelector("textarea");
+    form.__chatSent = box ? box.value : "";
+  });
+
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var form = e.detail.elt;
+    if (form && form.id === "composer") form.__chatFocused = form.contains(document.activeElement);
+  });
+
   document.addEventListener("htmx:afterRequest", function (e) {
     var form = e.detail.elt;
     if (!form || form.id !== "composer") return;
     if (e.detail.successful) {
-      var box = form.querySelector("textarea");
-      if (box) box.value = "";
+      var sent = form.querySelector("textarea");
+      var box = document.querySelector("#composer textarea") || sent;
+      if (sent) {
+        var typed = sent.value.indexOf(form.__chatSent || "") === 0 ? sent.value.slice((form.__chatSent || "").length) : "";
+        sent.value = "";
+        box.value = typed;
+      }
+      if (box !== sent && form.__chatFocused) box.focus();
       var err = document.getElementById("composer-error");
       if (err) err.textContent = "";
+      var note = document.getElementById("composer-note");
+      if (note) note.textContent = "";
       // static/chat/follow.js brings the new exchange into view.
     }
   });

@@ -36,8 +36,29 @@
   }
 
   document.addEventListener("input", function (e) {
-    if (e.target.matches && e.target.matches("#composer textarea[data-autogrow]")) grow(e.target);
+    if (!e.target.matches || !e.target.matches("#composer textarea[data-autogrow]")) return;
+    grow(e.target);
+    atLimit(e.target);
   });
+
+  // --- the box's limit ----------------------------------------------------------------------
+
+  // The box holds at most its maxlength; the browser drops what goes past it without a word, so
+  // say so while the box is full. (A paste past it becomes an attached file instead:
+  // static/attachments/attachments.js.)
+  function atLimit(textarea) {
+    var note = document.getElementById("composer-note");
+    if (!note || textarea.maxLength <= 0) return;
+    var full = textarea.value.length >= textarea.maxLength;
+    if (full) {
+      note.textContent = "The message box holds at most " + textarea.maxLength.toLocaleString("en") +
+        " characters; longer text can go in as a file.";
+      note.setAttribute("data-limit", "");
+    } else if (note.hasAttribute("data-limit")) {
+      note.textContent = "";
+      note.removeAttribute("data-limit");
+    }
+  }
 
   // --- Send <-> Stop -----------------------------------------------------------------------
 
@@ -161,10 +182,34 @@
     if (e.target.closest && e.target.closest("[data-shortcuts-open]")) openHelp();
   });
 
+  // --- focus ---------------------------------------------------------------------------------
+
+  // "Skip to message box" (the page's first link): a fragment link moves only where the next
+  // Tab starts, so focus the box itself.
+  document.addEventListener("click", function (e) {
+    var link = e.target.closest && e.target.closest("a[data-skip-to-box]");
+    var textarea = box();
+    if (!link || !textarea) return;
+    e.preventDefault();
+    textarea.focus();
+  });
+
+  // The chat opens ready to type, unless the focus is already somewhere (a field, or a control
+  // the page restored it to) or the pointer is a finger: there the box would pop the keyboard
+  // up over the conversation just opened.
+  function focusOnOpen() {
+    var textarea = box();
+    var active = document.activeElement;
+    if (!textarea || (active && active !== document.body)) return;
+    if (window.matchMedia && window.matchMedia("(pointer: coarse)").matches) return;
+    textarea.focus({ preventScroll: true });
+  }
+
   function start() {
     if (MAC) document.querySelectorAll("#shortcuts kbd[data-mod]").forEach(function (k) { k.textContent = "⌘"; });
     grow(box());
     sync();
+    focusOnOpen();
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();

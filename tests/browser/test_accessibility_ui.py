@@ -17,6 +17,7 @@ import pytest
 from playwright.sync_api import Page
 
 from tests.browser.test_chat_ui import ANSWER, browser, new_page, send, ui_login  # noqa: F401 - fixtures
+from tests.browser.test_composer_focus_ui import FOCUS_TO_TOP
 from tests.browser.test_layout_ui import SCHEMES, SIZES, World, open_context, page_of
 
 pytestmark = pytest.mark.browser
@@ -122,14 +123,16 @@ def test_tab_moves_through_the_chat_in_document_order_with_a_visible_focus_ring(
 ):
     """Given a conversation's page at 1280x800, when the user presses Tab from the top, each
     stop comes after the previous one in the page (no positive tabindex reorders them), each
-    is drawn with a focus outline, and the message box is reached."""
+    is drawn with a focus outline, and the message box is reached; the first stop is "Skip to
+    message box"."""
     make_user("tabitha")
     page = new_page()
     ui_login(page, live.url, "tabitha")
     send(page, "hello")
     page.locator(f"{ANSWER}.complete").wait_for()
-    page.reload()  # the focus starts at the top of the page, not in the message box
+    page.reload()
     page.locator(f"{ANSWER}.complete").wait_for()
+    page.evaluate(FOCUS_TO_TOP)  # the page opens with the focus in the message box: start above it
     stops = []
     for _ in range(40):
         page.keyboard.press("Tab")
@@ -138,6 +141,7 @@ def test_tab_moves_through_the_chat_in_document_order_with_a_visible_focus_ring(
         if stop["composer"]:
             break
     assert stops[-1]["composer"], [s["name"] for s in stops]
+    assert stops[0]["name"] == "a.skip-link", [s["name"] for s in stops]
     assert [s["name"] for s in stops if not s["after"]] == []
     assert [s["name"] for s in stops if not s["outlined"]] == []
 
