@@ -115,6 +115,10 @@ def test_open_streams_and_generation_tasks_hold_no_database_sessions(
     # One user opens more chats at once than a free tier's RPM allows: this test is about
     # database sessions, not rate limits.
     settings.CHAT_RATE_LIMITS_BY_TIER = {"free": {"rpm": None, "tpm": None}}
+    # Nor about the input gate: ~30 checks at once share 2 cores with the streams here, and a
+    # check held past its 1 s timeout would refuse the turn (issue 28's harm classifier costs
+    # ~10 ms of CPU per short message; contention stretches that, see docs/moderation.md).
+    settings.CHAT_MODERATION_TIMEOUT_S = 10
     make_user("ivy")
     client = live.login("ivy")
 
