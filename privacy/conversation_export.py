@@ -55,7 +55,9 @@ def conversation_export_markdown(*, conversation: Conversation) -> str:
         .values_list("turn_id", "name")
     ):
         names[turn_id].append(name)
-    return conversation_markdown(conversation, turns, attachment_names=names)
+    return conversation_markdown(
+        conversation, turns, attachment_names=names, json_name=export_filename(conversation, "json")
+    )
 
 
 def conversation_export_json(*, conversation: Conversation) -> str:

@@ -37,12 +37,15 @@ def conversation_markdown(
     attachment_names: Mapping[UUID, list[str]] | None = None,
     owner_label: str = "",
     org_label: str = "",
+    json_name: str = "data.json",
 ) -> str:
     """The Markdown text of ``conversation`` from its ``turns`` (all of them, any order).
 
     ``attachment_names``: user turn id -> names of the files sent with it (listed under the
     message). ``owner_label`` / ``org_label``: shown in the header when given (organisation
-    exports name each conversation's owner). Returns text ending in a newline.
+    exports name each conversation's owner). ``json_name``: the file that holds every version
+    (the account archive's ``data.json``, or the conversation's own JSON download, whose name
+    privacy/conversation_export.py ``export_filename`` gives). Returns text ending in a newline.
     """
     attachment_names = attachment_names or {}
     tree = tree_build(turns)
@@ -68,7 +71,7 @@ def conversation_markdown(
         lines += ["", "**Instructions to the model:**", "", _body(conversation.system_prompt)]
     versions = sum(len(p.questions) - 1 + max(0, len(p.answers) - 1) for p in positions)
     if versions:
-        lines += ["", f"_{versions} earlier version(s) of messages or answers are in data.json._"]
+        lines += ["", f"_{versions} earlier version(s) of messages or answers are in {json_name}._"]
     for position in positions:
         question = position.question
         edited = (

@@ -42,6 +42,22 @@ def test_markdown_is_the_branch_shown_and_says_so(make_user):
     assert "the branch selected on the chat page (1 other branch(es) are in the JSON export)" in text
 
 
+def test_markdown_names_the_json_download_for_earlier_versions_not_the_archives_data_json(make_user):
+    """Issue 29 (7): the Markdown download said earlier versions were "in data.json", a file only
+    the account archive holds; it names the conversation's own JSON download instead."""
+    user = make_user("owner")
+    conversation, _ = branched_conversation(user, title="Tangerine plans")
+    client = signed_in(user)
+
+    text = client.get(f"/c/{conversation.pk}/export.md").content.decode()
+    disposition = client.get(f"/c/{conversation.pk}/export.json")["Content-Disposition"]
+
+    json_name = disposition.split('filename="', 1)[1].rstrip('"')
+    assert json_name.startswith("chat-tangerine-plans-") and json_name.endswith(".json")
+    assert f"earlier version(s) of messages or answers are in {json_name}." in text
+    assert "data.json" not in text
+
+
 def test_markdown_follows_the_branch_switched_to(make_user):
     user = make_user("owner")
     conversation, t = branched_conversation(user)
