@@ -43,7 +43,7 @@ def test_share_open_anonymously_revoke_then_404(live, new_page, make_user):  # n
     """Given sara's conversation whose answer holds script payloads, when she presses Share in
     its header and then "Create a link", then the page lists the link; a visitor in a fresh
     context (no cookies) opens it and reads the conversation without signing in, no payload
-    ran and no dialog opened; when sara presses Revoke, the visitor's reload answers 404 with a
+    ran and no dialog opened; the Copy button beside the link puts it on the clipboard; when sara presses Revoke, the visitor's reload answers 404 with a
     page saying the link does not work."""
     owner = make_user("sara")
     conversation = conversation_of(owner, "Holiday ideas", [("Where to go?", HOSTILE_ANSWER)])
@@ -73,6 +73,12 @@ def test_share_open_anonymously_revoke_then_404(live, new_page, make_user):  # n
     hostile = "#snapshot script, #snapshot svg, #snapshot img, #snapshot [onerror], #snapshot [href^='javascript']"
     assert visitor.locator(hostile).count() == 0
     assert dialogs == []
+
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live.url)
+    page.click("#share-links button.share-copy")
+    expect(page.locator("#share-links button.share-copy")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == url
+    expect(page.locator("#share-links [data-copy-status]")).to_have_text("Link copied.")
 
     page.click("#share-links button.share-revoke")
     expect(page.locator("#share-links input.share-url")).to_have_count(0)
