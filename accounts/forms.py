@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
-from django.contrib.auth import authenticate
+from django.contrib.auth import authenticate, password_validation
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 from django.core.exceptions import ValidationError
 
@@ -30,6 +30,35 @@ class SignUpForm(UserCreationForm):
     class Meta(UserCreationForm.Meta):
         model = User
         fields = ("username", "email")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Django's own help texts (a four-item list under the password) put the button below the
+        # fold of a 1280x800 window (issue 29, 7): one line each, saying the same rules.
+        self.fields["username"].help_text = "Letters, digits and @ . + - _ only, up to 150."
+        self.fields["password1"].help_text = password_rules()
+        self.fields["password2"].help_text = ""
+
+
+def password_rules() -> str:
+    """The password rules of ``settings.AUTH_PASSWORD_VALIDATORS`` in one sentence, e.g. "At
+    least 12 characters; not like your username or email, not a common password, not only
+    digits." (the minimum read from the MinimumLengthValidator configured, if any)."""
+    rules = []
+    for validator in password_validation.get_default_password_validators():
+        if isinstance(validator, password_validation.MinimumLengthValidator):
+            rules.insert(0, f"At least {validator.min_length} characters")
+        elif isinstance(validator, password_validation.UserAttributeSimilarityValidator):
+            rules.append("not like your username or email")
+        elif isinstance(validator, password_validation.CommonPasswordValidator):
+            rules.append("not a common password")
+        elif isinstance(validator, password_validation.NumericPasswordValidator):
+            rules.append("not only digits")
+    if not rules:
+        return ""
+    head, rest = (rules[0], rules[1:]) if rules[0].startswith("At least") else ("", rules)
+    sentence = "; ".join(part for part in (head, ", ".join(rest)) if part)
+    return sentence[0].upper() + sentence[1:] + "."
 
 
 class ThrottledLoginMixin:

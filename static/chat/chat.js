@@ -192,4 +192,36 @@
       // static/chat/follow.js brings the new exchange into view.
     }
   });
+
+  // Editing a message (templates/chat/_exchange.html): opening puts the caret at the end of the
+  // text; Cancel or Escape closes the editor and puts the text back as it was.
+  document.addEventListener("toggle", function (e) {
+    var details = e.target;
+    if (!details.matches || !details.matches("details[data-edit]") || !details.open) return;
+    var box = details.querySelector("textarea");
+    if (!box) return;
+    box.focus();
+    box.setSelectionRange(box.value.length, box.value.length);
+  }, true);
+
+  function closeEditor(details) {
+    var box = details.querySelector("textarea");
+    if (box) box.value = box.defaultValue;
+    details.open = false;
+    var summary = details.querySelector("summary");
+    if (summary) summary.focus();
+  }
+
+  document.addEventListener("click", function (e) {
+    var cancel = e.target.closest && e.target.closest("[data-edit-cancel]");
+    if (cancel) closeEditor(cancel.closest("details[data-edit]"));
+  });
+
+  document.addEventListener("keydown", function (e) {
+    if (e.key !== "Escape" || !e.target.closest) return;
+    var details = e.target.closest("details[data-edit][open]");
+    if (!details) return;
+    e.preventDefault();
+    closeEditor(details);
+  });
 })();

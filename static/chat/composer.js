@@ -126,7 +126,7 @@
   // Esc and Shift+Esc are ours only when nothing else is open: an open dialog closes itself;
   // layout.js closes an open menu or the drawer.
   function somethingOpen() {
-    return !!document.querySelector("dialog[open], details[data-menu][open], [data-layout].drawer-open");
+    return !!document.querySelector("dialog[open], details[data-menu][open], details[data-edit][open], [data-layout].drawer-open");
   }
 
   function say(text) {
