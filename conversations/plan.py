@@ -126,8 +126,9 @@ def _prompt_prepare(
         "conversation_prompt": conversation.system_prompt if conversation is not None else "",
     }
     context = selectors.prompt_context(
-        conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at
-    )
+        conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at,
+        answer_choices=conversation.answer_choices if conversation is not None else None,
+    )  # fmt: skip
     engine = pool_engine(route.pool)
     memory, relevant = _memory(owner, question.content, engine, memory_query) if owner is not None else ("", "")
     memory = memory_aligned(

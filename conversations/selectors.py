@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -292,13 +293,20 @@ def positions_after(*, conversation_id: UUID, after) -> list[versions.Position]:
     conversation = Conversation.objects.filter(pk=conversation_id).first()
     if conversation is None:
         return []
-    positions = versions.positions_build(_turns_after(conversation_id, None), conversation.branch_choices)
+    positions = versions.positions_build(
+        _turns_after(conversation_id, None), conversation.branch_choices, conversation.answer_choices
+    )
     return [p for p in positions if after is None or p.question.created_at > after]
 
 
 @regions.routed
 def prompt_context(
-    *, conversation_id: UUID, question: Turn, planned: bool = False, last_turn_at=None
+    *,
+    conversation_id: UUID,
+    question: Turn,
+    planned: bool = False,
+    last_turn_at=None,
+    answer_choices: Mapping[str, str] | None = None,
 ) -> PromptContext:
     """The history for answering ``question`` (a user turn, stored or held): the running
     summary (Conversation.summary, covering the positions whose first message was written up
@@ -311,7 +319,9 @@ def prompt_context(
     of later turns too) is not used and the history is read from the start.
     ``planned``: ``question`` is not stored yet (a turn being admitted: its prompt is sized for
     the rate limit before anything is written); the cache entry is then current when it is as
-    new as ``last_turn_at`` (the conversation row's).
+    new as ``last_turn_at`` (the conversation row's). ``answer_choices``: the conversation
+    row's (question id -> answer id chosen with `<`/`>`): each exchange carries the answer
+    version the page shows; None: the newest.
     Raises Conversation.DoesNotExist if the conversation is gone.
     """
     if planned:
@@ -344,7 +354,7 @@ def prompt_context(
         ).count()  # fmt: skip
     return PromptContext(
         summary=history.summary if after is not None else "",
-        exchanges=versions.prompt_exchanges(tree.position(q) for q in chain),
+        exchanges=versions.prompt_exchanges(tree.position(q, answer_choices) for q in chain),
         summarised=summarised,
     )
 

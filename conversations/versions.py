@@ -98,12 +98,18 @@ class Position:
         return next((a for a in answers if str(a.turn_id) == chosen), answers[-1] if answers else None)
 
     def usable_answer(self) -> Turn | None:
-        """The newest answer to the current question that can go into a prompt: not failed and
-        with text (a cancelled answer keeps its partial text). None if there is none."""
-        for answer in reversed(self.answers):
-            if answer.status != Turn.Status.FAILED and answer.content:
-                return answer
-        return None
+        """The answer to the current question that goes into a prompt: the version the page
+        shows (:attr:`answer`: the one chosen with `<`/`>`, else the newest) when it can (not
+        failed and with text; a cancelled answer keeps its partial text), else the newest that
+        can. None if there is none. (The model is asked to follow on from what the user reads.)"""
+        shown = self.answer
+        if shown is not None and _usable(shown):
+            return shown
+        return next((a for a in reversed(self.answers) if _usable(a)), None)
+
+
+def _usable(answer: Turn) -> bool:
+    return answer.status != Turn.Status.FAILED and bool(answer.content)
 
 
 def _sort_key(turn: Turn) -> tuple[datetime, str]:
@@ -274,8 +280,9 @@ def position_of(positions: list[Position], question_id: UUID) -> int | None:
 
 
 def prompt_exchanges(positions: Iterable[Position]) -> list[tuple[str, str]]:
-    """(question, answer) texts for a prompt: each position's current question with its newest
-    usable answer, oldest first; positions without one are left out."""
+    """(question, answer) texts for a prompt: each position's current question with its usable
+    answer (:meth:`Position.usable_answer`: the version shown), oldest first; positions without
+    one are left out."""
     exchanges = []
     for position in positions:
         answer = position.usable_answer()

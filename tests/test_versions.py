@@ -330,6 +330,43 @@ async def test_the_next_prompt_uses_the_newest_version_of_each_position(make_use
     assert contents(prompts[-1]) == ["q1", "new answer", "q2 edited", "b2", "q3"]
 
 
+async def test_the_next_prompt_uses_the_answer_version_chosen(make_user, engine_double):
+    """Given a regenerated answer whose first version is chosen again with `<` (stored in
+    Conversation.answer_choices), when a new message is sent, then its prompt holds the version
+    the page shows, not the newest: the model follows on from what the user read."""
+    engine_double.scripts = [["old answer"], ["new answer"], ["c"]]
+    prompts = spy_prompts(engine_double)
+    client, _ = await signed_in(make_user)
+    conversation_id, _ = await answered(client, "q1")
+    old = await Turn.objects.aget(role="assistant")
+    response = await client.post(f"/c/{conversation_id}/turns/{old.turn_id}/regenerate", headers=HTMX)
+    await read_answer(client, response)
+    chosen = await client.post(f"/c/{conversation_id}/turns/{old.turn_id}/version", headers=HTMX)
+    assert chosen.status_code == 200 and "old answer" in chosen.content.decode()
+
+    await answered(client, "q2", conversation_id)
+
+    assert contents(prompts[-1]) == ["q1", "old answer", "q2"]
+
+
+def test_a_chosen_answer_that_failed_gives_way_to_the_newest_usable_one():
+    """Given a chosen answer version that failed (no text), when exchanges are built for a
+    prompt, then the newest version with text is used; a usable chosen one is used as is."""
+    t0 = timezone.now()
+    q = make_turn("user", "q", t0)
+    failed = make_turn("assistant", "", t0 + timedelta(seconds=1), reply_to_id=q.turn_id, status="failed")
+    first = make_turn("assistant", "first", t0 + timedelta(seconds=2), reply_to_id=q.turn_id, replaces_id=failed.turn_id)
+    second = make_turn("assistant", "second", t0 + timedelta(seconds=3), reply_to_id=q.turn_id, replaces_id=first.turn_id)
+    turns = [q, failed, first, second]
+
+    [on_failed] = versions.positions_build(turns, answer_choices={str(q.turn_id): str(failed.turn_id)})
+    [on_first] = versions.positions_build(turns, answer_choices={str(q.turn_id): str(first.turn_id)})
+
+    assert on_failed.answer is failed
+    assert versions.prompt_exchanges([on_failed]) == [("q", "second")]
+    assert versions.prompt_exchanges([on_first]) == [("q", "first")]
+
+
 async def test_regenerate_while_an_answer_is_written_gets_409(make_user, engine_double):
     """PF-P1: a regenerate while the conversation is generating is refused; nothing stored."""
     engine_double.scripts = [["done"], ["slow", 30.0, " end"]]
