@@ -8,7 +8,9 @@ Stateless (no conversation is stored), so the official ``openai`` client works u
 request is not resumable: when its client disconnects the engine request is aborted at once
 (DESIGN.md, the disconnect rule) - closing the pipeline's generator aborts it. Shapes follow
 OpenAI's API reference for chat completions and chat completion chunks; ``finish_reason`` keeps
-OpenAI's values (``stop``, ``length``, ``content_filter``).
+OpenAI's values (``stop``, ``length``, ``content_filter``, and ``tool_calls`` for an answer
+that calls functions: api/tools.py checks the tools, writes them into the prompt, constrains
+the answer and reads the calls back).
 
 **Forwarded turns.** A gateway without an engine sends each user turn here as a token-id
 ``/v1/completions`` request under the service credential, with the ``admission`` field
@@ -42,6 +44,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from accounts.callers import acaller_for
 from api import schemas
+from api.tools import ToolCalling, ToolStream, prompt_messages, tool_calling
 from core.db import release_db_connection
 from core.errors import ApiError
 from core.http import api_view, parse_json
@@ -148,13 +151,16 @@ async def _engine_started(pool) -> object:
     return engine
 
 
-async def _respond(plan: admission.AdmittedPlan, options: GenerationOptions, body, kind: str) -> HttpResponse:
+async def _respond(
+    plan: admission.AdmittedPlan, options: GenerationOptions, body, kind: str, calling: ToolCalling | None = None
+) -> HttpResponse:
     """Answer an admitted request in OpenAI's shape for ``kind`` ("chat" or "text"):
     generate with the output gate beside the stream (its leak check guarding the prompt's
     confidential instructions) and send ``data:`` chunks then ``data: [DONE]`` when
     ``body.stream``, else one JSON object. Either way the answer is settled once when the
     request ends (also when its client went away, PF-R5). ``options``: sampling
-    (:func:`_options`), given the admitted completion budget and the priority here."""
+    (:func:`_options`), given the admitted completion budget and the priority here.
+    ``calling``: the request's function calling (api/tools.py), None for a text completion."""
     admitted, ids = plan.admitted, plan.prompt.token_ids
     options = replace(options, max_tokens=plan.prompt.max_tokens, priority=_priority(body, admitted.caller))
     completion_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
@@ -163,10 +169,10 @@ async def _respond(plan: admission.AdmittedPlan, options: GenerationOptions, bod
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         response = sse_response(
-            _chunks(admitted, ids, options, completion_id, created, include_usage, kind, body.model)
+            _chunks(admitted, ids, options, completion_id, created, include_usage, kind, body.model, calling)
         )
     else:
-        response = await _complete(admitted, ids, options, completion_id, created, kind, body.model)
+        response = await _complete(admitted, ids, options, completion_id, created, kind, body.model, calling)
     response["X-Pool"] = admitted.route.pool.key
     if admitted.decision is not None:
         for name, value in admitted.decision.headers().items():
@@ -188,10 +194,12 @@ async def _settle(admitted: run.Admitted, answer: run.Answer) -> None:
     await run.settle(admitted, answer.tally, status=answer.status)
 
 
-async def _complete(admitted, ids, options, completion_id, created, kind, model) -> HttpResponse:
+async def _complete(admitted, ids, options, completion_id, created, kind, model, calling=None) -> HttpResponse:
     """A non-streamed completion (see :func:`_respond`). When the output gate flags the text
     the generation stops, and the answer is empty with ``finish_reason`` ``content_filter`` (as
-    OpenAI reports filtered output) and a ``moderation`` object saying why."""
+    OpenAI reports filtered output) and a ``moderation`` object saying why. With
+    ``calling``, the calls the answer makes are the message's ``tool_calls`` and
+    ``finish_reason`` is ``tool_calls``."""
     answer = run.Answer(run.Tally(prompt_tokens=len(ids)))
     try:
         async with contextlib.aclosing(
@@ -208,6 +216,11 @@ async def _complete(admitted, ids, options, completion_id, created, kind, model)
         choice["moderation"] = _moderation_note(answer)
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": content}
+        if calling is not None and answer.finish_reason != run.MODERATION:
+            text, calls = calling.parse(content)
+            if calls:
+                choice["message"] = {"role": "assistant", "content": text, "tool_calls": calls}
+                choice["finish_reason"] = "tool_calls"
     else:
         choice["text"] = content
     return JsonResponse(
@@ -258,16 +271,22 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     messages are kept) and the count is in the ``X-Context-Trimmed`` header. The pool's preamble
     goes before the caller's system messages; the output gate's leak check guards it."""
     body = parse_json(request, schemas.ChatCompletionCreate)
-    system, messages = _split_system([m.model_dump() for m in body.messages])
+    calling = tool_calling(body)
+    system, messages = _split_system(prompt_messages(body.messages))
     if not messages:
         raise ApiError(400, "invalid_request", "'messages' needs at least one non-system message.")
     options = _options(body)
+    if calling.guided_schema() is not None:
+        options = replace(options, json_schema=calling.guided_schema())
     newest = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+    # The tools section ends the system message: stable from turn to turn, in the cached prefix.
+    tools_section = calling.system_section()
 
     async def build(route, budget: int) -> admission.Prompt:
         engine = await _engine_started(route.pool)
         fitted = prompt_fit(
-            system_prompt=gate.with_preamble(route, system), messages=messages,
+            system_prompt="\n\n".join(p for p in (gate.with_preamble(route, system), tools_section) if p),
+            messages=messages,
             encode_chat=engine.encode_chat, max_model_len=route.pool.max_context, max_tokens=budget,
         )  # fmt: skip
         # The caller's own system messages are theirs to see again; the pool's preamble is not.
@@ -277,7 +296,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         )  # fmt: skip
 
     plan = await _admit(request, body, build, newest)
-    response = await _respond(plan, options, body, "chat")
+    response = await _respond(plan, options, body, "chat", calling)
     if plan.prompt.detail:
         response["X-Context-Trimmed"] = str(plan.prompt.detail)
     return response
@@ -349,20 +368,22 @@ def _chunk(
 
 async def _chunks(
     admitted: run.Admitted, prompt_ids, options, completion_id: str, created: int, include_usage: bool,
-    kind: str, model: str,
+    kind: str, model: str, calling: ToolCalling | None = None,
 ) -> AsyncIterator[bytes]:
     def chunk(delta, finish_reason=None, usage=None, extra=None) -> bytes:
         return _chunk(completion_id, created, delta, finish_reason, usage, kind=kind, model=model, extra=extra)
 
     if kind == "chat":
         yield chunk({"role": "assistant", "content": ""})
+    stream = ToolStream(calling) if calling is not None and calling.mode != "none" else None
     answer = run.Answer(run.Tally(prompt_tokens=len(prompt_ids)))
     try:
         async with contextlib.aclosing(
             run.generate(admitted, prompt_ids, options, completion_id, answer, output_gate=run.output_gate_for(admitted))
         ) as texts:
             async for text in texts:
-                yield chunk({"content": text})
+                for delta in stream.feed(text) if stream is not None else [{"content": text}]:
+                    yield chunk(delta)
     except EngineUnavailable as exc:
         error = {"error": {"type": "unavailable", "message": f"The model failed: {exc}"}}
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
@@ -376,7 +397,13 @@ async def _chunks(
         yield chunk({}, "content_filter", extra={"moderation": {**_moderation_note(answer), "retract": True}})
         yield b"data: [DONE]\n\n"
         return
-    yield chunk({}, _openai_finish(answer))
+    finish = _openai_finish(answer)
+    if stream is not None:
+        for delta in stream.close():
+            yield chunk(delta)
+        if stream.calls:
+            finish = "tool_calls"
+    yield chunk({}, finish)
     if include_usage:
         yield chunk(None, usage=_usage_of(answer.tally))
     yield b"data: [DONE]\n\n"

@@ -45,9 +45,73 @@ class TurnRegenerate(Strict):
     max_tokens: int | None = Field(default=None, ge=1)
 
 
-class ChatMessage(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: Text
+class TextPart(Strict):
+    """One part of a message's content given as a list (OpenAI's content parts; text only)."""
+
+    type: Literal["text"]
+    text: Text
+
+
+class ToolCallFunction(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    # The arguments as the model wrote them: a JSON text (OpenAI's shape), not an object.
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """A call an assistant message made (OpenAI's ``tool_calls`` items)."""
+
+    id: str = Field(min_length=1, max_length=200)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(BaseModel):
+    """One message of a chat completion request. ``content``: text, a list of text parts, or
+    null on an assistant message that only calls tools; ``tool_calls`` on assistant messages;
+    ``tool_call_id`` on ``tool`` messages (the result of that call). ``developer`` is OpenAI's
+    newer name for ``system``. Further fields OpenAI clients send (``refusal``, ``audio``) are
+    ignored. Which role may carry what is checked in api/tools.py ``messages_check``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
+    name: str | None = Field(default=None, max_length=64)
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=200)
+
+    def text(self) -> str:
+        """The content as one text ("" for none; text parts joined with newlines)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(default=None, max_length=4000)
+    # A JSON Schema of the arguments object (checked in api/tools.py); None: no arguments.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(Strict):
@@ -99,6 +163,11 @@ class ChatCompletionCreate(BaseModel):
     seed: int | None = None
     n: Literal[1] = 1
     response_format: ResponseFormat | None = None
+    # Function calling (api/tools.py): the functions the model may call, whether and which it
+    # must call, and whether it may call several at once.
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     # Service credential only: a gateway's turn (ForwardedAdmission).
     admission: ForwardedAdmission | None = None
     # Service credential only: the tenant's prefix-cache salt its gateway derived

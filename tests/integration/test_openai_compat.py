@@ -170,3 +170,111 @@ def test_embeddings_with_the_official_client(oai):
     assert packed.usage.prompt_tokens == packed.usage.total_tokens > len(texts)
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model="all-MiniLM-L6-v2", input="hi", dimensions=128)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time now.",
+                                               "parameters": {"type": "object", "properties": {}}}}
+WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _valid_weather_call(call) -> dict:
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+    return arguments
+
+
+def test_tools_named_and_required_give_calls_valid_against_the_schema(oai):
+    """The real model with tool_choice naming get_weather, and with required (one of two
+    tools, parallel calls off): finish_reason tool_calls, no content, and arguments that are
+    JSON valid against the function's schema (structured output: by construction)."""
+    _, client, _ = oai
+    named = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=WEATHER_ASK, tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=40, temperature=0,
+    )  # fmt: skip
+    required = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=WEATHER_ASK, tools=[WEATHER_TOOL],
+        tool_choice="required", parallel_tool_calls=False, max_tokens=60, temperature=0,
+    )  # fmt: skip
+
+    for result in (named, required):
+        choice = result.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.content is None
+        assert len(choice.message.tool_calls) == 1
+        _valid_weather_call(choice.message.tool_calls[0])
+        assert result.usage.prompt_tokens > 100  # the tools section is in the prompt
+
+
+def test_tools_round_trip_call_then_result_then_answer(oai):
+    """A full round trip as OpenAI clients run it: the model calls get_weather (required), the
+    client sends the call back with a tool message carrying its id and the result, and the
+    model answers in text (auto) with finish_reason stop or length."""
+    _, client, _ = oai
+    first = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=WEATHER_ASK, tools=[WEATHER_TOOL],
+        tool_choice="required", max_tokens=60, temperature=0,
+    )  # fmt: skip
+    call = first.choices[0].message.tool_calls[0]
+    _valid_weather_call(call)
+    history = [
+        *WEATHER_ASK,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21, "sky": "sunny"})},
+    ]
+
+    second = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=history, tools=[WEATHER_TOOL], tool_choice="none",
+        max_tokens=30, temperature=0,
+    )  # fmt: skip
+
+    choice = second.choices[0]
+    assert choice.finish_reason in {"stop", "length"}
+    assert choice.message.content.strip() and not choice.message.tool_calls
+
+
+def test_tools_streamed_and_auto(oai):
+    """Streamed with a named function: deltas by index 0, the id and name first, the arguments
+    as string fragments that join into valid JSON, finish_reason tool_calls, usage in the last
+    chunk. With auto, the real model either calls a known function with JSON arguments or
+    answers in text: never a half-parsed call."""
+    _, client, _ = oai
+    chunks = list(client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=WEATHER_ASK, tools=[WEATHER_TOOL], stream=True,
+        stream_options={"include_usage": True},
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=40, temperature=0,
+    ))  # fmt: skip
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls[0].id.startswith("call_") and calls[0].function.name == "get_weather"
+    assert {tc.index for tc in calls} == {0} and len(calls) > 2
+    arguments = json.loads("".join(tc.function.arguments or "" for tc in calls))
+    assert isinstance(arguments["city"], str)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+    auto = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=WEATHER_ASK, tools=[WEATHER_TOOL, TIME_TOOL],
+        max_tokens=60, temperature=0,
+    ).choices[0]  # fmt: skip
+    if auto.message.tool_calls:
+        assert auto.finish_reason == "tool_calls"
+        for call in auto.message.tool_calls:
+            assert call.function.name in {"get_weather", "get_time"}
+            assert isinstance(json.loads(call.function.arguments), dict)
+    else:
+        assert auto.message.content and "<tool_call>" not in auto.message.content.split("</tool_call>")[-1]
