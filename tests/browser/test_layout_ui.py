@@ -267,19 +267,18 @@ def test_every_touch_target_is_at_least_44px_on_a_phone(live, engine_double, mak
             problems += [f"{path}: {t}" for t in small_touch_targets(page)]
         page.goto(f"{live.url}/c/{world.conversation.pk}/")
         assert_scripts_loaded(page)
-        opened = [("account menu", "details.account-menu > summary")]
-        if page.locator("[data-header-menu-button]").count():
-            opened.append(("header menu", "[data-header-menu-button]"))
+        opened = [("account menu", "details.account-menu > summary"), ("header menu", "[data-header-menu-button]")]
         for state, click in opened:
             page.click(click)
+            page.wait_for_timeout(100)
             problems += [f"chat with the {state} open: {t}" for t in small_touch_targets(page)]
             page.keyboard.press("Escape")
         page.click("#sidebar-toggle")
         page.wait_for_function("document.querySelector('nav.sidebar').getBoundingClientRect().left >= 0")
         problems += [f"chat with the drawer open: {t}" for t in small_touch_targets(page)]
-        if page.locator("#sidebar [data-row-menu-button]").count():
-            page.locator("#sidebar [data-row-menu-button]").first.click()
-            problems += [f"chat with a row menu open: {t}" for t in small_touch_targets(page)]
+        page.locator("#sidebar [data-row-menu-button]").first.click()
+        expect(page.locator("#sidebar [role=menu]").first).to_be_visible()
+        problems += [f"chat with a row menu open: {t}" for t in small_touch_targets(page)]
     finally:
         context.close()
     print(f"touch targets under {TOUCH_MIN_PX}px: {len(problems)}")
