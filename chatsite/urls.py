@@ -43,6 +43,7 @@ urlpatterns = [
         name="question-select",
     ),
     path("c/<uuid:conversation_id>/rename", views.conversation_rename, name="conversation-rename"),
+    path("c/<uuid:conversation_id>/pin", views.conversation_pin, name="conversation-pin"),
     path("c/<uuid:conversation_id>/delete", views.conversation_delete, name="conversation-delete"),
     path(
         "c/<uuid:conversation_id>/instructions",

@@ -57,6 +57,9 @@ class Conversation(models.Model):
     # conversation_zero_retention), never listed, deleted when its page goes away or
     # settings.CHAT_ZDR_TTL_S after its last turn (retention.temporary_chats_purge_expired).
     temporary = models.BooleanField(default=False, db_default=False)
+    # Pinned to the top of the owner's sidebar (issue 29 item 8), since when; null: not pinned.
+    # Pinned chats are listed first, the latest pinned first (conversations/sidebar.py).
+    pinned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -8,7 +8,7 @@ from datetime import datetime
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
-from django.contrib.postgres.search import SearchQuery, SearchVector
+from django.contrib.postgres.search import SearchHeadline, SearchQuery, SearchVector
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import Http404
@@ -551,3 +551,47 @@ def conversation_search(*, user: User, q: str, limit: int = 20) -> list[Conversa
         reverse=True,
     )
     return list(found)[:limit]
+
+
+# A search result's snippet: ts_headline's fragment around the match, about this many words.
+SNIPPET_MAX_WORDS = 16
+SNIPPET_MIN_WORDS = 6
+
+
+def search_snippets(*, conversations: list[Conversation], q: str) -> dict[UUID, str]:
+    """For each of ``conversations`` (already the user's: :func:`conversation_search`'s result)
+    whose stored text matches ``q``: conversation id -> a fragment of its latest matching turn,
+    about SNIPPET_MAX_WORDS words, each match between ``sidebar.MATCH_START`` and
+    ``sidebar.MATCH_STOP`` (PostgreSQL ``ts_headline``; the text is raw, not HTML: render it
+    with ``sidebar.snippet_html``, which escapes it). A conversation matched by its title only
+    is absent. One query per regional database holding any of them. Withdrawn answers (the
+    output gate blocked them) are never quoted. Raises ValidationError for a bad ``q``."""
+    from conversations.sidebar import MATCH_START, MATCH_STOP  # noqa: PLC0415 - sidebar imports models only
+
+    text = search_query_clean(q)
+    if not text or not conversations:
+        return {}
+    query = SearchQuery(text, search_type="websearch", config=SEARCH_CONFIG)
+    by_db: dict[str, list[UUID]] = {}
+    for conversation in conversations:
+        by_db.setdefault(regions.conversation_db(conversation), []).append(conversation.pk)
+    snippets: dict[UUID, str] = {}
+    for db, ids in by_db.items():
+        rows = (
+            regions.manager(Turn, db)
+            .filter(conversation_id__in=ids, role__in=(Turn.Role.USER, Turn.Role.ASSISTANT))
+            .exclude(role=Turn.Role.ASSISTANT, status=Turn.Status.BLOCKED)
+            .annotate(document=SearchVector("content", config=SEARCH_CONFIG))
+            .filter(document=query)
+            .annotate(
+                headline=SearchHeadline(
+                    "content", query, config=SEARCH_CONFIG, start_sel=MATCH_START,
+                    stop_sel=MATCH_STOP, max_words=SNIPPET_MAX_WORDS, min_words=SNIPPET_MIN_WORDS,
+                )
+            )  # fmt: skip
+            .order_by("conversation_id", "-created_at")
+            .distinct("conversation_id")
+            .values_list("conversation_id", "headline")
+        )
+        snippets.update(rows)
+    return snippets

@@ -136,6 +136,17 @@ def conversation_system_prompt_set(
 
 @transaction.atomic
 @regions.atomic
+def conversation_pin_toggle(*, conversation: Conversation) -> Conversation:
+    """Pin ``conversation`` to the top of its owner's sidebar (``pinned_at`` = now), or unpin
+    it if it is pinned (``pinned_at`` = None); returns it updated. Only that column is
+    written. The caller checks ownership (selectors.conversation_get_for_user)."""
+    conversation.pinned_at = None if conversation.pinned_at else timezone.now()
+    Conversation.objects.filter(pk=conversation.pk).update(pinned_at=conversation.pinned_at)
+    return conversation
+
+
+@transaction.atomic
+@regions.atomic
 def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
     """Set a conversation's title. Raises ValidationError if it is blank or over 200 chars."""
     title = " ".join((title or "").replace("\x00", "").split())

@@ -7,6 +7,7 @@ registry (it lives in the event loop) or stream are ``async def``.
 from __future__ import annotations
 
 import dataclasses
+from urllib.parse import urlsplit
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -20,12 +21,13 @@ from django.http import (
 )
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.callers import acaller_for, caller_for
 from attachments import services as attachment_services
-from conversations import deletion, locks, plan, selectors, services, submit, turnlog, turnstream
+from conversations import deletion, locks, plan, selectors, services, sidebar, submit, turnlog, turnstream
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from core.db import release_db_connection
@@ -39,10 +41,40 @@ def _is_htmx(request: HttpRequest) -> bool:
     return request.headers.get("HX-Request") == "true"
 
 
+def _sidebar_context(user, cookies: dict, *, current_id: UUID | None) -> dict:
+    """The sidebar's list (templates/chat/_conversation_list.html): ``groups`` (conversations/
+    sidebar.py: Pinned, Today, ... by month, in the time zone of the browser's ``tz`` cookie)
+    and ``current_id``, the conversation shown beside it (its row is marked), or None. Reads
+    the database: call it from sync code."""
+    tz = sidebar.time_zone_from(cookies.get(sidebar.TIME_ZONE_COOKIE), settings.TIME_ZONE)
+    return {
+        "groups": sidebar.sidebar_groups(
+            selectors.conversation_list(user=user), now=timezone.now(), tz=tz
+        ),
+        "current_id": current_id,
+    }
+
+
+def _current_conversation_id(request: HttpRequest) -> UUID | None:
+    """The conversation whose page sent this htmx request (its ``HX-Current-URL``), or None:
+    a sidebar refreshed from there keeps that row marked."""
+    url = request.headers.get("HX-Current-URL", "")
+    try:
+        match = resolve(urlsplit(url).path) if url else None
+    except Resolver404:
+        return None
+    if match is None or match.url_name != "conversation":
+        return None
+    return match.kwargs["conversation_id"]
+
+
 def _page_context(request: HttpRequest, conversation: Conversation | None) -> dict:
     return {
         "conversation": conversation,
-        "conversations": selectors.conversation_list(user=request.user),
+        **_sidebar_context(
+            request.user, request.COOKIES,
+            current_id=conversation.conversation_id if conversation is not None else None,
+        ),  # fmt: skip
         "exchanges": _exchanges_context(conversation),
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
         "system_prompt_max": services.SYSTEM_PROMPT_MAX_CHARS,
@@ -278,7 +310,11 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     }
     if created:
         # Built in the worker thread: listing reads the user's memberships (a query) at once.
-        context["conversations"] = await sync_to_async(lambda: list(selectors.conversation_list(user=user)))()
+        context.update(
+            await sync_to_async(_sidebar_context)(
+                user, request.COOKIES, current_id=conversation.conversation_id
+            )
+        )
     response = HttpResponse(
         await sync_to_async(render_to_string)("chat/_turn_created.html", context, request=request)
     )
@@ -554,14 +590,39 @@ def conversation_rename(request: HttpRequest, conversation_id: UUID) -> HttpResp
             response["HX-Reswap"] = "innerHTML"
         return response
     if _is_htmx(request):
-        # The sidebar, and a <title> htmx puts on the tab.
+        # The sidebar, and a <title> htmx puts on the tab when the page shows this conversation
+        # (renamed from its header, or from its own row in the sidebar), not from another's row.
+        current_id = _current_conversation_id(request)
+        shown = current_id == conversation.conversation_id or "HX-Current-URL" not in request.headers
         return render(
             request,
             "chat/_renamed.html",
             {
-                "conversations": selectors.conversation_list(user=request.user),
+                **_sidebar_context(request.user, request.COOKIES, current_id=current_id),
                 "conversation": conversation,
+                "retitle": shown,
             },
+        )
+    return redirect("conversation", conversation_id=conversation.conversation_id)
+
+
+@require_POST
+@login_required
+def conversation_pin(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """``POST``: pin the conversation to the top of the sidebar, or unpin it if it is pinned
+    (services.conversation_pin_toggle; kept in ``Conversation.pinned_at``, so it survives a
+    reload). htmx gets the refreshed sidebar (templates/chat/_sidebar.html); a plain post is
+    sent back to the conversation. 404 for a conversation that is not the user's own (a
+    workspace reader cannot pin it either); 405 for any method but POST; CSRF-checked."""
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    services.conversation_pin_toggle(conversation=conversation)
+    if _is_htmx(request):
+        return render(
+            request,
+            "chat/_sidebar.html",
+            _sidebar_context(request.user, request.COOKIES, current_id=_current_conversation_id(request)),
         )
     return redirect("conversation", conversation_id=conversation.conversation_id)
 
@@ -578,21 +639,35 @@ def conversation_search(request: HttpRequest) -> HttpResponse:
     htmx gets the list fragment; a plain request the chat page with the filtered sidebar.
     400 (the list fragment with the message) for a bad ``q`` (over 200 characters, NUL)."""
     q = request.GET.get("q", "")
-    context = {"q": q}
+    context = {"q": q, "current_id": _current_conversation_id(request)}
     try:
-        if selectors.search_query_clean(q):
-            conversations = selectors.conversation_search(
-                user=request.user, q=q, limit=SIDEBAR_SEARCH_LIMIT
-            )
+        text = selectors.search_query_clean(q)
+        if text:
+            found = selectors.conversation_search(user=request.user, q=q, limit=SIDEBAR_SEARCH_LIMIT)
+            snippets = selectors.search_snippets(conversations=found, q=q)
+            context.update(searching=True, results=[_search_result(c, snippets, text) for c in found])
         else:
-            conversations = selectors.conversation_list(user=request.user)
+            context.update(_sidebar_context(request.user, request.COOKIES, current_id=context["current_id"]))
     except ValidationError as exc:
-        context.update(conversations=[], search_error=exc.messages[0])
+        context.update(searching=True, results=[], search_error=exc.messages[0])
         return render(request, "chat/_conversation_list.html", context, status=400)
-    context["conversations"] = conversations
     if _is_htmx(request):
         return render(request, "chat/_conversation_list.html", context)
     return render(request, "chat/page.html", {**_page_context(request, None), **context})
+
+
+def _search_result(conversation: Conversation, snippets: dict[UUID, str], text: str) -> dict:
+    """A search result row: the conversation, ``title_html`` (its title with the typed text in
+    <mark> where the title holds it, else "") and ``snippet`` (a fragment of its latest
+    matching turn with the matches in <mark>, else ""); both escaped HTML (conversations/
+    sidebar.py)."""
+    marked = snippets.get(conversation.conversation_id)
+    title = conversation.title
+    return {
+        "conversation": conversation,
+        "title_html": sidebar.substring_snippet(title, text, width=len(title)) if text.lower() in title.lower() else "",
+        "snippet": sidebar.snippet_html(marked) if marked is not None else "",
+    }
 
 
 @require_POST

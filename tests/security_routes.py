@@ -238,6 +238,7 @@ ROUTES: list[Route] = [
     Route("question-select", ("POST",), OWN, question),
     Route("conversation-export", ("GET",), OWN, lambda w: {**conv(w), "extension": "json"}),
     Route("conversation-rename", ("POST",), OWN, conv, bodies={"POST": form(title="pwned")}),
+    Route("conversation-pin", ("POST",), OWN, conv),
     Route("conversation-delete", ("POST",), OWN, conv),
     Route(
         "conversation-instructions", ("POST",), OWN, conv, bodies={"POST": form(system_prompt="pwned")}

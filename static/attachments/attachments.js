@@ -1,4 +1,4 @@
-// The composer's files: picked with the file input, dropped onto the composer or pasted into
+// The composer's files: picked with the file input (its dialog opened by the paperclip button), dropped onto the composer or pasted into
 // it, each shown as a removable chip. They go with the message to the one upload path the page
 // has (turn_create, multipart through htmx): the form's file input always holds exactly the
 // chips' files. While the message is sent each chip shows its upload progress (the request's
@@ -102,6 +102,15 @@
     if (!input.matches || !input.matches("#composer input[type=file][name=files]")) return;
     var chosen = Array.prototype.slice.call(input.files || []);
     setFiles(input, picked(input).concat(chosen));
+  });
+
+  // The paperclip button opens the visually hidden input's file dialog (its choice arrives as
+  // the input's change, above).
+  document.addEventListener("click", function (e) {
+    var attach = e.target.closest && e.target.closest("#composer [data-attach-files]");
+    if (!attach) return;
+    var input = fileInput(attach.form);
+    if (input) input.click();
   });
 
   document.addEventListener("click", function (e) {

@@ -7,6 +7,7 @@
   // Read by the server (templates/chat/page.html), so a collapsed sidebar is drawn collapsed
   // from the first paint.
   var COLLAPSE_COOKIE = "sidebar";
+  var TZ_COOKIE = "tz";
 
   function layout() { return document.querySelector("[data-layout]"); }
   function toggle() { return document.getElementById("sidebar-toggle"); }
@@ -78,8 +79,11 @@
     if (root && root.classList.contains("drawer-open")) drawerOpen(false, true);
   });
 
-  // A link followed inside the drawer (another conversation) closes it.
-  document.addEventListener("htmx:afterSwap", function () {
+  // A link followed inside the drawer (another conversation) closes it; a swap inside the
+  // drawer itself (search results, a pinned or renamed chat) leaves it open.
+  document.addEventListener("htmx:afterSwap", function (e) {
+    var swapped = e.detail && e.detail.target;
+    if (swapped && swapped.closest && swapped.closest("[data-drawer]")) return;
     var root = layout();
     if (root && PHONE.matches && root.classList.contains("drawer-open")) drawerOpen(false, false);
   });
@@ -114,7 +118,18 @@
     target.textContent = message;
   });
 
+  // The browser's IANA time zone, for the server's date groups in the sidebar
+  // (conversations/sidebar.py reads this cookie; without it, the site's time zone).
+  function rememberTimeZone() {
+    var zone = "";
+    try { zone = Intl.DateTimeFormat().resolvedOptions().timeZone || ""; } catch (e) { return; }
+    if (!/^[A-Za-z0-9\/_+-]{1,64}$/.test(zone)) return;
+    if (document.cookie.split("; ").indexOf(TZ_COOKIE + "=" + zone) !== -1) return;
+    document.cookie = TZ_COOKIE + "=" + zone + "; path=/; max-age=31536000; samesite=lax";
+  }
+
   function start() {
+    rememberTimeZone();
     if (!layout()) return;
     syncToggle();
     if (PHONE.addEventListener) PHONE.addEventListener("change", syncToggle);

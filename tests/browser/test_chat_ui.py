@@ -229,8 +229,8 @@ def test_signup_send_watch_stream_stop_and_reload_shows_history(live, new_page, 
     rendered = answer.locator(".bubble").inner_text()
     shown = seen.rsplit(None, 1)[0] if len(seen.split()) > 1 else ""
     assert rendered.strip() and letters(rendered).startswith(letters(shown)), (seen, rendered)
-    expect(page.locator("#sidebar li.current a")).to_have_text(title_from_message(prompt))
-    assert page.locator("#sidebar li.current a").get_attribute("href") == (
+    expect(page.locator("#sidebar li.current a.row-link")).to_have_text(title_from_message(prompt))
+    assert page.locator("#sidebar li.current a.row-link").get_attribute("href") == (
         f"/c/{conversation.conversation_id}/"
     )
 
@@ -321,7 +321,7 @@ def test_pf_x1_hostile_model_output_and_title_never_run_in_the_browser(
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert active_content(page) == []
     expect(page.locator("#messages article.user .bubble")).to_have_text(HOSTILE_MESSAGE)
-    expect(page.locator("#sidebar li.current a")).to_have_text(HOSTILE_MESSAGE)
+    expect(page.locator("#sidebar li.current a.row-link")).to_have_text(HOSTILE_MESSAGE)
 
     page.reload()
     expect(page.locator(f"{ANSWER}.complete")).to_have_count(1)
@@ -329,7 +329,7 @@ def test_pf_x1_hostile_model_output_and_title_never_run_in_the_browser(
     assert page.evaluate("typeof window.__pwned") == "undefined"
     assert active_content(page) == []
     expect(page.locator("#messages article.user .bubble")).to_have_text(HOSTILE_MESSAGE)
-    expect(page.locator("#sidebar li.current a")).to_have_text(HOSTILE_MESSAGE)
+    expect(page.locator("#sidebar li.current a.row-link")).to_have_text(HOSTILE_MESSAGE)
     assert page.title() == HOSTILE_MESSAGE  # <title> holds it as text
 
     cookies = {c["name"]: c for c in page.context.cookies()}

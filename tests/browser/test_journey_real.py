@@ -138,7 +138,7 @@ def test_phone_journey_with_the_real_model_cut_off_continue_branch_dark_and_sign
         assert words(visible_text(page)) == words(whole)
 
         page.locator("#sidebar-toggle").click()
-        expect(page.locator("nav.sidebar li.current a")).to_have_text(title_from_message(PROMPT))
+        expect(page.locator("nav.sidebar li.current a.row-link")).to_have_text(title_from_message(PROMPT))
         page.keyboard.press("Escape")
 
         menu = page.locator(".topbar details.account-menu")

@@ -107,8 +107,13 @@ def session_cookie(user: User, url: str) -> dict:
     return {"name": "sessionid", "value": client.cookies["sessionid"].value, "url": url}
 
 
-def open_context(browser: Browser, size: dict, scheme: str = "light", user: User | None = None, url: str = ""):  # noqa: F811
-    context = browser.new_context(viewport=size, color_scheme=scheme)
+def open_context(
+    browser: Browser, size: dict, scheme: str = "light", user: User | None = None, url: str = "",  # noqa: F811
+    touch: bool = False,
+):
+    """A browser context at ``size`` (CSS px) in ``scheme``, signed in as ``user`` when given;
+    ``touch``: a phone's touch screen (has_touch, is_mobile: CSS ``pointer: coarse``)."""
+    context = browser.new_context(viewport=size, color_scheme=scheme, has_touch=touch, is_mobile=touch)
     context.set_default_timeout(TIMEOUT_MS)
     if user is not None:
         context.add_cookies([session_cookie(user, url)])
@@ -183,6 +188,101 @@ def test_no_page_scrolls_sideways_at_phone_and_desktop_in_light_and_dark(
                     context.close()
     assert problems == [], "\n".join(problems)
     assert errors == []
+
+
+# --- touch targets on a phone --------------------------------------------------------------
+
+# WCAG 2.5.5 (Target Size, AAA): a pointer target is at least 44 by 44 CSS px, unless it is a
+# link inside a sentence ("inline"). What a finger can hit here: links, buttons, summaries and
+# form controls that are drawn (not hidden, not inside a closed menu or the closed drawer, not
+# a visually hidden 1 px input operated through its labelled button); a checkbox or radio
+# counts its <label> when that is bigger. Each too-small one: "tag.class 'name' WxH".
+TOUCH_MIN_PX = 44
+SMALL_TARGETS = """(min) => {
+    const sel = 'a[href], button, summary, select, textarea, input:not([type=hidden]), [role=button], [role=menuitem]';
+    const small = [];
+    for (const el of document.querySelectorAll(sel)) {
+        if (!el.checkVisibility({checkOpacity: true, checkVisibilityCSS: true})) continue;
+        if (el.closest('[inert]')) continue;
+        let r = el.getBoundingClientRect();
+        if (r.width <= 1 || r.height <= 1) continue;            // visually hidden
+        if (r.right <= 0 || r.bottom <= 0) continue;            // parked off-screen (skip link)
+        if (el.matches('input[type=checkbox], input[type=radio]')) {
+            const label = el.closest('label') || (el.id && document.querySelector(`label[for="${el.id}"]`));
+            if (label) { const l = label.getBoundingClientRect(); if (l.width * l.height > r.width * r.height) r = l; }
+        }
+        if (el.matches('a') && getComputedStyle(el).display === 'inline') {
+            const block = el.parentElement;                     // a link inside a sentence
+            if (block && block.textContent.trim().length > el.textContent.trim().length) continue;
+        }
+        if (r.width + 0.5 < min || r.height + 0.5 < min) {
+            const name = (el.getAttribute('aria-label') || el.textContent || el.value || '').trim().slice(0, 24);
+            small.push(`${el.tagName.toLowerCase()}.${el.className} '${name}' ${Math.round(r.width)}x${Math.round(r.height)}`);
+        }
+    }
+    return small;
+}"""
+
+
+def small_touch_targets(page: Page) -> list[str]:
+    """The targets on ``page`` as drawn now that are under 44x44 CSS px (``SMALL_TARGETS``)."""
+    return page.evaluate(SMALL_TARGETS, TOUCH_MIN_PX)
+
+
+def test_small_touch_target_probe_finds_a_small_button(browser):  # noqa: F811
+    """The count can fail: a 30x20 button is reported, a 44x44 one, a link in a sentence and a
+    hidden button are not."""
+    context = browser.new_context(viewport=PHONE, has_touch=True, is_mobile=True)
+    try:
+        page = context.new_page()
+        page.set_content(
+            '<!doctype html><html lang="en"><body><p>Read <a href="/x">the terms</a> first.</p>'
+            '<button id="small">s</button><button id="big">b</button><button hidden>h</button>'
+            "</body></html>"
+        )
+        page.evaluate(
+            "() => { const s = document.getElementById('small').style; s.width = '30px'; s.height = '20px';"
+            " const b = document.getElementById('big').style; b.width = '44px'; b.height = '44px'; }"
+        )
+        found = small_touch_targets(page)
+        assert len(found) == 1 and found[0].startswith("button. 's' 30x20"), found
+    finally:
+        context.close()
+
+
+def test_every_touch_target_is_at_least_44px_on_a_phone(live, engine_double, make_user, browser):  # noqa: F811
+    """Given the long-named user's world on a 390x844 touch phone (has_touch, is_mobile:
+    ``pointer: coarse``), when each signed-in page (the chat, a conversation, settings, usage,
+    memory, API keys, sessions, data, shared links, share, organisations and their pages, the
+    shared page, a 404) is opened, and on the conversation the drawer, a chat's row menu, the
+    header's menu and the account menu are opened, then no target is under 44x44 CSS px
+    (WCAG 2.5.5)."""
+    world = World(make_user)
+    problems: list[str] = []
+    context = open_context(browser, PHONE, "light", world.user, live.url, touch=True)
+    try:
+        page = context.new_page()
+        for path in world.signed_in_pages():
+            page.goto(f"{live.url}{path}")
+            problems += [f"{path}: {t}" for t in small_touch_targets(page)]
+        page.goto(f"{live.url}/c/{world.conversation.pk}/")
+        assert_scripts_loaded(page)
+        opened = [("account menu", "details.account-menu > summary"), ("header menu", "[data-header-menu-button]")]
+        for state, click in opened:
+            page.click(click)
+            page.wait_for_timeout(100)
+            problems += [f"chat with the {state} open: {t}" for t in small_touch_targets(page)]
+            page.keyboard.press("Escape")
+        page.click("#sidebar-toggle")
+        page.wait_for_function("document.querySelector('nav.sidebar').getBoundingClientRect().left >= 0")
+        problems += [f"chat with the drawer open: {t}" for t in small_touch_targets(page)]
+        page.locator("#sidebar [data-row-menu-button]").first.click()
+        expect(page.locator("#sidebar [role=menu]").first).to_be_visible()
+        problems += [f"chat with a row menu open: {t}" for t in small_touch_targets(page)]
+    finally:
+        context.close()
+    print(f"touch targets under {TOUCH_MIN_PX}px: {len(problems)}")
+    assert problems == [], f"{len(problems)} targets under {TOUCH_MIN_PX}x{TOUCH_MIN_PX} px:\n" + "\n".join(problems)
 
 
 # --- the drawer and the collapsible sidebar ----------------------------------------------
