@@ -193,6 +193,21 @@
     }
   });
 
+  // The title in the header: Esc puts back the saved title and leaves the field.
+  document.addEventListener("keydown", function (e) {
+    if (e.key !== "Escape" || !e.target.matches || !e.target.matches("input[data-rename]")) return;
+    e.preventDefault();
+    e.target.value = e.target.defaultValue;
+    e.target.blur();
+  });
+
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var form = e.detail.elt;
+    if (!e.detail.successful || !form || !form.matches || !form.matches("form.rename")) return;
+    var title = form.querySelector("input[data-rename]");
+    if (title) { title.defaultValue = title.value; title.blur(); }
+  });
+
   // Editing a message (templates/chat/_exchange.html): opening puts the caret at the end of the
   // text; Cancel or Escape closes the editor and puts the text back as it was.
   document.addEventListener("toggle", function (e) {

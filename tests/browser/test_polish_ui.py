@@ -118,3 +118,34 @@ def test_the_sign_up_button_is_above_the_fold(live, browser, width, height):  # 
         expect(page.locator("main form")).to_contain_text("At least 12 characters")
     finally:
         context.close()
+
+
+def test_the_title_is_renamed_in_place_with_a_pencil_enter_and_escape(live, new_page, make_user):  # noqa: F811
+    """Given an open conversation, then its title shows a pencil and no Save button; when the
+    title is clicked, Save shows; Esc puts the saved title back; a new title and Enter save it
+    (the sidebar row shows it) and Save goes away."""
+    owner = make_user("renamer")
+    conversation = conversation_of(owner, "Old title", [("Hi", "Hello.")])
+    page = opened(new_page, live, "renamer", conversation)
+    title, save = page.locator("#conversation-title"), page.locator(".chat-header .rename-save")
+    expect(page.locator(".chat-header .rename-hint")).to_be_visible()
+    expect(save).to_be_hidden()
+
+    page.click(".chat-header .rename-hint")
+    expect(title).to_be_focused()
+    expect(save).to_be_visible()
+    title.fill("Something else")
+    page.keyboard.press("Escape")
+    expect(title).to_have_value("Old title")
+    expect(save).to_be_hidden()
+
+    title.click()
+    title.fill("Lisbon trip")
+    with page.expect_response(lambda r: r.url.endswith("/rename")):
+        page.keyboard.press("Enter")
+    expect(page.locator("#sidebar")).to_contain_text("Lisbon trip")
+    expect(save).to_be_hidden()
+    title.click()
+    title.fill("x")
+    page.keyboard.press("Escape")  # the saved title is the one Esc puts back now
+    expect(title).to_have_value("Lisbon trip")
