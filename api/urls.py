@@ -1,6 +1,7 @@
 from django.urls import path
 
 from api import completions, embeddings, openapi, views
+from imports import views as import_views
 
 urlpatterns = [
     path("conversations", views.conversations, name="v1-conversations"),
@@ -21,5 +22,6 @@ urlpatterns = [
     path("completions", completions.completions, name="v1-completions"),
     path("models", completions.models, name="v1-models"),
     path("embeddings", embeddings.create_embeddings, name="v1-embeddings"),
+    path("imports", import_views.import_api, name="v1-imports"),
     path("openapi.json", openapi.openapi_document, name="v1-openapi"),
 ]

