@@ -219,8 +219,15 @@
     decorate(bubble);
   }
 
+  var ANSWER_BUBBLE = ".turn.assistant .bubble.markdown";
+
+  // The answer bubbles in `root` (or the one `root` is in): a fragment htmx put in decorates
+  // only itself, whatever else the page holds (issue 29: a page of earlier exchanges).
   function decorateAll(root) {
-    var bubbles = (root || document).querySelectorAll(".turn.assistant .bubble.markdown");
+    root = root || document;
+    var inside = root.closest && root.closest(ANSWER_BUBBLE);
+    if (inside) { decorate(inside); return; }
+    var bubbles = root.querySelectorAll(ANSWER_BUBBLE);
     for (var i = 0; i < bubbles.length; i++) decorate(bubbles[i]);
   }
 
@@ -233,8 +240,12 @@
       if (window.requestIdleCallback) requestIdleCallback(warm, { timeout: 2000 }); else setTimeout(warm, 0);
     }
   });
-  // Answers swapped in later (another version, a regenerated answer's fragment).
-  document.addEventListener("htmx:afterSettle", function () { decorateAll(document); });
+  // Answers swapped in later (another version, a regenerated answer's fragment, a page of
+  // earlier exchanges): htmx fires `htmx:load` on each element it puts in, once; the page's own
+  // content was decorated at DOMContentLoaded (htmx's load of the body at start is skipped).
+  document.addEventListener("htmx:load", function (e) {
+    if (e.target !== document.body) decorateAll(e.target);
+  });
 
   window.chatRender = {
     markdown: markdown, decorate: decorate, live: live, settle: settle, paint: paint,
