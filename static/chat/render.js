@@ -52,7 +52,11 @@
 
   // Markdown text -> sanitised HTML (a string safe to set as innerHTML).
   function markdown(text) {
-    var html = renderer().render(text || "");
+    return sanitize(renderer().render(text || ""));
+  }
+
+  // markdown-it's HTML -> the same, sanitised (renderer() must have run).
+  function sanitize(html) {
     return purify.sanitize(html, {
       ALLOWED_TAGS: TAGS,
       ALLOWED_ATTR: ["href", "title", "start", "class"],
@@ -176,37 +180,61 @@
     });
   }
 
-  // Render `text` into `bubble`, touching only what changed: the top-level blocks of the last
-  // paint that render the same (a finished paragraph, table or code block) stay as they are,
-  // decorations included; the rest is replaced. A streaming answer grows at its end, so a frame
-  // costs the last block's DOM, not the whole answer's (bench/browser_bench.py's long tasks).
+  // The offset in `text` where its line `line` (0-based, as markdown-it's token maps count)
+  // starts; -1 past the end.
+  function lineStart(text, line) {
+    var at = 0;
+    for (var i = 0; i < line; i++) {
+      at = text.indexOf("\n", at) + 1;
+      if (at === 0) return -1;
+    }
+    return at;
+  }
+
+  // Sanitised `html` as decorated nodes appended to `bubble`; returns them.
+  function append(bubble, html) {
+    var holder = document.createElement("div");
+    holder.innerHTML = sanitize(html);
+    decorate(holder); // wraps code blocks in holder (decorate needs a parent to wrap in)
+    var nodes = Array.prototype.slice.call(holder.childNodes);
+    for (var i = 0; i < nodes.length; i++) bubble.appendChild(nodes[i]);
+    return nodes;
+  }
+
+  // Render `text` into `bubble` with work in proportion to what is new, not to the whole
+  // answer (issue 29: keystroke -> paint while an answer streams, bench/browser_long.py). In
+  // CommonMark a top-level block that another has followed is closed for good, so every block
+  // but the last is final: it is rendered once, appended, decorated and never touched again;
+  // a frame parses and renders only the text from the start of the last block. A block counts
+  // as followed only once the first line of the next is complete ("Hello\n#" could still
+  // become the paragraph "Hello\n#x"). The server's HTML replaces all of it on `done`
+  // (settle), so a rare difference (a link reference defined after its use) lasts only as long
+  // as the stream.
   function paint(bubble, text) {
-    var template = document.createElement("template");
-    template.innerHTML = markdown(text);
-    var fresh = Array.prototype.slice.call(template.content.childNodes);
-    var kept = bubble.__chatBlocks;
-    if (!kept || bubble.childNodes.length === 0) {
+    var md = renderer();
+    var state = bubble.__chatLive;
+    if (!state || text.length < state.done) {
       bubble.textContent = "";
-      kept = [];
+      state = bubble.__chatLive = { done: 0, live: [] };
     }
-    var keys = fresh.map(function (node) { return node.nodeType === 1 ? node.outerHTML : node.textContent; });
-    var same = 0;
-    while (same < kept.length && same < fresh.length && kept[same].key === keys[same]) same++;
-    for (var i = same; i < kept.length; i++) kept[i].node.remove();
-    kept = kept.slice(0, same);
-    for (var j = same; j < fresh.length; j++) {
-      bubble.appendChild(fresh[j]);
-      kept.push({ key: keys[j], node: fresh[j] });
+    var tail = text.slice(state.done);
+    var env = {};
+    var tokens = md.parse(tail, env);
+    var last = -1;
+    for (var i = 0; i < tokens.length; i++) {
+      if (tokens[i].level === 0 && tokens[i].nesting !== -1 && tokens[i].map) last = tokens[i].map[0];
     }
-    decorate(bubble);
-    // decorate() wraps a code block's <pre> in a div: keep that wrapper as the block's node.
-    for (var k = same; k < kept.length; k++) {
-      var node = kept[k].node;
-      if (node.parentNode !== bubble && node.parentNode && node.parentNode.classList.contains("code-block")) {
-        kept[k].node = node.parentNode;
-      }
+    var cut = last > 0 && tail.indexOf("\r") < 0 ? lineStart(tail, last) : -1;
+    for (var j = 0; j < state.live.length; j++) state.live[j].remove();
+    state.live = [];
+    if (cut > 0 && tail.indexOf("\n", cut) >= 0) {
+      append(bubble, md.render(tail.slice(0, cut)));
+      state.done += cut;
+      tail = tail.slice(cut);
+      env = {};
+      tokens = md.parse(tail, env);
     }
-    bubble.__chatBlocks = kept;
+    state.live = append(bubble, md.renderer.render(tokens, md.options, env));
   }
 
   // The answer is stored: the server's sanitised HTML replaces the live render in the same task
@@ -214,7 +242,7 @@
   function settle(bubble, html) {
     if (bubble.__chatFrame) cancelAnimationFrame(bubble.__chatFrame);
     bubble.__chatFrame = 0;
-    bubble.__chatBlocks = null;
+    bubble.__chatLive = null;
     bubble.innerHTML = html; // sanitised on the server
     decorate(bubble);
   }
