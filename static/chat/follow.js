@@ -11,8 +11,9 @@
 // sentinel, templates/chat/_earlier_sentinel.html, swapped for the page before it). That is
 // not growth to follow: the view keeps its distance from the bottom of the conversation, so the
 // exchange the reader was looking at stays exactly where it was (set in the mutation callback,
-// before the frame that would show the jump; the stylesheet turns the browser's own scroll
-// anchoring off so it does not correct a second time).
+// before the frame that would show the jump, and again once the page has settled and its code
+// blocks are decorated; the stylesheet turns the browser's own scroll anchoring off so it does
+// not correct a second time).
 (function () {
   "use strict";
 
@@ -70,17 +71,17 @@
     showButton(!atBottom);
   }
 
+  function keep(el) {
+    el.scrollTop = el.scrollHeight - el.clientHeight - keepFromBottom;
+    lastTop = el.scrollTop;
+  }
+
   // Growth: follow, or (not following) say there is more below. Earlier exchanges put in
   // above: keep the view where it was.
   function onGrowth() {
     var el = scroller();
     if (!el) return;
-    if (keepFromBottom !== null) {
-      el.scrollTop = el.scrollHeight - el.clientHeight - keepFromBottom;
-      lastTop = el.scrollTop;
-      keepFromBottom = null;
-      return;
-    }
+    if (keepFromBottom !== null) { keep(el); return; }
     if (following) toBottom();
     else showButton(distanceFromBottom(el) > AT_BOTTOM_PX);
   }
@@ -117,6 +118,15 @@
     if (e.detail.xhr && e.detail.xhr.status === 400) { e.detail.shouldSwap = true; e.detail.isError = false; }
     var el = scroller();
     if (el) keepFromBottom = distanceFromBottom(el);
+  });
+
+  // The page's code blocks are decorated as it settles (render.js on `htmx:load`, which adds
+  // their header rows above the view too): keep the place once more, then go back to following.
+  document.addEventListener("htmx:afterSettle", function () {
+    if (keepFromBottom === null) return;
+    var el = scroller();
+    if (el) keep(el);
+    keepFromBottom = null;
   });
 
   // Sending a message follows its answer.
