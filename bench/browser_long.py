@@ -87,17 +87,32 @@ PAGE_PROBE = """
 
 def throttled_page(context):
     """A page of ``context`` with the CPU slowed :data:`CPU_THROTTLING` times (before it
-    navigates, so parsing and scripts are slowed too)."""
+    navigates, so parsing and scripts are slowed too), and its CDP session."""
     page = context.new_page()
     cdp = context.new_cdp_session(page)
     cdp.send("Emulation.setCPUThrottlingRate", {"rate": CPU_THROTTLING})
-    return page
+    return page, cdp
+
+
+def profile_top(profile: dict, n: int = 15) -> list[tuple[str, float]]:
+    """The ``n`` biggest self times (ms) of a CDP ``Profiler.stop`` profile, by function and
+    script (``(program)`` is the renderer's own work outside JavaScript: style, layout, paint,
+    input dispatch; ``(idle)`` waiting)."""
+    nodes = {node["id"]: node["callFrame"] for node in profile["nodes"]}
+    self_ms: dict[str, float] = {}
+    for node_id, delta in zip(profile["samples"], profile["timeDeltas"]):
+        frame = nodes[node_id]
+        name = f"{frame['functionName'] or '(anonymous)'} {frame['url'].rsplit('/', 1)[-1]}:{frame['lineNumber'] + 1}"
+        if not frame["url"]:
+            name = frame["functionName"] or "(anonymous)"
+        self_ms[name] = self_ms.get(name, 0.0) + delta / 1000
+    return sorted(self_ms.items(), key=lambda kv: -kv[1])[:n]
 
 
 def one_load(context, url: str) -> dict:
     """Open ``url``; return ``ready_ms`` (navigation start -> composer accepting input) and
     ``nodes`` (elements in the document then)."""
-    page = throttled_page(context)
+    page, _ = throttled_page(context)
     try:
         page.goto(url, wait_until="domcontentloaded")
         page.wait_for_function("window.__long.ready !== null", timeout=120_000)
@@ -107,11 +122,14 @@ def one_load(context, url: str) -> dict:
     return {"ready_ms": round(b["ready"], 1), "nodes": b["nodes"]}
 
 
-def one_typing_run(context, url: str, chars: int, key_ms: float, timeout_s: float) -> list[float]:
+def one_typing_run(
+    context, url: str, chars: int, key_ms: float, timeout_s: float, profile: list | None = None
+) -> list[float]:
     """Open ``url``, send :data:`QUESTION`, and type ``chars`` characters while its answer
     streams; return the keystroke -> paint latencies (ms) of the keys typed while it streamed.
-    Waits for the answer to end, so the next run's message is not refused (409)."""
-    page = throttled_page(context)
+    Waits for the answer to end, so the next run's message is not refused (409). ``profile``:
+    a list to append the CPU profile of the typing to (CDP ``Profiler``)."""
+    page, cdp = throttled_page(context)
     try:
         page.goto(url, wait_until="domcontentloaded")
         page.wait_for_function("window.__long.ready !== null && typeof window.htmx === 'object'", timeout=120_000)
@@ -122,8 +140,14 @@ def one_typing_run(context, url: str, chars: int, key_ms: float, timeout_s: floa
             " return a && a.textContent.trim().length > 0; })()",
             timeout=timeout_s * 1000,
         )
+        if profile is not None:
+            cdp.send("Profiler.enable")
+            cdp.send("Profiler.setSamplingInterval", {"interval": 200})
+            cdp.send("Profiler.start")
         page.keyboard.type(("the quick brown fox jumps over the lazy dog " * 4)[:chars], delay=key_ms)
         page.wait_for_timeout(300)  # the last key's frame
+        if profile is not None:
+            profile.append(cdp.send("Profiler.stop")["profile"])
         keys = page.evaluate("window.__long.keys")
         page.wait_for_function(
             "!document.querySelector('#messages article.assistant.streaming')", timeout=timeout_s * 1000
@@ -189,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=500, help="tokens per answer")
     parser.add_argument("--token-ms", type=float, default=20, help="ms between tokens")
     parser.add_argument("--strict", action="store_true", help="exit 1 on a missed target")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where the main thread's time goes while typing at 3,000 turns")  # fmt: skip
     parser.add_argument("--out", default=str(VAR / "bench" / "browser_long.json"))
     args = parser.parse_args(argv)
     if not Path(CHROMIUM).exists():
@@ -212,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     username = make_user("long")
     loads: list[dict] = []
     keys: dict[str, list[float]] = {size: [] for size in SIZES}
+    profiles: list[dict] = []
     failed = 0
     log(f"long-conversation bench: {args.loads} loads and {args.typing_runs} typing runs per "
         f"conversation, {VIEWPORT['width']}x{VIEWPORT['height']}, {CPU_THROTTLING}x CPU throttling")  # fmt: skip
@@ -238,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.typing_runs * len(SIZES)):
                 size = list(SIZES)[i % len(SIZES)]
                 try:
-                    keys[size] += one_typing_run(context, urls[size], args.chars, args.key_ms, timeout_s)
+                    profile = profiles if args.profile and size == "long" and not profiles else None
+                    keys[size] += one_typing_run(context, urls[size], args.chars, args.key_ms, timeout_s, profile)
                 except Exception as exc:  # noqa: BLE001
                     failed += 1
                     log(f"typing run {i} ({size}) failed: {exc}")
@@ -272,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"DOM nodes: {long['nodes']} vs {short['nodes']} (target <= {TARGET_DOM_FACTOR} x "
           f"{short['nodes']} + {TARGET_DOM_EXTRA} = {TARGET_DOM_FACTOR * short['nodes'] + TARGET_DOM_EXTRA})")
     print("targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in verdict.items()))
+    if profiles:
+        print("while typing at 3,000 turns, main-thread self time (ms, CPU profile):")
+        for name, spent in profile_top(profiles[0]):
+            print(f"  {spent:9.1f}  {name}")
     result = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "viewport": VIEWPORT,

@@ -170,11 +170,23 @@
     });
   });
 
+  // Whether a key went down since the last frame. That frame paints the keystroke alone and
+  // the stream's text goes in the next one: typing stays instant while an answer streams, even
+  // where a frame of the stream's layout takes longer than a frame (issue 29; bench/
+  // browser_long.py profiles it). Cleared by a frame callback queued after the stream's.
+  var keyed = false;
+  document.addEventListener("keydown", function () {
+    if (keyed) return;
+    keyed = true;
+    requestAnimationFrame(function () { keyed = false; });
+  }, true);
+
   // A streaming answer: render `text` into `bubble` at most once a frame.
   function live(bubble, text) {
     bubble.__chatPending = text;
     if (bubble.__chatFrame) return;
-    bubble.__chatFrame = requestAnimationFrame(function () {
+    bubble.__chatFrame = requestAnimationFrame(function frame() {
+      if (keyed) { bubble.__chatFrame = requestAnimationFrame(frame); return; }
       bubble.__chatFrame = 0;
       paint(bubble, bubble.__chatPending);
     });
