@@ -52,6 +52,7 @@ bench: install model browser bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.memory_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.engine_bench $(ENGINE_BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.browser_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.browser_long
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.failover_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.ha_bench
 

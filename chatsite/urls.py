@@ -15,6 +15,7 @@ urlpatterns = [
     path("chat/turns", views.turn_create, name="turn-create-new"),
     path("c/<uuid:conversation_id>/", views.conversation_detail, name="conversation"),
     path("c/<uuid:conversation_id>/turns", views.turn_create, name="turn-create"),
+    path("c/<uuid:conversation_id>/earlier", views.conversation_earlier, name="conversation-earlier"),
     path(
         "c/<uuid:conversation_id>/turns/<uuid:turn_id>/events",
         views.turn_events,

@@ -213,6 +213,101 @@ def exchange_list(*, conversation: Conversation) -> list[Exchange]:
     ]
 
 
+# Exchanges the chat page shows at once, and per earlier page as the reader scrolls up (issue
+# 29: a 3,000-turn conversation opens as fast as a short one). 30 fill a desktop window a few
+# times over, so the reader rarely waits for a page at the top.
+EXCHANGES_PAGE = 30
+
+# What the turn tree is built from (conversations/versions.py reads no text): every turn of a
+# long conversation, cheaply, before the text of the page's few is read.
+_SKELETON_FIELDS = (
+    "turn_id", "conversation_id", "role", "status", "reply_to_id", "replaces_id", "parent_id",
+    "continues_id", "created_at",
+)  # fmt: skip
+
+
+class BadCursor(ValueError):
+    """An ``exchange_page`` cursor that names no question on the branch shown (a turn of
+    another conversation or branch, an answer, or no turn at all)."""
+
+
+@dataclass(frozen=True)
+class ExchangePage:
+    """A page of the branch shown: ``exchanges`` oldest first; ``earlier``: the cursor of the
+    page before it (the id of its oldest question, for ``exchange_page(before=...)``), None
+    when this page starts the conversation."""
+
+    exchanges: list[Exchange]
+    earlier: UUID | None
+
+
+def _skeleton(conversation: Conversation) -> list[Turn]:
+    """Every turn of ``conversation`` without its text (``content`` and the rest deferred: do
+    not read them), held ones included, oldest first: one index scan of its partitions."""
+    lowest, highest = _turn_time_range(conversation)
+    turns = list(
+        Turn.objects.filter(
+            conversation_id=conversation.conversation_id, created_at__gte=lowest, created_at__lte=highest
+        )
+        .order_by("created_at", "turn_id")
+        .only(*_SKELETON_FIELDS)
+    )
+    return _with_held(conversation.conversation_id, turns)
+
+
+def _with_text(conversation: Conversation, turns: list[Turn]) -> dict[UUID, Turn]:
+    """``turns`` (skeletons) as whole rows, by id, in one query over their span of created_at
+    (so the partitions outside it are pruned). Held turns come whole from Redis already."""
+    wanted = [t for t in turns if "content" in t.get_deferred_fields()]
+    whole = {t.turn_id: t for t in turns if "content" not in t.get_deferred_fields()}
+    if wanted:
+        rows = Turn.objects.filter(
+            conversation_id=conversation.conversation_id,
+            created_at__gte=min(t.created_at for t in wanted),
+            created_at__lte=max(t.created_at for t in wanted),
+            turn_id__in=[t.turn_id for t in wanted],
+        )
+        whole.update((t.turn_id, t) for t in rows)
+    return whole
+
+
+@regions.routed
+def exchange_page(
+    *, conversation: Conversation, before: UUID | None = None, limit: int = EXCHANGES_PAGE
+) -> ExchangePage:
+    """The newest ``limit`` exchanges of the branch shown (what :func:`exchange_list` gives,
+    its last ``limit``) strictly above the question ``before`` (None: the newest), oldest first.
+
+    The cursor is a question's turn id, as the history API's is a turn's (api/views.py), but on
+    the selected path rather than the log: the oldest question a page showed. Two queries
+    whatever the conversation's length: the turn tree without text (:func:`_skeleton`, ~100
+    bytes a turn), then the text of the page's questions and answers shown. Raises
+    :class:`BadCursor` when ``before`` is not a question on the branch shown (another
+    conversation's, an answer, a branch switched away from since).
+    """
+    tree = versions.tree_build(_skeleton(conversation))
+    path = tree.path(conversation.branch_choices)
+    end = len(path)
+    if before is not None:
+        end = next((i for i, q in enumerate(path) if q.turn_id == before), None)
+        if end is None:
+            raise BadCursor("That message is not on the branch shown; reload the conversation.")
+    start = max(0, end - limit)
+    positions = [tree.position(q, conversation.answer_choices) for q in path[start:end]]
+    shown = [p.question for p in positions] + [p.answer for p in positions if p.answer is not None]
+    whole = _with_text(conversation, shown)
+    exchanges = [
+        Exchange(
+            question=whole.get(p.question.turn_id, p.question),
+            answer=whole.get(p.answer.turn_id, p.answer) if p.answer is not None else None,
+            answers=tuple(p.answers),
+            questions=tuple(p.questions),
+        )
+        for p in positions
+    ]
+    return ExchangePage(exchanges=exchanges, earlier=path[start].turn_id if start > 0 else None)
+
+
 def conversation_tree(*, conversation: Conversation) -> versions.Tree:
     """The turn tree of ``conversation`` (every turn, held ones included; conversations/
     versions.py)."""

@@ -69,28 +69,35 @@ def _current_conversation_id(request: HttpRequest) -> UUID | None:
 
 
 def _page_context(request: HttpRequest, conversation: Conversation | None) -> dict:
+    exchanges, earlier = _exchanges_context(conversation)
     return {
         "conversation": conversation,
         **_sidebar_context(
             request.user, request.COOKIES,
             current_id=conversation.conversation_id if conversation is not None else None,
         ),  # fmt: skip
-        "exchanges": _exchanges_context(conversation),
+        "exchanges": exchanges,
+        "earlier": earlier,
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
         "system_prompt_max": services.SYSTEM_PROMPT_MAX_CHARS,
         **_model_choices(request.user, conversation),
     }
 
 
-def _exchanges_context(conversation: Conversation | None, *, streaming: dict | None = None) -> list[dict]:
-    """The template contexts of the exchanges of the branch shown (templates/chat/
-    _messages.html). ``streaming``: question turn id -> the id its answer being written will
-    have (its actions appear when it is done)."""
+def _exchanges_context(
+    conversation: Conversation | None, *, streaming: dict | None = None, before: UUID | None = None
+) -> tuple[list[dict], UUID | None]:
+    """The template contexts of a page of the exchanges of the branch shown (templates/chat/
+    _messages.html; selectors.exchange_page: the newest EXCHANGES_PAGE above ``before``), and
+    the cursor of the page before them (None: they start the conversation). ``streaming``:
+    question turn id -> the id its answer being written will have (its actions appear when it
+    is done). Raises selectors.BadCursor for a ``before`` not on the branch shown."""
     if conversation is None:
-        return []
+        return [], None
     streaming = streaming or {}
+    page = selectors.exchange_page(conversation=conversation, before=before)
     contexts = []
-    for x in selectors.exchange_list(conversation=conversation):
+    for x in page.exchanges:
         answer_id = streaming.get(x.question.turn_id)
         if answer_id is not None:  # the page follows its stream (done may be sent at once)
             x = dataclasses.replace(x, answer=None, answers=())
@@ -102,7 +109,7 @@ def _exchanges_context(conversation: Conversation | None, *, streaming: dict | N
                 x.question.turn_id, conversation_id=conversation.conversation_id
             )
         contexts.append(_exchange_context(conversation, x, answer_id=answer_id))
-    return contexts
+    return contexts, page.earlier
 
 
 def _model_choices(user, conversation: Conversation | None) -> dict:
@@ -361,12 +368,54 @@ async def turn_edit(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
 
 
 def _messages_response(request: HttpRequest, conversation: Conversation, *, streaming: dict | None = None) -> HttpResponse:
-    """The exchanges of the branch shown, as the fragment that fills ``#messages``."""
+    """The newest page of the exchanges of the branch shown, as the fragment that fills
+    ``#messages`` (with the sentinel that loads the page before it)."""
+    exchanges, earlier = _exchanges_context(conversation, streaming=streaming)
     context = {
-        "exchanges": _exchanges_context(conversation, streaming=streaming),
+        "conversation": conversation,
+        "exchanges": exchanges,
+        "earlier": earlier,
         "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
     }
     return HttpResponse(render_to_string("chat/_messages.html", context, request=request))
+
+
+@require_GET
+@login_required
+def conversation_earlier(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """``GET ?before=<question turn id>``: the page of exchanges of the branch shown above that
+    question (selectors.exchange_page), as the fragment that takes the place of the page's top
+    sentinel (templates/chat/_earlier.html: the sentinel of the page before it, unless this page
+    starts the conversation, then the exchanges, oldest first). The cursor is the oldest
+    question the page shows (the sentinel carries it). 400 with a message for a missing or
+    malformed cursor, or one that is no question on the branch shown (another conversation's
+    turn, an answer, a branch switched away from since: reload); 404 for a conversation that
+    is not the user's."""
+    conversation = selectors.conversation_get_for_user(
+        conversation_id=conversation_id, user=request.user
+    )
+    try:
+        before = UUID(request.GET.get("before", ""))
+    except ValueError:
+        return _earlier_refused(request, "'before' must be the id of a message on this page.")
+    try:
+        exchanges, earlier = _exchanges_context(conversation, before=before)
+    except selectors.BadCursor as exc:
+        return _earlier_refused(request, str(exc))
+    context = {
+        "conversation": conversation,
+        "exchanges": exchanges,
+        "earlier": earlier,
+        "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+    }
+    return render(request, "chat/_earlier.html", context)
+
+
+def _earlier_refused(request: HttpRequest, message: str) -> HttpResponse:
+    """A 400 for a bad ``earlier`` cursor: the message in place of the sentinel (htmx swaps
+    4xx responses only where told to: static/chat/follow.js shows it)."""
+    html = render_to_string("chat/_earlier_error.html", {"message": message}, request=request)
+    return HttpResponse(html, status=400)
 
 
 @require_POST

@@ -229,6 +229,8 @@ ROUTES: list[Route] = [
         "conversation", ("GET",), WORKSPACE_READ, conv, why="dave reads what is shared with Acme"
     ),
     Route("turn-create", ("POST",), OWN, conv, bodies={"POST": CONTENT}, generates=True),
+    # A page of earlier exchanges: another's conversation is 404 before the cursor is looked at.
+    Route("conversation-earlier", ("GET",), OWN, conv, query="before=00000000-0000-4000-8000-000000000000"),
     Route("turn-events", ("GET",), OWN, question),
     Route("turn-stop", ("POST",), OWN, question),
     Route("turn-edit", ("POST",), OWN, question, bodies={"POST": CONTENT}, generates=True),

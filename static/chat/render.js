@@ -52,7 +52,11 @@
 
   // Markdown text -> sanitised HTML (a string safe to set as innerHTML).
   function markdown(text) {
-    var html = renderer().render(text || "");
+    return sanitize(renderer().render(text || ""));
+  }
+
+  // markdown-it's HTML -> the same, sanitised (renderer() must have run).
+  function sanitize(html) {
     return purify.sanitize(html, {
       ALLOWED_TAGS: TAGS,
       ALLOWED_ATTR: ["href", "title", "start", "class"],
@@ -166,47 +170,83 @@
     });
   });
 
+  // Whether a key went down since the last frame. That frame paints the keystroke alone and
+  // the stream's text goes in the next one: typing stays instant while an answer streams, even
+  // where a frame of the stream's layout takes longer than a frame (issue 29; bench/
+  // browser_long.py profiles it). Cleared by a frame callback queued after the stream's.
+  var keyed = false;
+  document.addEventListener("keydown", function () {
+    if (keyed) return;
+    keyed = true;
+    requestAnimationFrame(function () { keyed = false; });
+  }, true);
+
   // A streaming answer: render `text` into `bubble` at most once a frame.
   function live(bubble, text) {
     bubble.__chatPending = text;
     if (bubble.__chatFrame) return;
-    bubble.__chatFrame = requestAnimationFrame(function () {
+    bubble.__chatFrame = requestAnimationFrame(function frame() {
+      if (keyed) { bubble.__chatFrame = requestAnimationFrame(frame); return; }
       bubble.__chatFrame = 0;
       paint(bubble, bubble.__chatPending);
     });
   }
 
-  // Render `text` into `bubble`, touching only what changed: the top-level blocks of the last
-  // paint that render the same (a finished paragraph, table or code block) stay as they are,
-  // decorations included; the rest is replaced. A streaming answer grows at its end, so a frame
-  // costs the last block's DOM, not the whole answer's (bench/browser_bench.py's long tasks).
+  // The offset in `text` where its line `line` (0-based, as markdown-it's token maps count)
+  // starts; -1 past the end.
+  function lineStart(text, line) {
+    var at = 0;
+    for (var i = 0; i < line; i++) {
+      at = text.indexOf("\n", at) + 1;
+      if (at === 0) return -1;
+    }
+    return at;
+  }
+
+  // Sanitised `html` as decorated nodes appended to `bubble`; returns them.
+  function append(bubble, html) {
+    var holder = document.createElement("div");
+    holder.innerHTML = sanitize(html);
+    decorate(holder); // wraps code blocks in holder (decorate needs a parent to wrap in)
+    var nodes = Array.prototype.slice.call(holder.childNodes);
+    for (var i = 0; i < nodes.length; i++) bubble.appendChild(nodes[i]);
+    return nodes;
+  }
+
+  // Render `text` into `bubble` with work in proportion to what is new, not to the whole
+  // answer (issue 29: keystroke -> paint while an answer streams, bench/browser_long.py). In
+  // CommonMark a top-level block that another has followed is closed for good, so every block
+  // but the last is final: it is rendered once, appended, decorated and never touched again;
+  // a frame parses and renders only the text from the start of the last block. A block counts
+  // as followed only once the first line of the next is complete ("Hello\n#" could still
+  // become the paragraph "Hello\n#x"). The server's HTML replaces all of it on `done`
+  // (settle), so a rare difference (a link reference defined after its use) lasts only as long
+  // as the stream.
   function paint(bubble, text) {
-    var template = document.createElement("template");
-    template.innerHTML = markdown(text);
-    var fresh = Array.prototype.slice.call(template.content.childNodes);
-    var kept = bubble.__chatBlocks;
-    if (!kept || bubble.childNodes.length === 0) {
+    var md = renderer();
+    var state = bubble.__chatLive;
+    if (!state || text.length < state.done) {
       bubble.textContent = "";
-      kept = [];
+      state = bubble.__chatLive = { done: 0, live: [] };
     }
-    var keys = fresh.map(function (node) { return node.nodeType === 1 ? node.outerHTML : node.textContent; });
-    var same = 0;
-    while (same < kept.length && same < fresh.length && kept[same].key === keys[same]) same++;
-    for (var i = same; i < kept.length; i++) kept[i].node.remove();
-    kept = kept.slice(0, same);
-    for (var j = same; j < fresh.length; j++) {
-      bubble.appendChild(fresh[j]);
-      kept.push({ key: keys[j], node: fresh[j] });
+    var tail = text.slice(state.done);
+    var env = {};
+    var tokens = md.parse(tail, env);
+    var last = -1;
+    for (var i = 0; i < tokens.length; i++) {
+      if (tokens[i].level === 0 && tokens[i].nesting !== -1 && tokens[i].map) last = tokens[i].map[0];
     }
-    decorate(bubble);
-    // decorate() wraps a code block's <pre> in a div: keep that wrapper as the block's node.
-    for (var k = same; k < kept.length; k++) {
-      var node = kept[k].node;
-      if (node.parentNode !== bubble && node.parentNode && node.parentNode.classList.contains("code-block")) {
-        kept[k].node = node.parentNode;
-      }
+    var cut = last > 0 && tail.indexOf("\r") < 0 ? lineStart(tail, last) : -1;
+    for (var j = 0; j < state.live.length; j++) state.live[j].remove();
+    state.live = [];
+    if (cut > 0 && tail.indexOf("\n", cut) >= 0) {
+      append(bubble, md.render(tail.slice(0, cut)));
+      state.done += cut;
+      tail = tail.slice(cut);
+      env = {};
+      tokens = md.parse(tail, env);
     }
-    bubble.__chatBlocks = kept;
+    state.live = append(bubble, md.renderer.render(tokens, md.options, env));
   }
 
   // The answer is stored: the server's sanitised HTML replaces the live render in the same task
@@ -214,13 +254,20 @@
   function settle(bubble, html) {
     if (bubble.__chatFrame) cancelAnimationFrame(bubble.__chatFrame);
     bubble.__chatFrame = 0;
-    bubble.__chatBlocks = null;
+    bubble.__chatLive = null;
     bubble.innerHTML = html; // sanitised on the server
     decorate(bubble);
   }
 
+  var ANSWER_BUBBLE = ".turn.assistant .bubble.markdown";
+
+  // The answer bubbles in `root` (or the one `root` is in): a fragment htmx put in decorates
+  // only itself, whatever else the page holds (issue 29: a page of earlier exchanges).
   function decorateAll(root) {
-    var bubbles = (root || document).querySelectorAll(".turn.assistant .bubble.markdown");
+    root = root || document;
+    var inside = root.closest && root.closest(ANSWER_BUBBLE);
+    if (inside) { decorate(inside); return; }
+    var bubbles = root.querySelectorAll(ANSWER_BUBBLE);
     for (var i = 0; i < bubbles.length; i++) decorate(bubbles[i]);
   }
 
@@ -233,8 +280,12 @@
       if (window.requestIdleCallback) requestIdleCallback(warm, { timeout: 2000 }); else setTimeout(warm, 0);
     }
   });
-  // Answers swapped in later (another version, a regenerated answer's fragment).
-  document.addEventListener("htmx:afterSettle", function () { decorateAll(document); });
+  // Answers swapped in later (another version, a regenerated answer's fragment, a page of
+  // earlier exchanges): htmx fires `htmx:load` on each element it puts in, once; the page's own
+  // content was decorated at DOMContentLoaded (htmx's load of the body at start is skipped).
+  document.addEventListener("htmx:load", function (e) {
+    if (e.target !== document.body) decorateAll(e.target);
+  });
 
   window.chatRender = {
     markdown: markdown, decorate: decorate, live: live, settle: settle, paint: paint,
