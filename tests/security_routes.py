@@ -415,6 +415,7 @@ ROUTES: list[Route] = [
     # --- privacy ---
     Route("privacy-data", ("GET",), SELF),
     Route("privacy-export", ("POST",), SELF),
+    Route("chats-import", ("POST",), SELF, bodies={"POST": lambda w: Body("file", {"field": "file"})}),
     Route("account-delete", ("GET", "POST"), SELF, bodies={"POST": form(password=PASSWORD)}),
     Route(
         "account-deleted",
@@ -499,6 +500,9 @@ ROUTES: list[Route] = [
         generates=True,
     ),
     Route("v1-models", ("GET",), API_SELF),
+    Route("v1-embeddings", ("POST",), API_SELF, bodies={"POST": js(model="all-MiniLM-L6-v2", input="hi")}),
+    # Imports into the caller's own account only (no conversation id to aim at another's).
+    Route("v1-imports", ("POST",), API_SELF, bodies={"POST": lambda w: Body("file", {"field": "file"})}),
     Route(
         "v1-openapi",
         ("GET",),
