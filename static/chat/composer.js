@@ -23,9 +23,12 @@
   // --- auto-grow ---------------------------------------------------------------------------
 
   // Height follows the text: reset to one row, then take the scroll height, capped by the
-  // stylesheet's max-height (static/chat/chat.css); past the cap the box scrolls.
+  // stylesheet's max-height (static/chat/chat.css); past the cap the box scrolls. Only where
+  // the browser lacks CSS field-sizing (chat.css grows the box natively elsewhere).
+  var NATIVE = window.CSS && CSS.supports && CSS.supports("field-sizing", "content");
+
   function grow(textarea) {
-    if (!textarea) return;
+    if (!textarea || NATIVE) return;  // the stylesheet's field-sizing grows it
     textarea.style.height = "auto";
     var max = parseFloat(getComputedStyle(textarea).maxHeight) || Infinity;
     // scrollHeight excludes the borders; box-sizing is border-box everywhere (chat.css).
