@@ -520,6 +520,7 @@ def test_write_screenshots(live, engine_double, make_user, browser):  # noqa: F8
         "org-policies": f"/orgs/{world.org.slug}/policies/",
         "org-moderation": f"/orgs/{world.org.slug}/moderation/",
         "org-review": f"/orgs/{world.org.slug}/moderation/review/", "404": "/no/such/page/",
+        "data": "/settings/data/", "share": f"/c/{c}/share/", "shared-links": "/settings/shared-links/",
     }  # fmt: skip
     written = []
     for size_name, size in SIZES.items():
@@ -535,6 +536,14 @@ def test_write_screenshots(live, engine_double, make_user, browser):  # noqa: F8
                 page.click("#sidebar-toggle")
                 page.wait_for_timeout(300)
                 page.screenshot(path=out / f"drawer-{size_name}-{scheme}.png")
+            if size_name == "phone":
+                page.goto(f"{live.url}/c/{c}/")
+                page.click("[data-header-menu-button]")
+                page.wait_for_timeout(200)
+                page.screenshot(path=out / f"header-menu-{size_name}-{scheme}.png")
+            page.goto(f"{live.url}/c/{c}/")
+            page.click("#messages article.user details.edit summary")
+            page.screenshot(path=out / f"edit-{size_name}-{scheme}.png")
             page.goto(f"{live.url}/")
             page.click("details.account-menu summary")
             page.screenshot(path=out / f"menu-{size_name}-{scheme}.png")
