@@ -479,6 +479,23 @@ def build_document() -> dict:
                 },
             }
         },
+        "/v1/imports": {
+            "post": {
+                "operationId": "importChats",
+                "description": "Import a chat export (ChatGPT conversations.json, an Open WebUI chat export, or this service's JSON) as your conversations (imports/views.py). The file goes in the multipart field 'file'; the same file twice adds nothing.",
+                "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+                    "type": "object", "required": ["file"],
+                    "properties": {"file": {"type": "string", "format": "binary"}}}}}},
+                "responses": {
+                    "201": {"description": "What was imported.", "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["created", "already", "messages", "blocked", "skipped"]}}}},
+                    "400": _error("Not a chat export this service reads, or malformed (the message names the part); nothing imported."),
+                    "413": _error("The file is over the size limit."),
+                    "415": _error("The body is not multipart/form-data."),
+                    **COMMON,
+                },
+            }  # fmt: skip
+        },
         "/v1/models": {
             "get": {
                 "operationId": "listModels",

@@ -94,14 +94,16 @@
     new MutationObserver(onGrowth).observe(box, { childList: true, subtree: true, characterData: true });
     box.addEventListener("scroll", onScroll, { passive: true });
     window.addEventListener("scroll", onScroll, { passive: true });
-    box.addEventListener("wheel", function (e) { if (e.deltaY < 0) unfollow(); }, { passive: true });
+    // The reader scrolling while a page of earlier exchanges goes in takes over from keep().
+    box.addEventListener("wheel", function (e) { keepFromBottom = null; if (e.deltaY < 0) unfollow(); }, { passive: true });
     box.addEventListener("touchmove", function () {
+      keepFromBottom = null;
       // A finger moving the conversation: keep following only if it ends at the bottom (onScroll).
       var el = scroller();
       if (el && distanceFromBottom(el) > AT_BOTTOM_PX) unfollow();
     }, { passive: true });
     box.addEventListener("keydown", function (e) {
-      if (["ArrowUp", "PageUp", "Home"].indexOf(e.key) >= 0) unfollow();
+      if (["ArrowUp", "PageUp", "Home"].indexOf(e.key) >= 0) { keepFromBottom = null; unfollow(); }
     });
     var button = document.getElementById("jump-latest");
     if (button) button.addEventListener("click", follow);
