@@ -36,7 +36,10 @@ pytestmark = pytest.mark.real_engine
 
 POOL = "nodes-smol"
 STREAMS_PER_NODE = 4
-MAX_TOKENS = 64  # short answers keep the test's run time low
+# Short answers keep the test's run time low, but long enough that node B's four streams are all
+# under way before one of them ends (64 was not, once, on a loaded 2-core machine: a stream of B
+# finished before another of B had its third token, so none could be killed mid-answer).
+MAX_TOKENS = 128
 PROMPT = "Write a long story about a lighthouse keeper and a storm at sea."
 
 
@@ -173,7 +176,10 @@ def test_a_node_killed_under_eight_live_streams_moves_its_answers_and_none_is_lo
     assert [s.end.get("event") for s in streams] == ["done"] * len(streams), [s.end for s in streams]
     moved = [s for s in streams if s.home == node_b]
     stayed = [s for s in streams if s.home == node_a]
-    assert all(s.tokens[0][0] < killed_at < s.tokens[-1][0] for s in moved), "B's streams were mid-answer"
+    assert all(s.tokens[0][0] < killed_at < s.tokens[-1][0] for s in moved), (
+        "B's streams were mid-answer",
+        [(round(s.tokens[0][0] - killed_at, 2), round(s.tokens[-1][0] - killed_at, 2), len(s.tokens)) for s in moved],
+    )
     assert metrics.value("chat_node_requests_total", pool=POOL, node=node_b) - requests_b == len(moved)
     assert metrics.value("chat_node_retries_total", pool=POOL, phase="mid_answer") - moved_before == len(moved)
     for stream in streams:
