@@ -724,11 +724,20 @@ def _search_result(conversation: Conversation, snippets: dict[UUID, str], text: 
 async def conversation_delete(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     """Delete a conversation and everything of it (conversations/deletion.py), stopping its
     answer if one is being written (async: the generation registry lives in the event loop);
-    back to a new chat."""
+    back to a new chat, unless it was deleted from the sidebar row of another chat that is open
+    (htmx): then that chat stays, with the refreshed sidebar."""
     user = await request.auser()
     conversation = await selectors.aconversation_get_for_user(conversation_id=conversation_id, user=user)
     await deletion.aconversation_delete(conversation=conversation)
     if _is_htmx(request):
+        current_id = _current_conversation_id(request)
+        if current_id is not None and current_id != conversation_id:
+            # Deleted from another chat's sidebar row: stay in the chat that is open.
+            context = await sync_to_async(_sidebar_context)(user, request.COOKIES, current_id=current_id)
+            response = await sync_to_async(render)(request, "chat/_sidebar.html", context)
+            response["HX-Retarget"] = "#sidebar"
+            response["HX-Reswap"] = "innerHTML"
+            return response
         response = HttpResponse(status=204)
         response["HX-Redirect"] = reverse("home")
         return response

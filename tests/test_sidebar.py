@@ -277,3 +277,45 @@ def test_a_title_match_is_marked_in_the_title(make_user):
 
     assert sidebar_titles(html) == []  # the title holds a <mark>
     assert 'Trip &lt;to&gt; <mark>Osl</mark>o' in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_another_chat_from_its_row_keeps_the_open_chat(make_user):
+    """Given chat A open, when chat B is deleted from its sidebar row, then the answer is the
+    refreshed sidebar for #sidebar (A still marked current, B gone), not a redirect to a new
+    chat; deleting the open chat itself still goes to a new chat."""
+    alice = make_user()
+    open_chat = conversation_with(alice, "Open one", "hello")
+    other = conversation_with(alice, "Other one", "hello")
+    client = signed_in(alice)
+    here = {**HTMX, "HX-Current-URL": f"http://testserver/c/{open_chat.pk}/"}
+
+    response = client.post(f"/c/{other.pk}/delete", headers=here)
+
+    assert response.status_code == 200 and "HX-Redirect" not in response
+    assert response["HX-Retarget"] == "#sidebar" and response["HX-Reswap"] == "innerHTML"
+    assert sidebar_titles(response.content.decode()) == ["Open one"]
+    assert 'class="conversation-row current' in response.content.decode()
+    assert not Conversation.objects.filter(pk=other.pk).exists()
+
+    itself = client.post(f"/c/{open_chat.pk}/delete", headers=here)
+
+    assert itself.status_code == 204 and itself["HX-Redirect"] == "/"
+
+
+@pytest.mark.django_db
+def test_renaming_the_open_chat_from_its_row_updates_the_header_title_box(make_user):
+    """Renamed from its own sidebar row, the open chat's header title box comes back out of band
+    with the new title (and the tab's title); renaming another chat's row sends neither."""
+    alice = make_user()
+    open_chat = conversation_with(alice, "Old name", "hello")
+    other = conversation_with(alice, "Other", "hello")
+    client = signed_in(alice)
+    here = {**HTMX, "HX-Current-URL": f"http://testserver/c/{open_chat.pk}/"}
+
+    own = client.post(f"/c/{open_chat.pk}/rename", {"title": "New name"}, headers=here).content.decode()
+    elsewhere = client.post(f"/c/{other.pk}/rename", {"title": "Renamed other"}, headers=here).content.decode()
+
+    assert re.search(r'<input id="conversation-title"[^>]*value="New name"[^>]*hx-swap-oob="outerHTML"', own)
+    assert "<title>New name</title>" in own
+    assert 'id="conversation-title"' not in elsewhere and "<title>" not in elsewhere
