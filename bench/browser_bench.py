@@ -254,6 +254,22 @@ def one_run(context, base: str, mode: str, timeout_s: float) -> dict:
     }
 
 
+def scripted_server(tokens: int, token_ms: float, log_name: str) -> Spawned:
+    """One uvicorn (not started) on a free port with the scripted engine double streaming the
+    bench's Markdown-rich answer (``tokens`` tokens, one every ``token_ms`` ms) and the tier
+    machinery off; its log in var/bench/``log_name``. Shared with bench/browser_long.py."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    env.update(tier_machinery_off_env())
+    env.update(
+        CHAT_ENGINE_CLASS=ENGINE_CLASS,
+        CHAT_SCRIPTED_ENGINE_SCRIPT=json.dumps(answer_steps(tokens, token_ms / 1000)),
+        DJANGO_SETTINGS_MODULE="chatsite.settings.base",
+        PYTHONUNBUFFERED="1",
+    )
+    return Spawned("uvicorn", server_argv(port=port), port=port, env=env, log_path=VAR / "bench" / log_name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30, help="runs per mode (alternating)")
@@ -269,17 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_django()
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
-    env.update(tier_machinery_off_env())
-    env.update(
-        CHAT_ENGINE_CLASS=ENGINE_CLASS,
-        CHAT_SCRIPTED_ENGINE_SCRIPT=json.dumps(answer_steps(args.tokens, args.token_ms / 1000)),
-        DJANGO_SETTINGS_MODULE="chatsite.settings.base",
-        PYTHONUNBUFFERED="1",
-    )
-    server = Spawned("uvicorn", server_argv(port=port), port=port, env=env,
-                     log_path=VAR / "bench" / "browser_bench.server.log")  # fmt: skip
+    server = scripted_server(args.tokens, args.token_ms, "browser_bench.server.log")
     users = {mode: make_user(mode) for mode in ("live", "plain")}
     runs: list[dict] = []
     failed = 0

@@ -37,21 +37,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from bench.browser_bench import (
-    CHROMIUM,
-    ENGINE_CLASS,
-    answer_steps,
-    drop_users,
-    make_user,
-    setup_django,
-    sign_in,
-)
-from bench.harness import VAR, Spawned, free_port, log, percentile, server_argv, tier_machinery_off_env
+from bench.browser_bench import CHROMIUM, drop_users, make_user, scripted_server, setup_django, sign_in
+from bench.harness import VAR, log, percentile
 
 VIEWPORT = {"width": 390, "height": 844}
 CPU_THROTTLING = 4  # Chrome DevTools' "4x slowdown", Lighthouse's mobile CPU
@@ -224,17 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_django()
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
-    env.update(tier_machinery_off_env())
-    env.update(
-        CHAT_ENGINE_CLASS=ENGINE_CLASS,
-        CHAT_SCRIPTED_ENGINE_SCRIPT=json.dumps(answer_steps(args.tokens, args.token_ms / 1000)),
-        DJANGO_SETTINGS_MODULE="chatsite.settings.base",
-        PYTHONUNBUFFERED="1",
-    )
-    server = Spawned("uvicorn", server_argv(port=port), port=port, env=env,
-                     log_path=VAR / "bench" / "browser_long.server.log")  # fmt: skip
+    server = scripted_server(args.tokens, args.token_ms, "browser_long.server.log")
     username = make_user("long")
     loads: list[dict] = []
     keys: dict[str, list[float]] = {size: [] for size in SIZES}
