@@ -288,7 +288,8 @@ def conversation_json(
 ) -> dict:
     """A conversation as data.json holds it: its fields, every turn (:func:`conversation_turns`'
     (turn, held) pairs; the whole tree, each user turn with its ``parent``), ``selected_path``
-    (the ids of the turns of the branch the chat page shows, oldest first), its attachments
+    (the ids of the turns of the branch the chat page shows, each question with the answer
+    version it shows, oldest first), its attachments
     (``files``: attachment id -> the file's name in the archive, None when not in one), share
     links, ratings and withdrawn answers (the text the output gate stopped, kept for review:
     issue 28). Values are Python's, for the encoder."""
@@ -297,9 +298,9 @@ def conversation_json(
     path = []
     for question in tree.path(conversation.branch_choices):
         path.append(question.turn_id)
-        answers = tree.answers.get(question.turn_id)
-        if answers:
-            path.append(answers[-1].turn_id)
+        shown = tree.position(question, conversation.answer_choices).answer  # the version chosen
+        if shown is not None:
+            path.append(shown.turn_id)
     return {
         "conversation_id": conversation.pk,
         "title": conversation.title,

@@ -143,3 +143,26 @@ def test_a_removed_members_org_conversation_is_not_exported(make_user):
     type(conversation).objects.filter(pk=conversation.pk).update(org=org)
 
     assert signed_in(user).get(f"/c/{conversation.pk}/export.json").status_code == 404
+
+
+def test_the_selected_path_carries_the_answer_version_chosen(make_user):
+    """Given a question with two answers whose first is chosen again with `<`
+    (Conversation.answer_choices), the JSON's selected_path holds that first answer, as the page
+    shows it, not the newest."""
+    import uuid  # noqa: PLC0415
+
+    user = make_user("owner")
+    conversation = services.conversation_create(owner=user, title="Versions")
+    question = services.turn_append_user(conversation=conversation, content="q")
+    answers = [
+        services.turn_append_assistant(
+            conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
+            content=text, status="complete", prompt_tokens=1, completion_tokens=1,
+        )  # fmt: skip
+        for text in ("first", "second")
+    ]
+    services.answer_select(conversation=conversation, question_id=question.turn_id, answer_id=answers[0].turn_id)
+
+    item = json.loads(signed_in(user).get(f"/c/{conversation.pk}/export.json").content)["conversation"]
+
+    assert item["selected_path"] == [str(question.turn_id), str(answers[0].turn_id)]
