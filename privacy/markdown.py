@@ -49,7 +49,7 @@ def conversation_markdown(
     """
     attachment_names = attachment_names or {}
     tree = tree_build(turns)
-    positions = [tree.position(q) for q in tree.path(conversation.branch_choices)]
+    positions = [tree.position(q, conversation.answer_choices) for q in tree.path(conversation.branch_choices)]
     leaves = sum(1 for q in tree.questions if not tree.children.get(q))
     lines = [f"# {conversation.title or 'Untitled conversation'}", ""]
     facts = [

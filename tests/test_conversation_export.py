@@ -147,8 +147,8 @@ def test_a_removed_members_org_conversation_is_not_exported(make_user):
 
 def test_the_selected_path_carries_the_answer_version_chosen(make_user):
     """Given a question with two answers whose first is chosen again with `<`
-    (Conversation.answer_choices), the JSON's selected_path holds that first answer, as the page
-    shows it, not the newest."""
+    (Conversation.answer_choices), the JSON's selected_path and the Markdown hold that first
+    answer, as the page shows it, not the newest."""
     import uuid  # noqa: PLC0415
 
     user = make_user("owner")
@@ -163,6 +163,9 @@ def test_the_selected_path_carries_the_answer_version_chosen(make_user):
     ]
     services.answer_select(conversation=conversation, question_id=question.turn_id, answer_id=answers[0].turn_id)
 
-    item = json.loads(signed_in(user).get(f"/c/{conversation.pk}/export.json").content)["conversation"]
+    client = signed_in(user)
+    item = json.loads(client.get(f"/c/{conversation.pk}/export.json").content)["conversation"]
+    markdown = client.get(f"/c/{conversation.pk}/export.md").content.decode()
 
     assert item["selected_path"] == [str(question.turn_id), str(answers[0].turn_id)]
+    assert "first" in markdown.split("## Assistant", 1)[1] and "second" not in markdown
