@@ -254,6 +254,18 @@ def one_run(context, base: str, mode: str, timeout_s: float) -> dict:
     }
 
 
+def result_write(result: dict, out: str, *, failed: int, strict: bool) -> int:
+    """Write ``result`` (its ``verdicts``: target -> met) as JSON to ``out`` and return the
+    bench's exit status: 2 when a run failed, 1 with ``strict`` and a missed target, else 0.
+    Shared with bench/browser_long.py."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2))
+    print(f"written: {out}")
+    if failed:
+        return 2
+    return 1 if strict and not all(result["verdicts"].values()) else 0
+
+
 def scripted_server(tokens: int, token_ms: float, log_name: str) -> Spawned:
     """One uvicorn (not started) on a free port with the scripted engine double streaming the
     bench's Markdown-rich answer (``tokens`` tokens, one every ``token_ms`` ms) and the tier
@@ -350,12 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "verdicts": verdict,
         "runs": runs,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"written: {args.out}")
-    if failed:
-        return 2
-    return 1 if args.strict and not all(verdict.values()) else 0
+    return result_write(result, args.out, failed=failed, strict=args.strict)
 
 
 if __name__ == "__main__":

@@ -36,12 +36,13 @@ table on stdout and ``var/bench/browser_long.json``. Exit status 0 when every ru
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-from bench.browser_bench import CHROMIUM, drop_users, make_user, scripted_server, setup_django, sign_in
+from bench.browser_bench import (
+    CHROMIUM, drop_users, make_user, result_write, scripted_server, setup_django, sign_in,
+)  # fmt: skip
 from bench.harness import VAR, log, percentile
 
 VIEWPORT = {"width": 390, "height": 844}
@@ -295,12 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "loads": loads,
         "keys": keys,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"written: {args.out}")
-    if failed:
-        return 2
-    return 1 if args.strict and not all(verdict.values()) else 0
+    return result_write(result, args.out, failed=failed, strict=args.strict)
 
 
 if __name__ == "__main__":
