@@ -60,6 +60,16 @@ class Conversation(models.Model):
     # Pinned to the top of the owner's sidebar (issue 29 item 8), since when; null: not pinned.
     # Pinned chats are listed first, the latest pinned first (conversations/sidebar.py).
     pinned_at = models.DateTimeField(null=True, blank=True)
+    # The project it belongs to (projects/, issue 30), null: none. Same region database (a
+    # project's chats live where the project does). Deleting a project deletes its chats through
+    # the deletion service (projects/services.py), never by this key's cascade.
+    project = models.ForeignKey(
+        "projects.Project",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="conversations",
+    )
 
     class Meta:
         indexes = [

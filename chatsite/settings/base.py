@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "audit",
     "privacy",
     "imports",
+    "projects",
 ]
 
 MIDDLEWARE = [
@@ -672,7 +673,9 @@ CHAT_REGIONS = tuple(
 CHAT_REGION_REDIS_URLS: dict[str, str] = json.loads(os.environ.get("CHAT_REGION_REDIS_URLS") or "{}")
 # Apps whose rows live in a region's database; everything else (accounts, organisations, API
 # keys, sessions, auth) is global and lives in `default`.
-CHAT_REGIONAL_APPS = ("conversations", "sharing", "attachments", "feedback", "memory", "usage")
+CHAT_REGIONAL_APPS = (
+    "conversations", "sharing", "attachments", "feedback", "memory", "usage", "projects",
+)
 # Models of other apps that live with conversation data too ("app_label.model"): an audit
 # entry's target id and details when they name a region's data (audit/models.py AuditDetail).
 CHAT_REGIONAL_MODELS = ("audit.auditdetail", "moderation.withdrawnanswer")
