@@ -49,6 +49,7 @@ bench: install model browser bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.priority_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.priority_bench --topology prod
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_burst
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.memory_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.engine_bench $(ENGINE_BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.browser_bench

@@ -240,7 +240,7 @@ MODERATION_CHECKS = Counter(
 )
 MODERATION_FAILURES = Counter(
     "chat_moderation_failures",
-    "Moderation checks that raised or timed out, by gate and reason (error, timeout).",
+    "Moderation checks that raised, timed out or found no free worker, by gate and reason (error, timeout, queue).",
     ["gate", "reason"],
 )
 MODERATION_FLAGGED = Counter(

@@ -100,6 +100,10 @@ def _pool() -> ThreadPoolExecutor:
     return _executor
 
 
+class _Queued(Exception):
+    """A check waited ``CHAT_MODERATION_QUEUE_S`` for a worker thread and never started."""
+
+
 def _failed(gate: str, policy: Policy, error: str, mod: Moderator | None) -> Verdict:
     flagged = not policy.fail_open
     return Verdict(
@@ -117,13 +121,16 @@ async def acheck(gate: str, text: str, policy: Policy, *,
                  timeout_s: float | None = None) -> Verdict:
     """Check ``text`` at ``gate`` (``"input"``: ``check_input``; ``"output"``: ``check_output``)
     under ``policy`` on a moderation worker thread, waiting at most ``timeout_s`` seconds
-    (default ``settings.CHAT_MODERATION_TIMEOUT_S``). Never raises for a classifier failure:
+    (default ``settings.CHAT_MODERATION_TIMEOUT_S``) from when the check starts on its thread,
+    after at most ``settings.CHAT_MODERATION_QUEUE_S`` for a free thread (a burst of checks on
+    a small machine queues: that wait is load, not a hung classifier, so it does not count
+    against the timeout). Never raises for a classifier failure:
 
     - the moderator's verdict (its ``gate`` set to ``gate``) when the check returns in time;
-    - when it raises (building the moderator included) or times out: a verdict with
-      ``error`` saying why, flagged ``("moderation_unavailable",)`` unless
+    - when it raises (building the moderator included), times out or never gets a thread: a
+      verdict with ``error`` saying why, flagged ``("moderation_unavailable",)`` unless
       ``policy.fail_open`` (then clean but still carrying the error); counted in
-      ``chat_moderation_failures_total{gate, reason="error"|"timeout"}`` (PF-M2).
+      ``chat_moderation_failures_total{gate, reason="error"|"timeout"|"queue"}`` (PF-M2).
 
     Every call counts in ``chat_moderation_checks_total{gate, result=clean|flagged|failed}``
     and ``chat_moderation_seconds{gate}``; flagged categories in
@@ -144,7 +151,20 @@ async def acheck(gate: str, text: str, policy: Policy, *,
             mod = await loop.run_in_executor(_pool(), moderator)
             started = time.perf_counter()
         check = mod.check_input if gate == "input" else mod.check_output
-        future = loop.run_in_executor(_pool(), check, text, policy)
+        running = asyncio.Event()
+
+        def run() -> Verdict:
+            loop.call_soon_threadsafe(running.set)
+            return check(text, policy)
+
+        future = loop.run_in_executor(_pool(), run)
+        try:
+            # Waiting for a worker thread is load, not a broken classifier: it has its own,
+            # longer limit, and the check's timeout counts from when the check starts.
+            await asyncio.wait_for(running.wait(), settings.CHAT_MODERATION_QUEUE_S)
+        except TimeoutError:
+            future.cancel()  # not started yet: it never runs
+            raise _Queued from None
         verdict = await asyncio.wait_for(future, timeout)
         if not isinstance(verdict, Verdict):
             raise TypeError(
@@ -152,6 +172,13 @@ async def acheck(gate: str, text: str, policy: Policy, *,
             )
         verdict = replace(verdict, gate=gate)
         result = "flagged" if verdict.flagged else "clean"
+    except _Queued:
+        queue_s = settings.CHAT_MODERATION_QUEUE_S
+        verdict = _failed(gate, policy, f"busy: no worker free within {queue_s:g} s", mod)
+        metrics.MODERATION_FAILURES.labels(gate=gate, reason="queue").inc()
+        logger.warning("%s moderation check waited %g s for a worker (%s)", gate, queue_s,
+                       "let through: fail-open" if policy.fail_open else "refused: fail closed")
+        result = "failed"
     except TimeoutError:
         verdict = _failed(gate, policy, f"timeout: no verdict within {timeout:g} s", mod)
         metrics.MODERATION_FAILURES.labels(gate=gate, reason="timeout").inc()

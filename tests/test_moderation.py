@@ -9,6 +9,7 @@ and appear in neither labelled set.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
@@ -513,6 +514,80 @@ async def test_a_classifier_that_times_out_refuses_the_turn_and_is_counted(moder
     assert waited < 1.0
     assert counter("chat_moderation_failures_total", gate="output",
                    reason="timeout") == failures + 1
+
+
+class SteadyModerator:
+    """Each check takes 60 ms (a real check takes ~15-40 ms on 2 cores) and passes."""
+
+    name = "steady"
+    version = "steady-1"
+
+    def check_input(self, text, policy):
+        time.sleep(0.06)
+        return Verdict(False, (), {}, self.name, self.version)
+
+    check_output = check_input
+
+
+class HeldModerator:
+    """Each check holds its worker thread until ``release`` is set."""
+
+    name = "held"
+    version = "held-1"
+    release = threading.Event()
+    ran = []
+
+    def check_input(self, text, policy):
+        self.ran.append(text)
+        self.release.wait(5)
+        return Verdict(False, (), {}, self.name, self.version)
+
+    check_output = check_input
+
+
+async def test_a_burst_of_checks_queues_for_workers_instead_of_timing_out(moderator_class):
+    # Given more simultaneous messages than worker threads, each check well inside the timeout,
+    # but the last ones would wait longer than the timeout for a free thread
+    moderator_class("SteadyModerator")
+    workers = base._pool()._max_workers
+    burst = workers * 10  # the last waits ~9 checks x 60 ms = 0.54 s for a thread
+
+    # When they are all checked at once with a 0.3 s timeout
+    verdicts = await asyncio.gather(*(
+        acheck("input", f"message {i}", policy_for(None), timeout_s=0.3) for i in range(burst)
+    ))
+
+    # Then every one got the classifier's verdict: waiting for a thread is not a timeout
+    assert [v.error for v in verdicts if v.error] == []
+    assert all(not v.flagged and v.classifier == "steady" for v in verdicts)
+
+
+async def test_a_check_that_never_gets_a_worker_fails_closed_and_never_runs(
+    moderator_class, settings
+):
+    # Given every worker thread held by a check that does not return
+    moderator_class("HeldModerator")
+    HeldModerator.release.clear()
+    HeldModerator.ran.clear()
+    settings.CHAT_MODERATION_QUEUE_S = 0.2
+    workers = base._pool()._max_workers
+    holding = [asyncio.ensure_future(acheck("input", f"hold {i}", policy_for(None), timeout_s=10))
+               for i in range(workers)]
+    while len(HeldModerator.ran) < workers:
+        await asyncio.sleep(0.01)
+    failures = counter("chat_moderation_failures_total", gate="input", reason="queue")
+
+    # When one more message is checked
+    verdict = await acheck("input", "one too many", policy_for(None), timeout_s=10)
+    HeldModerator.release.set()
+    await asyncio.gather(*holding)
+
+    # Then it is refused as busy (fail closed), counted, and its check was dropped, not run later
+    assert verdict.flagged and verdict.categories == ("moderation_unavailable",)
+    assert verdict.error.startswith("busy")
+    assert counter("chat_moderation_failures_total", gate="input", reason="queue") == failures + 1
+    await asyncio.sleep(0.1)
+    assert "one too many" not in HeldModerator.ran
 
 
 async def test_a_moderator_that_cannot_be_built_fails_closed(moderator_class):

@@ -475,6 +475,11 @@ CHAT_MODERATION_TIMEOUT_S = float(os.environ.get("CHAT_MODERATION_TIMEOUT_S", "1
 # Worker threads the checks run on (moderation/base.py): a few, because the checks are
 # CPU-bound and a timed-out check keeps its thread until it returns.
 CHAT_MODERATION_THREADS = env_int("CHAT_MODERATION_THREADS", 4)
+# How long a check may wait for a free worker thread before it fails closed (reason "queue").
+# Apart from the timeout above, which counts from when the check starts: 30 messages arriving
+# at once on 2 cores queue ~0.5-1 s behind each other, which refused healthy turns (issue 28)
+# while every check itself took ~15-40 ms.
+CHAT_MODERATION_QUEUE_S = float(os.environ.get("CHAT_MODERATION_QUEUE_S", "10"))
 # The output gate checks the newest CHAT_MODERATION_WINDOW_CHARS characters of the answer each
 # time CHAT_MODERATION_STEP_CHARS more have streamed (and the tail at the end), so a phrase
 # split across tokens is whole in some window (PF-M1).
