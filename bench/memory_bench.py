@@ -329,12 +329,13 @@ def irrelevant_turn_part() -> dict:
     for question, (text_tokens, filler, relevant) in measured.items():
         irrelevant = question != "How do I keep my garden healthy?"
         if irrelevant:
-            worst = max(worst, text_tokens)
+            worst = max(worst, text_tokens + filler)  # the user pays for the filler too
         print(
-            f"  {question!r}: {text_tokens} tokens of memory ({filler} more of alignment filler, "
-            f"served from the prefix cache){'' if irrelevant else f'; relevant facts: {relevant}'}"
+            f"  {question!r}: {text_tokens + filler} tokens of memory (of them {filler} of KV-block "
+            f"alignment filler){'' if irrelevant else f'; relevant facts: {relevant}'}"
         )
-    print(f"  irrelevant turns: at most {worst} tokens   {'PASS' if worst <= 40 else 'MISS'} (target <= 40)")
+    print(f"  irrelevant turns: at most {worst} tokens, filler included   "
+          f"{'PASS' if worst <= 40 else 'MISS'} (target <= 40)")
     return {"per_question": {q: list(v[:2]) for q, v in measured.items()}, "irrelevant_max": worst}
 
 

@@ -227,7 +227,8 @@ def memory_aligned(memory: str, *, route: Route, engine, system_prompt: str, cus
     after the user's first. Never raises: on any failure the memory goes in unpadded (logged)."""
     if not memory.strip():
         return memory
-    key = (route.pool.name, route.pool.version, kv_block_tokens(), system_prompt, custom_instructions, memory)
+    key = (route.pool.name, route.pool.version, kv_block_tokens(), settings.CHAT_MEMORY_PROMPT_MAX_TOKENS,
+           system_prompt, custom_instructions, memory)
     with _aligned_lock:
         found = _aligned.get(key)
         if found is not None:
@@ -267,9 +268,17 @@ def _memory_aligned(memory: str, engine, system_prompt: str, custom_instructions
 
     first, second = prompt(memory, "1"), prompt(memory, "2")
     after = len(first) - _shared_length(first, second)  # the question and what follows it: the same whatever the memory
-    return kv_block_aligned(
-        memory, prefix_tokens=lambda text: len(prompt(text, "1")) - after, block_size=block
-    )
+
+    def prefix_tokens(text: str) -> int:
+        return len(prompt(text, "1")) - after
+
+    aligned = kv_block_aligned(memory, prefix_tokens=prefix_tokens, block_size=block)
+    # Issue 28: memory adds at most CHAT_MEMORY_PROMPT_MAX_TOKENS to a turn (the user pays for
+    # every prompt token, cached or not). Where the filler would break that, the block goes in
+    # unpadded: a new chat then prefills the prefix's partial last block (< one KV block).
+    if aligned != memory and prefix_tokens(aligned) - prefix_tokens("") > settings.CHAT_MEMORY_PROMPT_MAX_TOKENS:
+        return memory
+    return aligned
 
 
 def new_chat_prefix(*, user, memory: str, caller: gate.Caller | None = None) -> tuple[Route, list[int]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
-from inference.prompts import ALIGN_UNIT, MEMORY_HEADING
+from inference.prompts import MEMORY_HEADING
 from memory import services as memory_services
 from tests.test_api import api_client, new_conversation, post_json
 from tests.test_views import read_stream
@@ -59,8 +59,9 @@ async def test_every_pinned_fact_goes_into_the_memory_block_after_the_system_pro
     head, _, block = system["content"].partition(MEMORY_HEADING)
     assert head.startswith("You are")  # the system prompt first, then the memory block
     lines = block.strip().splitlines()
-    assert lines[:-1] == [f"- The user {f}." for f in FACTS]  # oldest first
-    assert set(lines[-1].split()) == {ALIGN_UNIT.strip()}  # then the padding to a KV block's end
+    # Oldest first; no KV-block filler after them: this block is already past the 40 tokens
+    # memory may add to a turn (issue 28; CHAT_MEMORY_PROMPT_MAX_TOKENS).
+    assert lines == [f"- The user {f}." for f in FACTS]
 
 
 async def test_an_overflow_users_most_relevant_fact_goes_into_the_memory_block(make_user, prompts, overflow):

@@ -252,3 +252,36 @@ def test_a_tokenizer_that_merges_the_filler_gets_the_block_unpadded():
     )
 
     assert padded == memory
+
+
+class WordEngine:
+    """An engine double for memory_aligned: the templated chat's words are its tokens."""
+
+    def encode_chat(self, messages):
+        return " ".join(m["content"] for m in messages).split()
+
+
+def test_a_memory_block_whose_filler_would_pass_the_prompt_cap_goes_in_unpadded(settings):
+    """Issue 28: memory adds at most CHAT_MEMORY_PROMPT_MAX_TOKENS to a turn. Given 128-token KV
+    blocks and a 6-word profile, aligning it takes ~100 tokens of filler: with the cap at 40 the
+    block goes in as it is; with a cap past the filler it is padded to the boundary."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from conversations.plan import memory_aligned  # noqa: PLC0415
+
+    settings.CHAT_MEMORY_ALIGN_TOKENS = 128
+    route = SimpleNamespace(pool=SimpleNamespace(name="words", version="1"))
+    profile = "- The user's name is Ada."
+
+    def aligned() -> str:
+        return memory_aligned(profile, route=route, engine=WordEngine(), system_prompt="Be brief.",
+                              custom_instructions="")
+
+    settings.CHAT_MEMORY_PROMPT_MAX_TOKENS = 40
+    assert aligned() == profile
+
+    settings.CHAT_MEMORY_PROMPT_MAX_TOKENS = 1000
+    padded = aligned()
+    assert padded.startswith(profile + "\n") and padded.endswith(ALIGN_UNIT)
+    prefix = WordEngine().encode_chat(chat_messages(system_prompt="Be brief.", memory=padded, question="1"))
+    assert (len(prefix) - 1) % 128 == 0  # the prefix before the question: whole KV blocks

@@ -869,6 +869,10 @@ CHAT_ENGINE_BLOCK_SIZE = env_int("CHAT_ENGINE_BLOCK_SIZE", 0)
 # prefix cache reuses all of it (conversations/plan.py memory_aligned). 0: the engine's block
 # (CHAT_ENGINE_BLOCK_SIZE, or vLLM's CPU default of 128); 1: no padding.
 CHAT_MEMORY_ALIGN_TOKENS = env_int("CHAT_MEMORY_ALIGN_TOKENS", 0)
+# The most prompt tokens memory may add to a turn it is irrelevant to (issue 28's target, 40): the
+# pinned profile plus any KV-block alignment filler. A block whose filler would pass it goes in
+# unpadded (conversations/plan.py memory_aligned); relevant facts have their own budget below.
+CHAT_MEMORY_PROMPT_MAX_TOKENS = env_int("CHAT_MEMORY_PROMPT_MAX_TOKENS", 40)
 # vLLM's OpenMP binding (VLLM_CPU_OMP_THREADS_BIND: auto, nobind, or CPU ids like 0-1) and the
 # CPUs it leaves to the scheduler and the web server (VLLM_CPU_NUM_OF_RESERVED_CPU); empty:
 # vLLM's own choice (here: the model on CPU 0, CPU 1 reserved).

@@ -48,6 +48,7 @@ def test_a_new_chat_after_the_rebuild_reads_the_memory_block_from_the_prefix_cac
     settings.CHAT_INTERNAL_API_URL = live.url
     settings.CHAT_MEMORY_BLOCK_WARM = True
     settings.CHAT_MEMORY_MAX_TOKENS = 1000
+    settings.CHAT_MEMORY_PROMPT_MAX_TOKENS = 1000  # a block this size is padded only past issue 28's cap
     tag = uuid.uuid4().hex[:10]
     user = make_user(f"memory-warm-{tag}")
     # Pinned facts (standing preferences): the ones the block carries (issue 28).
