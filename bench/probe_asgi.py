@@ -78,7 +78,6 @@ _engine_module.VllmEngine.generate = _generate
 if os.environ.get("BENCH_PATCH_DB") == "1":
     from django.db import connection as _connection
 
-    from conversations import selectors as _selectors
     from conversations import services as _services
 
     def _closing(function):
@@ -91,7 +90,6 @@ if os.environ.get("BENCH_PATCH_DB") == "1":
         return wrapper
 
     _services.answer_store = _closing(_services.answer_store)
-    _selectors.prompt_history = _closing(_selectors.prompt_history)
 
 
 async def application(scope, receive, send):

@@ -148,7 +148,7 @@ def diagnose(trials: list[dict], env: dict) -> list[str]:
                 f"{tag} {res['ended_by_server_without_done']} of {res['streams_opened_200']} "
                 "opened streams were ended by the server without a done, after "
                 f"~{res['lifetime_of_ended_s']['p50']} s ({found['redis_timeout']} x 'Timeout "
-                "reading from' Redis in the server's log): turnlog.redis_client() sets "
+                "reading from' Redis in the server's log): core.redis_guard.async_client() sets "
                 "socket_timeout=2 s and turnlog.follow() blocks in XREAD for "
                 f"CHAT_SSE_KEEPALIVE_S = {env['keepalive_s']:g} s, so an idle read times out "
                 "client-side and follow() returns"
@@ -247,7 +247,7 @@ def environment(args, fd_limit: tuple[int, int], rclient) -> dict:
         "cpus": os.cpu_count(),
         "rlimit_nofile": list(fd_limit),
         "redis_maxclients": int(rclient.config_get("maxclients").get("maxclients", 0)),
-        # What turnlog.redis_client() gets: redis.asyncio's pool, 100 connections unless the
+        # What core.redis_guard.async_client() gets: redis.asyncio's pool, 100 connections unless the
         # URL says max_connections=...; every blocked XREAD holds one.
         "redis_asyncio_pool_max": aioredis.ConnectionPool.from_url(
             settings.REDIS_URL

@@ -41,7 +41,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from chatsite import warmup
 from core import redis_guard
 from inference.engine import get_engine
-from inference.nodes import node_sets
+from inference.pools import node_sets
 
 logger = logging.getLogger(__name__)
 

@@ -468,34 +468,6 @@ def _summary_continues(first: Turn, through) -> bool:
     return written == through
 
 
-@regions.routed
-def prompt_history(*, conversation_id: UUID, upto: Turn) -> list[dict[str, str]]:
-    """Chat messages ([{role, content}], oldest first) for answering ``upto``: the user turns
-    above it on its branch (conversations/versions.py) with their newest usable answers
-    (cancelled answers keep their partial text; failed ones and unanswered questions are left
-    out), then ``upto`` itself."""
-    turns = list(
-        Turn.objects.filter(conversation_id=conversation_id, created_at__lte=upto.created_at)
-        .order_by("created_at", "turn_id")
-        .only(
-            "turn_id", "role", "content", "status", "reply_to_id", "replaces_id", "parent_id",
-            "continues_id", "created_at",
-        )
-    )  # fmt: skip
-    turns = _with_held(conversation_id, turns, keep=lambda t: t.created_at <= upto.created_at)
-    if all(t.turn_id != upto.turn_id for t in turns):
-        turns.append(upto)
-    tree = versions.tree_build(turns)
-    messages: list[dict[str, str]] = []
-    for question, answer in versions.prompt_exchanges(
-        tree.position(q) for q in tree.ancestors(upto.turn_id)
-    ):
-        messages.append({"role": "user", "content": question})
-        messages.append({"role": "assistant", "content": answer})
-    messages.append({"role": "user", "content": upto.content})
-    return messages
-
-
 def _keyset_before(field: str, pk_field: str, before) -> Q:
     created_at, pk = before
     return Q(**{f"{field}__lt": created_at}) | Q(**{field: created_at, f"{pk_field}__lt": pk})

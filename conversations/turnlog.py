@@ -47,7 +47,6 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from uuid import UUID
 
-import redis.asyncio as aioredis
 from django.conf import settings
 
 from conversations import tombstones
@@ -57,13 +56,6 @@ from core import redis_guard
 from core.redis_guard import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
-
-
-def redis_client(*, region: str | None = None) -> aioredis.Redis:
-    """This event loop's client of ``region``'s Redis (asyncio clients cannot cross loops):
-    short timeouts, a blocking pool of ``settings.CHAT_REDIS_POOL_MAX`` (core/redis_guard.py).
-    Callers go through ``redis_guard.acall`` so a dead Redis fails fast and is counted."""
-    return redis_guard.async_client(region=region)
 
 
 _MIRROR_FALLBACK = "answers stream from this process only and cannot be resumed elsewhere"

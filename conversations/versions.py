@@ -271,14 +271,6 @@ def positions_build(
     return [tree.position(q, answer_choices) for q in tree.path(choices)]
 
 
-def position_of(positions: list[Position], question_id: UUID) -> int | None:
-    """Index of the position whose current question is ``question_id``, or None."""
-    for index, position in enumerate(positions):
-        if position.question.turn_id == question_id:
-            return index
-    return None
-
-
 def prompt_exchanges(positions: Iterable[Position]) -> list[tuple[str, str]]:
     """(question, answer) texts for a prompt: each position's current question with its usable
     answer (:meth:`Position.usable_answer`: the version shown), oldest first; positions without

@@ -29,6 +29,7 @@ from typing import Protocol
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from inference.errors import EngineUnavailable  # noqa: F401 - raised here; callers import it from here too
 from inference.tuning import EngineTuning
 
 logger = logging.getLogger(__name__)
@@ -111,10 +112,6 @@ class EngineProtocol(Protocol):
     async def wait_ready(self, timeout_s: float) -> None: ...
 
     def check_health(self) -> None: ...
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine failed to start or died; requests cannot be served."""
 
 
 @dataclass
@@ -455,9 +452,3 @@ def get_engine() -> EngineProtocol:
         cls = import_string(settings.CHAT_ENGINE_CLASS)
         _engine = cls.from_settings()
     return _engine
-
-
-def reset_engine() -> None:
-    """Forget the process's engine client (tests use this after changing CHAT_ENGINE_CLASS)."""
-    global _engine
-    _engine = None

@@ -43,17 +43,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import httpx
 from django.conf import settings
 
 from chatsite import metrics
 from inference.engine import Delta, EngineUnavailable, GenerationOptions
-from inference.remote import EngineLoad, NodeFailure, OpenAIRemoteEngine
-
-if TYPE_CHECKING:
-    from inference.pools import Pool
+from inference.remote import EngineLoad, NodeFailure, OpenAIRemoteEngine, PoolEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +122,7 @@ class NodeSet:
     )  # id -> (node, its id there)
 
     @classmethod
-    def for_pool(cls, pool: Pool) -> NodeSet:
+    def for_pool(cls, pool: PoolEndpoint) -> NodeSet:
         """The node set of a ``remote`` pool with ``urls``: one client per node, each with the
         pool's served ``model``, ``api_key`` and tokenizer folder."""
         nodes = tuple(
@@ -348,11 +344,3 @@ class NodeSet:
     def num_unfinished_requests(self) -> int:
         """Requests this process is streaming from the pool's nodes."""
         return sum(node.engine.num_unfinished_requests() for node in self.nodes)
-
-
-def node_sets() -> dict[str, NodeSet]:
-    """Pool key (``name@version``) -> its NodeSet, for every configured pool of several nodes
-    (built if not yet; not started). Raises PoolConfigError as ``pool_set`` does."""
-    from inference.pools import pool_engine, pool_set  # noqa: PLC0415 - pools imports this module
-
-    return {pool.key: pool_engine(pool) for pool in pool_set() if len(pool.urls) > 1}

@@ -37,6 +37,9 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from inference.nodes import NodeSet
+from inference.remote import OpenAIRemoteEngine
+
 # The user tiers (accounts.models.Tier's values; a test checks they agree). Kept here so this
 # module imports without the app registry.
 TIERS: tuple[str, ...] = ("free", "paid", "enterprise")
@@ -458,9 +461,12 @@ def pool_engine(pool: Pool):
             if pool.backend == "local":
                 engine = _local_engine_for(pool.model_path)
             else:
-                from inference.nodes import NodeSet  # noqa: PLC0415
-                from inference.remote import OpenAIRemoteEngine  # noqa: PLC0415
-
                 engine = NodeSet.for_pool(pool) if len(pool.urls) > 1 else OpenAIRemoteEngine.for_pool(pool)
             _engines[key] = engine
         return engine
+
+
+def node_sets() -> dict[str, NodeSet]:
+    """Pool key (``name@version``) -> its NodeSet, for every configured pool of several nodes
+    (built if not yet; not started). Raises PoolConfigError as ``pool_set`` does."""
+    return {pool.key: pool_engine(pool) for pool in pool_set() if len(pool.urls) > 1}

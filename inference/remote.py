@@ -42,7 +42,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 from django.conf import settings
@@ -50,10 +50,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inference.engine import Delta, EngineUnavailable, GenerationOptions
 
-if TYPE_CHECKING:
-    from inference.pools import Pool
-
 logger = logging.getLogger(__name__)
+
+
+class PoolEndpoint(Protocol):
+    """What a client needs of a remote pool (inference/pools.py ``Pool`` has these): its
+    ``name``, node base URLs ``urls`` (``url``: the first), ``api_key``, served ``model`` and
+    tokenizer folder ``model_path``."""
+
+    name: str
+    url: str
+    urls: tuple[str, ...]
+    api_key: str
+    model: str
+    model_path: str
 
 WAITING_METRIC = "vllm:num_requests_waiting"
 RUNNING_METRIC = "vllm:num_requests_running"
@@ -134,7 +144,7 @@ class OpenAIRemoteEngine:
         )
 
     @classmethod
-    def for_pool(cls, pool: Pool) -> OpenAIRemoteEngine:
+    def for_pool(cls, pool: PoolEndpoint) -> OpenAIRemoteEngine:
         """A client for a ``remote`` pool: its ``url``, ``api_key``, served ``model`` and
         tokenizer folder ``model_path``."""
         return cls(

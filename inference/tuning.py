@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from inference.errors import EngineUnavailable
+
 logger = logging.getLogger(__name__)
 
 QUANTIZED_VARIANTS = ("w8a8", "w4a16")
@@ -151,7 +153,6 @@ class EngineTuning:
         variant = self.resolved_quantization(model_path)
         if not variant:
             return model_path
-        from inference.engine import EngineUnavailable  # noqa: PLC0415 - engine imports this module
         from inference.quantize import cpu_supports, quantized_path  # noqa: PLC0415
 
         supported, why = cpu_supports(variant)

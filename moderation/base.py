@@ -152,8 +152,11 @@ async def acheck(gate: str, text: str, policy: Policy, *,
             started = time.perf_counter()
         check = mod.check_input if gate == "input" else mod.check_output
         running = asyncio.Event()
+        abandoned = threading.Event()  # set when the wait for a thread gave up: never run
 
-        def run() -> Verdict:
+        def run() -> Verdict | None:
+            if abandoned.is_set():
+                return None
             loop.call_soon_threadsafe(running.set)
             return check(text, policy)
 
@@ -163,7 +166,8 @@ async def acheck(gate: str, text: str, policy: Policy, *,
             # longer limit, and the check's timeout counts from when the check starts.
             await asyncio.wait_for(running.wait(), settings.CHAT_MODERATION_QUEUE_S)
         except TimeoutError:
-            future.cancel()  # not started yet: it never runs
+            abandoned.set()  # a thread that picks it up later returns at once
+            future.cancel()
             raise _Queued from None
         verdict = await asyncio.wait_for(future, timeout)
         if not isinstance(verdict, Verdict):

@@ -14,7 +14,7 @@ moderation.harm_train`` on moderation/harm_data.py's hand-written examples and s
   which pieces of a long text the contextual head reads.
 
 ``HarmClassifier.scores(text)`` cuts a text into pieces of up to ``PIECE_CHARS`` characters at
-sentence ends (moderation/local.py ``sentence_groups``); a message of one piece is read whole by
+sentence ends (moderation/normalise.py ``sentence_groups``); a message of one piece is read whole by
 the contextual head, a longer one only in the ``CONTEXT_PIECES`` (1) piece the static head
 rates most harmful, and only if that piece passes the static screen (``SCREEN_THRESHOLD``).
 The output gate screens every window that way (``screen=True``): most answer windows never
@@ -35,6 +35,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+from moderation.normalise import sentence_groups
 
 MODEL_PATH = Path(__file__).resolve().parent / "data" / "harm_model.npz"
 NONE = "none"
@@ -164,8 +166,6 @@ class HarmClassifier:
         ``screen``; a longer one (or any with ``screen``) keeps the pieces whose static harm
         (1 - P(none)) reaches ``SCREEN_THRESHOLD``, at most ``CONTEXT_PIECES``, the most
         harmful first, returned in text order (possibly none)."""
-        from moderation.local import sentence_groups
-
         pieces = [p for p in sentence_groups(text.strip(), PIECE_CHARS) if p]
         if len(pieces) <= CONTEXT_PIECES and not screen:
             return pieces, None

@@ -38,7 +38,7 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-from moderation.normalise import leak_words, normalise, normalise_basic
+from moderation.normalise import SENTENCE_END, leak_words, normalise, normalise_basic, sentence_groups
 from moderation.verdicts import Policy, Verdict, clean_verdict, policy_for, verdict_from_scores
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -58,7 +58,6 @@ INJECTION_VERSION = "injection-2026-11"
 INJECTION_WHOLE_CHARS = 600
 INJECTION_CHUNK_CHARS = 400
 OFFENSIVE_CHUNK_CHARS = 240
-_SENTENCE_END = re.compile(r"(?<=[.!?;:\n])\s+")
 
 
 @dataclass(frozen=True)
@@ -91,33 +90,6 @@ def load_examples(path: Path) -> list[Example]:
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path.name} line {number}: {exc}") from exc
     return examples
-
-
-def sentence_groups(text: str, size: int) -> list[str]:
-    """``text`` cut into consecutive pieces of ``size // 2`` to ``size`` characters, each cut
-    after the last sentence end (``.!?;:`` + space) in that range, else at the last space,
-    else at ``size``; a last piece shorter than ``size // 2`` joins the one before (so no
-    piece is a near-empty fragment that a classifier cannot read). Every character of the
-    text is in exactly one piece; ``[text]`` when it fits in one."""
-    pieces: list[str] = []
-    start = 0
-    length = len(text)
-    while length - start > size:
-        window = text[start + size // 2:start + size]
-        ends = [m.end() for m in _SENTENCE_END.finditer(window)]
-        if ends:
-            cut = start + size // 2 + ends[-1]
-        else:
-            space = window.rfind(" ")
-            cut = start + size // 2 + space + 1 if space >= 0 else start + size
-        pieces.append(text[start:cut].strip())
-        start = cut
-    rest = text[start:].strip()
-    if pieces and len(rest) < size // 2:
-        pieces[-1] = f"{pieces[-1]} {rest}".strip()
-    elif rest or not pieces:
-        pieces.append(rest)
-    return pieces
 
 
 class InjectionClassifier:
@@ -330,7 +302,7 @@ class LocalModerator:
         the sentences of the spelling-normalised text (a sentence over ~240 characters in
         pieces), so one insult among many harmless sentences is not diluted."""
         basic = normalise_basic(text)
-        pieces = [piece for sentence in _SENTENCE_END.split(basic) if sentence
+        pieces = [piece for sentence in SENTENCE_END.split(basic) if sentence
                   for piece in sentence_groups(sentence, OFFENSIVE_CHUNK_CHARS)]
         return float(max(self._profanity(pieces or [basic])))
 

@@ -274,3 +274,34 @@ def leak_words(text: str) -> list[str]:
     text = unicodedata.normalize("NFKC", text).translate(_INVISIBLE)
     text = _INLINE_NUMBERING.sub(" ", _BULLET.sub(" ", text)).casefold()
     return [w for w in _NON_WORD.sub(" ", text).replace("_", " ").split() if w]
+
+
+# A sentence ends at one of .!?;: or a new line, then whitespace.
+SENTENCE_END = re.compile(r"(?<=[.!?;:\n])\s+")
+
+
+def sentence_groups(text: str, size: int) -> list[str]:
+    """``text`` cut into consecutive pieces of ``size // 2`` to ``size`` characters, each cut
+    after the last sentence end (``.!?;:`` + space) in that range, else at the last space,
+    else at ``size``; a last piece shorter than ``size // 2`` joins the one before (so no
+    piece is a near-empty fragment that a classifier cannot read). Every character of the
+    text is in exactly one piece; ``[text]`` when it fits in one."""
+    pieces: list[str] = []
+    start = 0
+    length = len(text)
+    while length - start > size:
+        window = text[start + size // 2:start + size]
+        ends = [m.end() for m in SENTENCE_END.finditer(window)]
+        if ends:
+            cut = start + size // 2 + ends[-1]
+        else:
+            space = window.rfind(" ")
+            cut = start + size // 2 + space + 1 if space >= 0 else start + size
+        pieces.append(text[start:cut].strip())
+        start = cut
+    rest = text[start:].strip()
+    if pieces and len(rest) < size // 2:
+        pieces[-1] = f"{pieces[-1]} {rest}".strip()
+    elif rest or not pieces:
+        pieces.append(rest)
+    return pieces
