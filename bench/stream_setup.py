@@ -109,7 +109,7 @@ def server_argv(kind: str, port: int, app: str = "chatsite.asgi:application") ->
     product's, ``python -m chatsite.serve``: its own write flow control) or ``daphne-plain``
     (stock daphne, no write backpressure: the reference for a stalled client; installed with
     the ``bench`` extra). The daphne with chatsite's own Twisted producer that uvicorn replaced
-    is measured in the README's table (issue 19 part 5)."""
+    is measured in docs/api.md's table (issue 19 part 5)."""
     if kind == "uvicorn":
         return product_argv(app=app, port=port)
     if kind == "daphne-plain":

@@ -31,7 +31,7 @@ embedded PostgreSQL and Redis of ``make run`` (chatsite/devstack.py). Production
 runs where once everything is ready (the tests read it). Ctrl-C or SIGTERM stops everything;
 a process that exits meanwhile is started again (as systemd's ``Restart=on-failure`` would).
 
-Real deployments use the systemd units in deploy/systemd/ instead (README, "Production").
+Real deployments use the systemd units in deploy/systemd/ instead (docs/operations.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the systemd units (deploy/systemd/) and the benchmarks start; tests/conftest.py 
 :func:`server_config` in a thread.
 
 Why uvicorn (issue 19 part 5, "Backpressure that reaches the stream"; measured in
-bench/stream_bench.py, README "Why uvicorn, not daphne"): its HTTP protocols have write flow
+bench/stream_bench.py, docs/api.md "Why uvicorn, not daphne"): its HTTP protocols have write flow
 control of their own. When a client stops reading, the socket's buffer fills, asyncio pauses
 the protocol, and the app's ``send()`` of the next body chunk waits until the buffer drains (or
 the client goes), so a stalled reader costs the gateway one transport buffer, not the rest of

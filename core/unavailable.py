@@ -36,7 +36,7 @@ MESSAGE = (
 def retry_after_s() -> int:
     """Whole seconds (>= 1) a client should wait before retrying a request refused because the
     database is unreachable: the primary breaker's cool-down, ``CHAT_REGION_BREAKER_OPEN_S``
-    (the time before a write probes the primary again; README "Failover")."""
+    (the time before a write probes the primary again; docs/operations.md "Failover")."""
     return max(1, math.ceil(settings.CHAT_REGION_BREAKER_OPEN_S))
 
 

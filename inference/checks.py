@@ -61,7 +61,7 @@ def check_engine_tuning(app_configs=None, **kwargs) -> list[Error]:
     try:
         EngineTuning.from_settings()
     except ImproperlyConfigured as exc:
-        return [Error(str(exc), hint="See README 'Engine tuning'.", id="chat.E003")]
+        return [Error(str(exc), hint="See docs/engine-tuning.md.", id="chat.E003")]
     return []
 
 
@@ -82,7 +82,7 @@ def check_shedding_order(app_configs=None, **kwargs) -> list[Warning]:
             f"Load-shedding thresholds out of order: CHAT_SHED_FREE_WAITING={free}, "
             f"CHAT_DEGRADE_PAID_WAITING={paid}, CHAT_REASONING_LAST_WAITING={reasoning}; each "
             "must be below the next (free shed first, then paid degraded, reasoning queued last).",
-            hint="See README 'Tiers, model pools, limits and cost'.",
+            hint="See docs/tiers-and-limits.md.",
             id="chat.W004",
         )
     ]
@@ -98,5 +98,5 @@ def check_admission_limiter(app_configs=None, **kwargs) -> list[Error]:
     try:
         LimiterConfig.from_settings()
     except (TypeError, ValueError) as exc:
-        return [Error(str(exc), hint="See README 'Adaptive admission cap'.", id="chat.E005")]
+        return [Error(str(exc), hint="See docs/tiers-and-limits.md.", id="chat.E005")]
     return []

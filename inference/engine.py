@@ -213,7 +213,7 @@ class VllmEngine:
             "dtype": tuning.resolved_dtype(),
             # Eager skips graph compilation (start ~30 s on 2 cores); compile mode (torch
             # inductor) decodes faster but its first start compiles for ~2 minutes (cached in
-            # ~/.cache/vllm afterwards). README "Engine tuning" has the numbers.
+            # ~/.cache/vllm afterwards). docs/engine-tuning.md has the numbers.
             "enforce_eager": tuning.eager,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,

@@ -42,7 +42,7 @@ LINEAR_SUFFIXES = (
     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
 )  # fmt: skip
 
-# Quality check inputs (fixed: the numbers in the README come from exactly these).
+# Quality check inputs (fixed: the numbers in docs/engine-tuning.md come from exactly these).
 QUALITY_PROMPTS = [
     "Write three sentences about the ocean.",
     "Explain what a hash table is.",
@@ -112,7 +112,7 @@ def auto_variant(flags: set[str] | None = None) -> str:
     matrix products have hardware support (AMX-INT8 or AVX-512 VNNI, ``flags`` as
     :func:`cpu_flags` gives them), else ``""`` (the unquantised weights).
 
-    Measured (README "Engine tuning"): on an Intel Xeon with AMX, w8a8 took single-stream TPOT
+    Measured (docs/engine-tuning.md): on an Intel Xeon with AMX, w8a8 took single-stream TPOT
     from 57.0 to 48.6 ms (25.8-37.3 ms with 2 threads and n-gram speculation) at perplexity
     1.015x of bf16; on an AMD EPYC with AVX2 only (no VNNI) oneDNN's s8s8 GEMM is ~7x slower
     than float32 at batch 1 and decode went to ~190 ms/token."""

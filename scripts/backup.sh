@@ -23,7 +23,7 @@
 # the one the pgserver wheel ships (PostgreSQL 16, .venv). pg_dump must be at least as new as
 # the server. Passwords: in the URL, ~/.pgpass or PGPASSWORD (libpq's usual ways).
 #
-# Restore with scripts/restore.sh (README, "Backups and restore").
+# Restore with scripts/restore.sh (docs/operations.md, "Backups and restore").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

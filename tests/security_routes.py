@@ -437,7 +437,7 @@ ROUTES: list[Route] = [
         ANY,
         PUBLIC,
         why="Prometheus scrapes each process; counters by pool and tier only, no user data. "
-        "Deployments keep it off the internet (README: an nginx allow-list)",
+        "Deployments keep it off the internet (docs/operations.md: an nginx allow-list)",
     ),
     Route("healthz", ANY, PUBLIC, why="liveness probe of load balancers; no user data"),
     Route("readyz", ANY, PUBLIC, why="readiness probe of load balancers; no user data"),

@@ -35,7 +35,7 @@ def test_defaults_are_the_measured_winners(settings):
             setattr(settings, name, tuple(value) if isinstance(value, list) else value)
     # When: the engine's arguments are built
     kwargs = engine_kwargs()
-    # Then: the winners of the measured levers (README "Engine tuning"): eager (start in ~30 s),
+    # Then: the winners of the measured levers (docs/engine-tuning.md): eager (start in ~30 s),
     # the dtype this CPU computes fastest in, prefix caching, vLLM's blocks; n-gram speculation
     # stays opt-in until the real-engine suite has run with it (settings/base.py)
     assert kwargs["enforce_eager"] is True

@@ -101,7 +101,7 @@ def test_default_settings_define_the_briefs_three_pools_with_its_prices():
     assert (front.price_input_per_m, front.price_output_per_m) == (Decimal("5.00"), Decimal("30.00"))
     assert front.priority < mini.priority  # paid first
     assert reasoning.system_preamble and reasoning.max_tokens > front.max_tokens
-    # One model for all three (README and /settings/ say so).
+    # One model for all three (docs/tiers-and-limits.md and /settings/ say so).
     assert {p.model_path for p in pools} == {str(settings.CHAT_MODEL_PATH)}
     assert {p.model for p in pools} == {settings.CHAT_MODEL_NAME}
 

@@ -142,7 +142,7 @@ DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ.get("CHAT_TEST_
 # A connection pool per process (psycopg_pool, Django >= 5.1): a burst of requests waits up to
 # `timeout` s for one of `max_size` connections instead of failing with PostgreSQL's "too many
 # clients" (max_connections is ~100 per server, shared by every process).
-# Failover (README "Failover"): while a primary is down a request waits at most `timeout` s for a
+# Failover (docs/operations.md): while a primary is down a request waits at most `timeout` s for a
 # connection, and the pool gives up reconnecting after `reconnect_timeout` s (psycopg_pool
 # backs off 1, 2, 4, 8 ... s, default 300 s: a waiter could sit out a whole Patroni failover
 # behind one backed-off attempt). The next request then tries at once, so writes come back as
@@ -533,7 +533,7 @@ CHAT_EMBEDDING_MAX_INPUTS = env_int("CHAT_EMBEDDING_MAX_INPUTS", 256)
 CHAT_ENGINE_RESTART_WAIT_S = float(os.environ.get("CHAT_ENGINE_RESTART_WAIT_S", "180"))
 CHAT_ENGINE_RESUME_ATTEMPTS = env_int("CHAT_ENGINE_RESUME_ATTEMPTS", 1)
 
-# --- Conversation limits (documented in the README) ---
+# --- Conversation limits (documented in docs/configuration.md) ---
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 16_000)
 CHAT_TITLE_CHARS = 60
 # DESIGN.md's disconnect rule: a dropped events connection is not a stop; generation goes on this
@@ -688,7 +688,7 @@ CHAT_REGIONAL_MODELS = ("audit.auditdetail", "moderation.withdrawnanswer")
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
 DATABASE_ROUTERS = ["chatsite.dbrouter.PrimaryReplicaRouter"]
-# Outage region (README "Failover"; chatsite/db_breaker.py): CHAT_REGION_BREAKER_FAILURES failed
+# Outage region (docs/operations.md; chatsite/db_breaker.py): CHAT_REGION_BREAKER_FAILURES failed
 # connects to a region's primary within CHAT_REGION_BREAKER_WINDOW_S seconds open its breaker;
 # after CHAT_REGION_BREAKER_OPEN_S one write is let through as a probe. While it is open, new
 # conversations go to CHAT_REGION_FAILOVER[region] (JSON {"us-east": "eu-west", ...}; none: 503)
@@ -851,7 +851,7 @@ CHAT_ATTACHMENT_MAX_PDF_PAGES = env_int("CHAT_ATTACHMENT_MAX_PDF_PAGES", 100)  #
 CHAT_ATTACHMENT_MAX_PER_CONVERSATION = env_int("CHAT_ATTACHMENT_MAX_PER_CONVERSATION", 50)
 
 # --- Engine speed (issue 9; inference/tuning.py EngineTuning, bench/engine_bench.py) -----------
-# The levers measured on this 2-core machine (README "Engine tuning" has the numbers); defaults
+# The levers measured on this 2-core machine (docs/engine-tuning.md has the numbers); defaults
 # are the winners. Bad values stop the engine's start with a message naming the variable.
 # Eager (no torch.compile): start ~30 s. Off: inductor-compiled model, faster decode, but the
 # first start compiles for minutes (cached in ~/.cache/vllm afterwards).
@@ -887,13 +887,13 @@ CHAT_ENGINE_MAX_BATCHED_TOKENS = env_int("CHAT_ENGINE_MAX_BATCHED_TOKENS", 0)
 # Speculative decoding without a draft model: "ngram" (prompt lookup: up to 4 tokens proposed from
 # earlier text, verified in one step), "off", or a JSON speculative_config object. Off by default:
 # ngram cut TPOT 19-25% in the engine bench on both CPUs measured, but on the AMX Xeon it raised
-# single-stream TTFT 206 -> 280 ms and 16-user TTFT p99 4.2 -> 4.6 s (README "Engine tuning"),
+# single-stream TTFT 206 -> 280 ms and 16-user TTFT p99 4.2 -> 4.6 s (docs/engine-tuning.md),
 # and the real-engine suite has not been run with it.
 CHAT_ENGINE_SPECULATIVE = os.environ.get("CHAT_ENGINE_SPECULATIVE", "off")
 # Lower-precision weights: "" / "none" (unquantised, the default), "auto" (w8a8 on CPUs with int8
 # matrix units, AMX-INT8 or AVX-512 VNNI, else unquantised: inference.quantize.auto_variant), or
 # "w8a8" / "w4a16", served from the folder `make model` (inference/quantize.py) writes beside the
-# model. README "Engine tuning": w8a8 cut single-stream TPOT 57.0 -> 48.6 ms on an AMX Xeon but
+# model. docs/engine-tuning.md: w8a8 cut single-stream TPOT 57.0 -> 48.6 ms on an AMX Xeon but
 # raised TTFT 206 -> 260 ms, and was ~3x slower on an AVX2-only EPYC.
 CHAT_ENGINE_QUANTIZATION = os.environ.get("CHAT_ENGINE_QUANTIZATION", "")
 CHAT_ENGINE_PREFIX_CACHING = env_bool("CHAT_ENGINE_PREFIX_CACHING", True)

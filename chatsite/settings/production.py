@@ -13,7 +13,7 @@ behind the shipped nginx site (deploy/nginx.conf, TLS terminated by nginx) needs
   eval: scripts, styles, fetches and the answer streams come from the site itself.
 
 ``manage.py check --deploy`` passes with no warnings under these settings
-(tests/test_deploy_check.py). The README's production section (and deploy/) describe the rest.
+(tests/test_deploy_check.py). docs/operations.md (and deploy/) describe the rest.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def outage():
             "CHAT_REGION_FAILOVER": json.dumps({"eu-west": "us-east", "us-east": "eu-west"}),
             "CHAT_REGION_BREAKER_FAILURES": str(FAILURES),
             "CHAT_REGION_BREAKER_OPEN_S": str(OPEN_S),
-            "DB_POOL_MAX": "0",  # a refused connect fails at once (README "Failover")
+            "DB_POOL_MAX": "0",  # a refused connect fails at once (docs/operations.md "Failover")
             "REDIS_URL": settings.REDIS_URL,
         }
         with AppProcess(env, module="tests.ha_load") as app:

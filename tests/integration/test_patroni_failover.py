@@ -50,7 +50,7 @@ def failover():
             "DATABASE_REPLICA_URLS": cluster.url("prefer-standby"),
             "REDIS_URL": settings.REDIS_URL,
             "CHAT_READ_YOUR_WRITES_S": "0",  # reads go to the read path, not back to the primary
-            # README "Failover": a request waits at most 2 s for a connection while no primary
+            # docs/operations.md: a request waits at most 2 s for a connection while no primary
             # accepts writes (refused, not acknowledged), then the pool tries again at once.
             "DB_POOL_TIMEOUT_S": "2",
         }
