@@ -12,6 +12,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from api import tools
+from inference import tool_format
 from conversations import turnstream
 from conversations.models import Conversation, Turn
 from privacy.conversation_export import conversation_export_json
@@ -233,3 +234,76 @@ async def test_history_and_export_carry_calls_and_results(make_user, engine_doub
     conversation = await Conversation.objects.aget(pk=conversation_id)
     exported = await sync_to_async(conversation_export_json)(conversation=conversation)
     assert call_id in exported and '"tool_call_id"' in exported
+
+
+def test_the_chat_page_shows_an_answers_calls_escaped(make_user):
+    """Given a stored answer that called a function with arguments holding markup, then the
+    chat page shows "Called get_weather(...)" with the arguments escaped."""
+    from tests.test_answer_render import answered  # noqa: PLC0415
+
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "<b>Paris</b>"}'}}]
+    client, conversation = answered(make_user, "", tool_calls=calls, finish_reason="tool_calls")
+
+    page = client.get(f"/c/{conversation.pk}/").content.decode()
+
+    assert "Called <code>get_weather({&quot;city&quot;: &quot;&lt;b&gt;Paris&lt;/b&gt;&quot;})</code>" in page
+    assert "empty answer" not in page
+
+
+# --- a chat template with a tool format (inference/tool_format.py) -----------------------------
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+WITH_TOOLS = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}{%- for tool in tools %}"
+    "{{- tool | tojson }}{%- endfor %}{{- '</tools><|im_end|>\\n' }}{%- endif %}" + CHATML
+)
+
+
+class TemplateEngine:
+    """An engine stand-in with a real Jinja chat template (transformers' renderer)."""
+
+    def __init__(self, template: str):
+        self.template = template
+        self.rendered: list[str] = []
+
+    def chat_template(self) -> str:
+        return self.template
+
+    def encode_chat(self, messages, tools=None):
+        from transformers.utils.chat_template_utils import render_jinja_template  # noqa: PLC0415
+
+        conversations, _ = render_jinja_template(
+            conversations=[list(messages)], tools=tools, chat_template=self.template, add_generation_prompt=True
+        )
+        self.rendered.append(conversations[0])
+        return list(range(len(conversations[0].split())))
+
+
+def test_smollm2s_chatml_template_has_no_tool_format_so_the_hermes_section_is_used():
+    calling = tools.calling_from([tools.schemas.ToolDefinition.model_validate(WEATHER)], None)
+    engine = TemplateEngine(CHATML)
+
+    encode, section = tool_format.chat_encoder(engine, calling)
+    encode([{"role": "system", "content": section}, {"role": "user", "content": "hi"}])
+
+    assert not tool_format.template_has_tools(CHATML)
+    assert section.startswith(tools.TOOLS_HEADER) and '"get_weather"' in engine.rendered[-1]
+
+
+def test_a_template_that_reads_tools_gets_them_natively_and_no_section():
+    calling = tools.calling_from([tools.schemas.ToolDefinition.model_validate(WEATHER)], None)
+    engine = TemplateEngine(WITH_TOOLS)
+
+    encode, section = tool_format.chat_encoder(engine, calling)
+    encode([{"role": "user", "content": "hi"}])
+
+    assert tool_format.template_has_tools(WITH_TOOLS) and section == ""
+    assert '<tools>{"type": "function", "function": {"name": "get_weather"' in engine.rendered[-1]
+    assert tools.TOOLS_HEADER not in engine.rendered[-1]
+
+
+def test_a_template_that_only_mentions_tools_in_text_is_not_native():
+    assert not tool_format.template_has_tools("You have no tools. " + CHATML)
