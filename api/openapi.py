@@ -91,6 +91,7 @@ def build_document() -> dict:
         [
             (schemas.ConversationCreate, "validation"),
             (schemas.TurnCreate, "validation"),
+            (schemas.ToolResultsCreate, "validation"),
             (schemas.TurnRegenerate, "validation"),
             (schemas.ChatCompletionCreate, "validation"),
             (schemas.CompletionCreate, "validation"),
@@ -291,9 +292,30 @@ def build_document() -> dict:
                      "description": "Retrying with the same key returns the same turn's stream "
                                     "(kept 24 h)."},
                 ],  # fmt: skip
-                "requestBody": _body("TurnCreate"),
+                "description": "A user message (`role: \"user\"`, TurnCreate) or the results of the "
+                               "latest answer's tool calls (`role: \"tool\"`, ToolResultsCreate). With "
+                               "`tools` (as on /v1/chat/completions) an answer that calls functions "
+                               "streams a `tool_call` event per call and ends `done` with "
+                               "`finish_reason: \"tool_calls\"` and `tool_calls`; it is stored as an "
+                               "assistant turn with those calls. Send every call's result as "
+                               "`{\"role\": \"tool\", \"results\": [{\"tool_call_id\", \"content\"}], "
+                               "\"tools\": [...]}` (tools are per request: send them again): each is "
+                               "stored as a `tool` turn, and once all calls have one the next answer "
+                               "streams (200); results for only some calls get 202 "
+                               "`{\"tool_turns\", \"awaiting\"}`.",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"oneOf": [
+                        {"$ref": REF.format(model="TurnCreate")}, {"$ref": REF.format(model="ToolResultsCreate")},
+                    ], "discriminator": {"propertyName": "role"}}}},
+                },
                 "responses": {
                     "200": SSE,
+                    "202": {"description": "Tool results stored; other calls still await theirs (no answer yet).",
+                            "content": {"application/json": {"schema": {"type": "object", "properties": {
+                                "tool_turns": {"type": "array", "items": {"type": "string", "format": "uuid"}},
+                                "awaiting": {"type": "array", "items": {"type": "string"}},
+                            }}}}},
                     **BODY_ERRORS,
                     "422": _error("The Idempotency-Key was used for a different request."),
                     **ADMISSION_ERRORS,

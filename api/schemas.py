@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel
 
 
 def _no_nul(value: str) -> str:
@@ -25,19 +25,6 @@ class Strict(BaseModel):
 class ConversationCreate(Strict):
     model: Text | None = Field(default=None, max_length=200)
     system_prompt: Text | None = Field(default=None, max_length=8000)
-
-
-class TurnCreate(Strict):
-    role: Literal["user"]
-    content: Text = Field(min_length=1)
-    # The pool to answer with (GET /v1/models); None: the conversation's, else the tier's.
-    model: Text | None = Field(default=None, max_length=200)
-    max_tokens: int | None = Field(default=None, ge=1)
-    # Edit: the id of the user turn this message replaces (append-only; the old one is kept).
-    replaces: UUID | None = None
-    # Files uploaded with POST /v1/conversations/{id}/attachments to send with this message
-    # (their text joins its prompt; attachments/). At most CHAT_ATTACHMENT_MAX_FILES.
-    attachments: list[UUID] = Field(default_factory=list, max_length=32)
 
 
 class TurnRegenerate(Strict):
@@ -112,6 +99,52 @@ class NamedFunction(BaseModel):
 class NamedToolChoice(BaseModel):
     type: Literal["function"]
     function: NamedFunction
+
+
+class TurnCreate(Strict):
+    role: Literal["user"]
+    content: Text = Field(min_length=1)
+    # The pool to answer with (GET /v1/models); None: the conversation's, else the tier's.
+    model: Text | None = Field(default=None, max_length=200)
+    max_tokens: int | None = Field(default=None, ge=1)
+    # Edit: the id of the user turn this message replaces (append-only; the old one is kept).
+    replaces: UUID | None = None
+    # Files uploaded with POST /v1/conversations/{id}/attachments to send with this message
+    # (their text joins its prompt; attachments/). At most CHAT_ATTACHMENT_MAX_FILES.
+    attachments: list[UUID] = Field(default_factory=list, max_length=32)
+    # Function calling for this answer (api/tools.py, as on /v1/chat/completions).
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+
+class ToolResult(Strict):
+    """The result of one call the latest answer made (its ``tool_calls[].id``)."""
+
+    tool_call_id: Text = Field(min_length=1, max_length=200)
+    content: Text
+
+
+class ToolResultsCreate(Strict):
+    """``POST /v1/conversations/{id}/turns`` with ``role: "tool"``: the results of the latest
+    answer's calls, each stored as a ``tool`` turn; once every call has one, the next answer is
+    written. Tools are per request (as with the Responses API's ``previous_response_id``): send
+    them again for the next answer to see (and call) them."""
+
+    role: Literal["tool"]
+    results: list[ToolResult] = Field(min_length=1, max_length=128)
+    model: Text | None = Field(default=None, max_length=200)
+    max_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+
+class TurnOrResults(RootModel):
+    """The body of ``POST /v1/conversations/{id}/turns``: a user message or tool results,
+    told apart by ``role``."""
+
+    root: Annotated[TurnCreate | ToolResultsCreate, Field(discriminator="role")]
 
 
 class JsonSchemaFormat(Strict):

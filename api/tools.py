@@ -10,173 +10,30 @@ refuses with a 400 that names the field: a ``parameters`` that is not a JSON Sch
 object's), two functions of one name, a named function not in ``tools``, ``required`` or a
 named function without tools, a ``tool`` message whose id matches no earlier call.
 
-**The prompt.** SmolLM2's chat template (ChatML) has no tool format, so the tools are written
-the documented Hermes way (NousResearch's Hermes function-calling format, which vLLM's
-``hermes`` tool parser reads and Qwen2.5's template writes): after the system prompt, the
-functions as JSON inside ``<tools></tools>``, and each call the model makes as
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. Earlier calls are written back the
-same way and tool results go in a user message as ``<tool_response>`` blocks. The tools section
-is part of the system message, so it stays in the cached prefix from turn to turn and its
-tokens count as prompt tokens (TPM and cost) like any other.
+**The prompt and the answer**: inference/tool_format.py, the one Hermes renderer and parser
+(also used by conversation turns): the tools section in the system message, calls written back
+as ``<tool_call>`` blocks and results as ``<tool_response>`` blocks, ``required`` and a named
+function constrained by structured output, ``auto`` read from the blocks the model writes,
+streamed by :class:`ToolStream`.
 
-**The answer.**
-
-- ``required``: the answer is constrained (vLLM structured output) to a JSON array of
-  ``{"name", "arguments"}`` objects, one per call (at most one without
-  ``parallel_tool_calls``), each ``arguments`` valid against its function's schema by
-  construction;
-- a named function: the answer is constrained to that function's arguments object;
-- ``auto``: the model writes freely and the ``<tool_call>`` blocks it writes are the calls (a
-  block that is not JSON of a known function stays text);
-- ``none``: no tools in the prompt; an ordinary answer.
-
-Streamed (:class:`ToolStream`), a named function's arguments go out as string fragments as
-they are generated; ``auto`` text goes out as it comes until a ``<tool_call>`` begins; the calls
-of ``auto`` and ``required`` go out once each call is complete (its id and name, then its
-arguments).
+The same checks serve ``POST /v1/conversations/{id}/turns`` (:func:`calling_from`), which takes
+``tools``, ``tool_choice`` and ``parallel_tool_calls`` with a user message or tool results.
 """
 
 from __future__ import annotations
-
-import json
-import re
-import uuid
-from dataclasses import dataclass, field
 
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 
 from api import schemas
 from core.errors import ApiError
+from inference.tool_format import TOOLS_HEADER, ToolCalling, ToolStream, hermes_messages
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-# The Hermes system-prompt section (Qwen2.5's chat template writes the same words).
-TOOLS_HEADER = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-TOOLS_FOOTER = (
-    "</tools>\n\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-)
+__all__ = ["TOOLS_HEADER", "ToolCalling", "ToolStream", "calling_from", "messages_check", "prompt_messages", "tool_calling"]
 
 
 def _bad(message: str) -> ApiError:
     return ApiError(400, "invalid_request", message)
-
-
-@dataclass(frozen=True)
-class ToolCalling:
-    """What a request asks of function calling (:func:`tool_calling`). ``mode``: ``"none"``,
-    ``"auto"``, ``"required"`` or ``"named"``; ``named``: the function for ``"named"``;
-    ``functions``: name -> its definition (the request's order); ``parallel``:
-    ``parallel_tool_calls``."""
-
-    mode: str
-    functions: dict[str, schemas.FunctionDefinition] = field(default_factory=dict)
-    named: str = ""
-    parallel: bool = True
-
-    @property
-    def in_prompt(self) -> bool:
-        """Whether the tools go into the prompt (not for ``none``)."""
-        return self.mode != "none" and bool(self.functions)
-
-    def system_section(self) -> str:
-        """The Hermes tools section for the end of the system message ("" when no tools go
-        into the prompt): one compact JSON line per function, in the request's order, so the
-        same tools give the same tokens (the cached prefix)."""
-        if not self.in_prompt:
-            return ""
-        lines = [
-            json.dumps({"type": "function", "function": f.model_dump(exclude_none=True)}, ensure_ascii=False)
-            for f in self.functions.values()
-        ]
-        return "\n".join([TOOLS_HEADER, *lines, TOOLS_FOOTER])
-
-    def guided_schema(self) -> dict | None:
-        """The JSON Schema the answer is constrained to: the named function's arguments, or
-        for ``required`` an array of ``{"name", "arguments"}`` calls (one item at most without
-        parallel calls); None for ``auto`` and ``none`` (free text)."""
-        if self.mode == "named":
-            return _arguments_schema(self.functions[self.named])
-        if self.mode != "required":
-            return None
-        items = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": name}, "arguments": _arguments_schema(f)},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for name, f in self.functions.items()
-        ]
-        schema = {"type": "array", "minItems": 1, "items": items[0] if len(items) == 1 else {"anyOf": items}}
-        if not self.parallel:
-            schema["maxItems"] = 1
-        return schema
-
-    def parse(self, text: str) -> tuple[str | None, list[dict]]:
-        """(content, tool calls) of a whole answer ``text``: OpenAI's ``message.content`` (None
-        when the answer is only calls) and ``message.tool_calls`` items (``{"id", "type":
-        "function", "function": {"name", "arguments"}}``, arguments a JSON text). A constrained
-        answer that does not parse (cut off at the token budget) is returned as content with no
-        calls."""
-        if self.mode == "named":
-            try:
-                json.loads(text)
-            except ValueError:
-                return text, []
-            return None, [_call(self.named, text.strip())]
-        if self.mode == "required":
-            try:
-                calls = json.loads(text)
-            except ValueError:
-                return text, []
-            return None, [_call(c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in calls]
-        if self.mode != "auto":
-            return text, []
-        calls = []
-        for block in _CALL_BLOCK.findall(text):
-            call = self._known_call(block)
-            if call is not None:
-                calls.append(call)
-        if not calls:
-            return text, []
-        if not self.parallel:
-            calls = calls[:1]
-        content = _CALL_BLOCK.sub("", text).strip()
-        return (content or None), calls
-
-    def _known_call(self, block: str) -> dict | None:
-        """The call a ``<tool_call>`` block holds when it is ``{"name": <a function of the
-        request>, "arguments": {...}}``, else None."""
-        try:
-            data = json.loads(block)
-        except ValueError:
-            return None
-        if not isinstance(data, dict) or data.get("name") not in self.functions:
-            return None
-        arguments = data.get("arguments", {})
-        if isinstance(arguments, str):  # some models write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        return _call(data["name"], json.dumps(arguments, ensure_ascii=False))
-
-
-def _call(name: str, arguments: str) -> dict:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def _arguments_schema(function: schemas.FunctionDefinition) -> dict:
-    return function.parameters if function.parameters else {"type": "object", "properties": {}}
 
 
 def tool_calling(body: schemas.ChatCompletionCreate) -> ToolCalling:
@@ -184,29 +41,40 @@ def tool_calling(body: schemas.ChatCompletionCreate) -> ToolCalling:
     (module docstring). Raises ApiError 400 naming the field for each fault the module
     docstring lists, and for ``response_format`` beside a required or named tool choice (one
     answer cannot be constrained to two schemas)."""
-    functions: dict[str, schemas.FunctionDefinition] = {}
-    for index, tool in enumerate(body.tools or []):
+    calling = calling_from(body.tools, body.tool_choice, body.parallel_tool_calls)
+    if calling.mode in ("required", "named") and body.response_format is not None and body.response_format.type != "text":
+        raise _bad("response_format cannot be combined with a required or named tool_choice.")
+    messages_check(body.messages)
+    return calling
+
+
+def calling_from(
+    tools: list[schemas.ToolDefinition] | None,
+    tool_choice: str | schemas.NamedToolChoice | None,
+    parallel_tool_calls: bool = True,
+) -> ToolCalling:
+    """The function calling a request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``
+    ask for (``auto`` when tools are given and no choice, else ``none``). Raises ApiError 400
+    naming the field: a ``parameters`` that is not a JSON Schema (or not an object's), two
+    functions of one name, a named function not in ``tools``, ``required`` or a named function
+    without tools."""
+    functions: dict[str, dict] = {}
+    for index, tool in enumerate(tools or []):
         function = tool.function
         if function.name in functions:
             raise _bad(f"tools[{index}].function.name: '{function.name}' is given twice; names must be unique.")
         if function.parameters is not None:
             _schema_check(function.parameters, f"tools[{index}].function.parameters")
-        functions[function.name] = function
-    choice = body.tool_choice
-    if isinstance(choice, schemas.NamedToolChoice):
-        if choice.function.name not in functions:
+        functions[function.name] = function.model_dump(exclude_none=True)
+    if isinstance(tool_choice, schemas.NamedToolChoice):
+        if tool_choice.function.name not in functions:
             known = ", ".join(functions) or "none"
-            raise _bad(f"tool_choice: the function '{choice.function.name}' is not in tools (given: {known}).")
-        calling = ToolCalling("named", functions, named=choice.function.name, parallel=body.parallel_tool_calls)
-    else:
-        mode = choice or ("auto" if functions else "none")
-        if mode == "required" and not functions:
-            raise _bad("tool_choice: 'required' needs at least one function in tools.")
-        calling = ToolCalling(mode, functions, parallel=body.parallel_tool_calls)
-    if calling.mode in ("required", "named") and body.response_format is not None and body.response_format.type != "text":
-        raise _bad("response_format cannot be combined with a required or named tool_choice.")
-    messages_check(body.messages)
-    return calling
+            raise _bad(f"tool_choice: the function '{tool_choice.function.name}' is not in tools (given: {known}).")
+        return ToolCalling("named", functions, named=tool_choice.function.name, parallel=parallel_tool_calls)
+    mode = tool_choice or ("auto" if functions else "none")
+    if mode == "required" and not functions:
+        raise _bad("tool_choice: 'required' needs at least one function in tools.")
+    return ToolCalling(mode, functions, parallel=parallel_tool_calls)
 
 
 def _schema_check(parameters: dict, where: str) -> None:
@@ -246,115 +114,18 @@ def messages_check(messages: list[schemas.ChatMessage]) -> None:
 
 
 def prompt_messages(messages: list[schemas.ChatMessage]) -> list[dict[str, str]]:
-    """``messages`` as ``[{role, content}]`` texts for the model's chat template: ``developer``
-    read as ``system``; an assistant message's calls written after its text as Hermes
-    ``<tool_call>`` blocks; consecutive ``tool`` results joined into one user message of
-    ``<tool_response>`` blocks (ChatML has no tool role)."""
-    out: list[dict[str, str]] = []
-    for message in messages:
-        role = "system" if message.role == "developer" else message.role
-        text = message.text()
-        if role == "assistant" and message.tool_calls:
-            blocks = [
-                f"{CALL_OPEN}\n{json.dumps({'name': c.function.name, 'arguments': _arguments_of(c)}, ensure_ascii=False)}\n{CALL_CLOSE}"
-                for c in message.tool_calls
-            ]
-            text = "\n".join([text, *blocks] if text else blocks)
-        if role == "tool":
-            block = f"<tool_response>\n{text}\n</tool_response>"
-            if out and out[-1].get("tool_results"):
-                out[-1]["content"] += "\n" + block
-                continue
-            out.append({"role": "user", "content": block, "tool_results": "1"})
-            continue
-        out.append({"role": role, "content": text})
-    for message in out:
-        message.pop("tool_results", None)
-    return out
-
-
-def _arguments_of(call: schemas.ToolCall):
-    """A call's arguments as an object for the prompt (the text itself when it is not JSON)."""
-    try:
-        return json.loads(call.function.arguments)
-    except ValueError:
-        return call.function.arguments
-
-
-class ToolStream:
-    """Text deltas of a streamed answer -> OpenAI chunk deltas (module docstring, "Streamed").
-    :meth:`feed` each text as it comes, then :meth:`close`; each returns the deltas to send
-    (``{"content": ...}`` or ``{"tool_calls": [...]}``). :attr:`calls` counts the calls sent."""
-
-    def __init__(self, calling: ToolCalling):
-        self.calling = calling
-        self.calls = 0
-        self._text = ""  # everything generated
-        self._sent = 0  # characters of _text sent as content (auto) or arguments (named)
-        self._named_id = ""
-
-    def feed(self, text: str) -> list[dict]:
-        self._text += text
-        mode = self.calling.mode
-        if mode == "named":
-            deltas = []
-            if not self._named_id:
-                self._named_id = f"call_{uuid.uuid4().hex[:24]}"
-                self.calls = 1
-                deltas.append(_call_delta(0, id=self._named_id, name=self.calling.named, arguments=""))
-            deltas.append(_call_delta(0, arguments=text))
-            return deltas
-        if mode == "auto":
-            held = self._text[self._sent :]
-            start = held.find(CALL_OPEN)  # once a call begins, all after it is held to the end
-            safe = held[:start] if start >= 0 else held[: len(held) - _prefix_overlap(held, CALL_OPEN)]
-            self._sent += len(safe)
-            return [{"content": safe}] if safe else []
-        if mode == "required":
-            return []
-        return [{"content": text}] if text else []
-
-    def close(self) -> list[dict]:
-        """The deltas left at the end: ``required``'s and ``auto``'s calls (or, when no call
-        parses, the text held back as content)."""
-        mode = self.calling.mode
-        if mode in ("named", "none"):
-            return []
-        rest = self._text[self._sent :]
-        if mode == "required":
-            content, calls = self.calling.parse(self._text)
-        else:
-            content, calls = self.calling.parse(rest)
-        if not calls:
-            return [{"content": rest}] if rest else []
-        deltas = []
-        if mode == "auto" and content:
-            deltas.append({"content": content})
-        for index, call in enumerate(calls):
-            function = call["function"]
-            deltas.append(_call_delta(index, id=call["id"], name=function["name"], arguments=""))
-            deltas.append(_call_delta(index, arguments=function["arguments"]))
-        self.calls = len(calls)
-        return deltas
-
-
-def _call_delta(index: int, *, id: str = "", name: str = "", arguments: str | None = None) -> dict:
-    item: dict = {"index": index}
-    if id:
-        item["id"], item["type"] = id, "function"
-    function: dict = {}
-    if name:
-        function["name"] = name
-    if arguments is not None:
-        function["arguments"] = arguments
-    item["function"] = function
-    return {"tool_calls": [item]}
-
-
-def _prefix_overlap(text: str, marker: str) -> int:
-    """The length of the longest end of ``text`` that begins ``marker`` (held back in case the
-    marker is being written)."""
-    for size in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
+    """``messages`` as ``[{role, content}]`` texts for the model's chat template, in the Hermes
+    format (inference/tool_format.py ``hermes_messages``): calls as ``<tool_call>`` blocks after
+    the assistant's text, consecutive tool results as one user message of ``<tool_response>``
+    blocks, ``developer`` read as ``system``."""
+    return hermes_messages(
+        [
+            {
+                "role": m.role,
+                "content": m.text(),
+                "tool_calls": [c.model_dump() for c in m.tool_calls or ()],
+                "tool_call_id": m.tool_call_id,
+            }
+            for m in messages
+        ]
+    )

@@ -11,14 +11,14 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.utils.dateparse import parse_datetime
 
 from accounts.callers import acaller_for
-from api import idempotency, schemas
+from api import idempotency, schemas, tools
 from core.errors import ApiError
 from core.http import api_view, parse_json, query_int
 from attachments.api import attachment_json
 from attachments.selectors import attachments_by_turn
 from attachments.services import turn_attachments
 from core import redis_guard
-from conversations import deletion, locks, plan, selectors, services, submit, turnstream
+from conversations import deletion, locks, plan, selectors, services, submit, toolrounds, turnstream
 from conversations.models import Conversation, Turn
 from core.db import release_db_connection
 from core.sse import last_event_id, sse_response
@@ -68,6 +68,10 @@ def _turn_json(turn: Turn) -> dict:
         "cached_tokens": turn.cached_tokens,
         "cost_usd": str(turn.cost_usd) if turn.cost_usd is not None else None,
         "moderation_verdict": turn.moderation_verdict,
+        # Function calling: an answer's calls ([] for none), a tool turn's call id (null else).
+        "tool_calls": list(getattr(turn, "tool_calls", None) or []),
+        "tool_call_id": getattr(turn, "tool_call_id", "") or None,
+        "finish_reason": getattr(turn, "finish_reason", "") or None,
         "created_at": turn.created_at.isoformat(),
     }
 
@@ -186,9 +190,15 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     with an ``id:``). The answer's turn id is in the ``X-Turn-Id`` header, for resuming at
     ``GET .../turns/{turn_id}/events``. 409 while another answer is being written.
     ``replaces``: edit that user turn (the new one takes its place; 400 if it is not a user
-    turn of this conversation)."""
+    turn of this conversation). ``tools`` / ``tool_choice`` / ``parallel_tool_calls``: function
+    calling as on /v1/chat/completions (api/tools.py; 400 for what it refuses): an answer that
+    calls functions sends ``tool_call`` events and ends ``done`` with ``finish_reason``
+    ``tool_calls``. ``role: "tool"``: the results of those calls (:func:`_tool_results`)."""
     user = request.api_user
-    body = parse_json(request, schemas.TurnCreate)
+    body = parse_json(request, schemas.TurnOrResults).root
+    if isinstance(body, schemas.ToolResultsCreate):
+        return await _tool_results(request, conversation_id, body)
+    calling = _calling(body)
     key = idempotency.key_from_header(request.headers.get("Idempotency-Key"))
     conversation = await selectors.aconversation_get_for_user(
         conversation_id=conversation_id, user=user
@@ -210,6 +220,7 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
                 max_tokens=body.max_tokens,
                 explicit_max_tokens=True,
                 replaces=replaces,
+                tools=calling,
             )
             await attached.link(question)
     except plan.ContentBlocked as exc:
@@ -227,6 +238,45 @@ async def turns(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
         raise ApiError(409, "conflict", str(exc)) from None
     if key is not None:
         await idempotency.record(user.pk, key, fingerprint, conversation_id, stream.answer_id)
+    return await _stream_response(stream, question)
+
+
+def _calling(body) -> tools.ToolCalling | None:
+    """The function calling ``body`` asks for (api/tools.py ``calling_from``), None when it
+    sends no ``tools`` and no ``tool_choice``. Raises ApiError 400 as that does."""
+    if body.tools is None and body.tool_choice is None:
+        return None
+    return tools.calling_from(body.tools, body.tool_choice, body.parallel_tool_calls)
+
+
+async def _tool_results(request: HttpRequest, conversation_id: UUID, body: schemas.ToolResultsCreate) -> HttpResponse:
+    """``POST .../turns`` with ``role: "tool"``: store ``results`` as ``tool`` turns answering the
+    calls of the answer the branch shown ends with (conversations/submit.py
+    ``tool_results_submit``). Once every call has a result, the next answer streams as for a
+    user turn (headers ``X-Turn-Id``, ``X-User-Turn-Id``: the question answered); while calls
+    still await results, 202 ``{"tool_turns": [ids], "awaiting": [call ids]}``. 400 for an id
+    that matches no call of that answer, a result given twice or already, an answer that made
+    no calls; 409 while another answer is being written."""
+    conversation = await selectors.aconversation_get_for_user(conversation_id=conversation_id, user=request.api_user)
+    calling = _calling(body)
+    try:
+        stored, stream = await submit.tool_results_submit(
+            conversation=conversation, results=[(r.tool_call_id, r.content) for r in body.results],
+            tools=calling, model=body.model, max_tokens=body.max_tokens, explicit_max_tokens=True,
+        )  # fmt: skip
+    except toolrounds.ToolResultsInvalid as exc:
+        raise ApiError(400, "invalid_request", str(exc)) from None
+    except locks.ConversationBusy as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    if stream is None:
+        turns = await sync_to_async(selectors.turn_list)(conversation=conversation)
+        calls = next(t for t in turns if t.turn_id == stored[0].reply_to_id)
+        answered = toolrounds.results_by_call_turn(turns).get(calls.turn_id, [])
+        return JsonResponse(
+            {"tool_turns": [str(t.turn_id) for t in stored], "awaiting": toolrounds.pending_calls(calls, answered)},
+            status=202,
+        )
+    question = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=stream.question_id)
     return await _stream_response(stream, question)
 
 

@@ -1,12 +1,14 @@
 """The events of a turn stream, written once for every writer and reader.
 
 A turn stream (conversations/turnstream.py, mirrored to Redis by conversations/turnlog.py) is a
-numbered list of SSE events: ``token`` (``{"text"}``) any number of times, then exactly one
-terminal event:
+numbered list of SSE events: ``token`` (``{"text"}``) any number of times, for an answer that
+calls functions one ``tool_call`` per call (``{"index", "id", "type": "function", "function":
+{"name", "arguments"}}``, OpenAI's ``tool_calls`` item), then exactly one terminal event:
 
 - ``done``: the answer is stored; ``finish_reason`` ``stop`` (the model ended), ``length`` (the
-  completion budget ran out: the answer is cut off) or ``cancelled`` (Stop, or nobody came back
-  within the grace period);
+  completion budget ran out: the answer is cut off), ``tool_calls`` (it called functions: the
+  event carries them as ``tool_calls`` too, so a stream resumed after it still sees them) or
+  ``cancelled`` (Stop, or nobody came back within the grace period);
 - ``moderation``: the output gate withdrew the answer (``finish_reason`` ``moderation``; the
   client removes what it showed);
 - ``error``: the answer failed (``finish_reason`` ``error``; a message a person can act on).
@@ -55,8 +57,8 @@ def usage_payload(answer: Turn) -> dict:
 def done_payload(answer: Turn, finish_reason: str | None = None) -> dict:
     """The ``done`` event's data for a stored (or held) assistant turn: turn id, status,
     ``finish_reason`` (module docstring), usage, the pool and model version that answered, and
-    the answer's sanitised HTML."""
-    return {
+    the answer's sanitised HTML; ``tool_calls`` for an answer that called functions."""
+    payload = {
         "turn_id": str(answer.turn_id),
         "status": answer.status,
         "finish_reason": finish_reason_of(answer, finish_reason),
@@ -65,6 +67,9 @@ def done_payload(answer: Turn, finish_reason: str | None = None) -> dict:
         "model_version": answer.model_version,
         "html": markdown_to_safe_html(answer.content),
     }
+    if getattr(answer, "tool_calls", None):
+        payload["tool_calls"] = answer.tool_calls
+    return payload
 
 
 def moderation_payload(answer: Turn) -> dict:

@@ -3,7 +3,11 @@ gate beside the stream, one tally, one settle) rendered as turn-stream events, t
 
 :func:`generation_start` starts the task for an admitted plan (conversations/plan.py); the task
 publishes ``token`` events as the engine sends text and ends with exactly one terminal event
-(conversations/events.py), after the answer is durable and settled.
+(conversations/events.py), after the answer is durable and settled. An answer asked for with
+tools (the plan's ``tools``, inference/tool_format.py) is constrained as ``/v1/chat/completions``
+constrains it, streams only its text (a ``<tool_call>`` block is held back), and publishes one
+``tool_call`` event per call it made before its terminal event; it is stored with its
+``tool_calls`` and ``finish_reason`` ``tool_calls`` (conversations/toolrounds.py).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from uuid import UUID
 
 from django.conf import settings
 
-from conversations import cache, held, summaries, turnlog, writeback
+from conversations import cache, held, summaries, toolrounds, turnlog, writeback
 from conversations.events import error_payload, terminal_event
 from conversations.locks import ensure_idle
 from conversations.models import Turn
@@ -25,6 +29,7 @@ from conversations.turnstream import TurnStream, stream_for_answer, stream_regis
 from core.db import run_in_db_thread
 from gateway import run
 from inference.engine import EngineUnavailable, GenerationOptions
+from inference.tool_format import ToolCalling, ToolStream
 from moderation.verdicts import Verdict
 
 logger = logging.getLogger(__name__)
@@ -48,7 +53,8 @@ def generation_start(
     in Redis. ``replaces_id``: the answer the new one regenerates (stored as its ``replaces``).
     ``claimed``: the caller holds the conversation's claim (conversations/locks.py).
     ``continues``: the cut-off answer this one continues (Continue; ``plan``'s prompt ends with
-    its text): the stored answer is its text, then the new. Must be
+    its text): the stored answer is its text, then the new; or the answer whose tool calls it
+    follows (conversations/toolrounds.py): the stored answer is only the new text. Must be
     called from the server's event loop. Raises ConversationBusy if the conversation is already
     generating. The task holds the stream in the registry until its answer is stored.
     """
@@ -64,7 +70,7 @@ def generation_start(
         context_trimmed=plan.context_trimmed,
         plan=plan,
         continues_id=continues.turn_id if continues is not None else None,
-        prefix=continues.content if continues is not None else "",
+        prefix=continues.content if continues is not None and not toolrounds.made_calls(continues) else "",
     )
     stream_register(stream)
     stream.task = asyncio.get_running_loop().create_task(
@@ -81,13 +87,38 @@ def _stop_local(answer_id: UUID) -> None:
         stream.stop()
 
 
-def _options(max_tokens: int, conversation_id: UUID) -> GenerationOptions:
+def _options(max_tokens: int, conversation_id: UUID, tools: ToolCalling | None = None) -> GenerationOptions:
+    """Sampling for a turn; ``tools``: its function calling, whose ``required`` or named choice
+    constrains the answer (structured output, inference/tool_format.py ``guided_schema``)."""
     return GenerationOptions(
         max_tokens=max_tokens,
         temperature=settings.CHAT_TEMPERATURE,
         stop=tuple(settings.CHAT_STOP),
         affinity=str(conversation_id),  # its turns go to one node of a pool (prefix cache)
+        json_schema=tools.guided_schema() if tools is not None else None,
     )
+
+
+def _texts(deltas: list[dict]) -> list[str]:
+    """The text of a ToolStream's content deltas (its call deltas are read from the whole
+    answer at the end: :func:`_tool_outcome`)."""
+    return [d["content"] for d in deltas if d.get("content")]
+
+
+def _finish_reason(answer: run.Answer, outcome: tuple[str, list[dict]] | None) -> str:
+    """Why the answer ended, as stored and sent: ``tool_calls`` when it called functions (its
+    settled status stays that of a model that stopped: complete), else the pipeline's."""
+    return toolrounds.TOOL_CALLS if outcome and outcome[1] else (answer.finish_reason or "")
+
+
+def _tool_outcome(tools: ToolCalling, answer: run.Answer) -> tuple[str, list[dict]]:
+    """(content to store, calls) of a finished answer asked for with ``tools``: the calls it
+    made and its text without them; its whole text and no calls when it ended otherwise than
+    by itself (cut off, stopped, withdrawn, failed) or made none."""
+    if answer.finish_reason not in (None, "stop"):
+        return answer.text, []
+    content, calls = tools.parse(answer.text)
+    return (content or ""), calls
 
 
 async def _generate(stream: TurnStream, question: Turn) -> None:
@@ -96,12 +127,16 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
     answer = run.Answer(run.Tally(prompt_tokens=len(plan.token_ids)))
     error: str | None = None
     output_gate = run.output_gate_for(plan.admitted, _on_flag(stream))
+    tools = plan.tools if plan.tools is not None and plan.tools.mode != "none" else None
+    shown = ToolStream(tools) if tools is not None else None
+    options = _options(plan.max_tokens, stream.conversation_id, tools)
     try:
         async for text in run.generate(
-            plan.admitted, plan.token_ids, _options(plan.max_tokens, stream.conversation_id), str(stream.answer_id), answer,
+            plan.admitted, plan.token_ids, options, str(stream.answer_id), answer,
             output_gate=output_gate, resume_attempts=settings.CHAT_ENGINE_RESUME_ATTEMPTS,
         ):  # fmt: skip
-            stream.publish("token", {"text": text})
+            for piece in _texts(shown.feed(text)) if shown is not None else [text]:
+                stream.publish("token", {"text": piece})
     except asyncio.CancelledError:
         pass  # Stop, abandoned, deleted or withdrawn: answer.finish_reason says which
     except EngineUnavailable as exc:
@@ -116,7 +151,15 @@ async def _generate(stream: TurnStream, question: Turn) -> None:
     if answer.finish_reason == run.MODERATION and answer.flagged is not None:
         # Before the terminal event: whoever hears "withdrawn" can find it under review.
         await _withdrawn_keep(stream, answer)
-    await _finish(stream, question, answer, error)
+    outcome = None
+    if tools is not None and error is None and answer.finish_reason != run.MODERATION:
+        outcome = _tool_outcome(tools, answer)
+        if not outcome[1]:  # no call: the text held back (a block that did not parse) is text after all
+            for piece in _texts(shown.close()):
+                stream.publish("token", {"text": piece})
+        for index, call in enumerate(outcome[1]):
+            stream.publish("tool_call", {"index": index, **call})
+    await _finish(stream, question, answer, error, outcome)
     if plan.want_summary and not stream.zero_retention:
         await run_in_db_thread(summaries.summary_request, conversation_id=stream.conversation_id)
 
@@ -165,9 +208,10 @@ async def _despite_cancellation(awaitable) -> object:
             continue
 
 
-def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
+def _record(stream: TurnStream, question: Turn, answer: run.Answer, outcome: tuple[str, list[dict]] | None = None) -> dict:
     """The held record of the answer (conversations/held.py): a blocked answer keeps its
-    verdict and none of the flagged text; its cost from the one cost function."""
+    verdict and none of the flagged text; its cost from the one cost function. ``outcome``:
+    (content, calls) of an answer asked for with tools (:func:`_tool_outcome`)."""
     admitted = stream.plan.admitted
     pool = admitted.route.pool
     verdict = answer.flagged or answer.verdict
@@ -176,7 +220,7 @@ def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
         turn_id=stream.answer_id,
         reply_to_id=question.turn_id,
         # Continue: the plan's prompt ends with the continued text; the answer is it, then the new.
-        content="" if answer.finish_reason == run.MODERATION else stream.prefix + answer.text,
+        content="" if answer.finish_reason == run.MODERATION else stream.prefix + (outcome[0] if outcome else answer.text),
         status=answer.status,
         prompt_tokens=answer.tally.prompt_tokens,
         completion_tokens=answer.tally.completion_tokens,
@@ -189,14 +233,17 @@ def _record(stream: TurnStream, question: Turn, answer: run.Answer) -> dict:
         # A withdrawn answer is not the user's cost (issue 28; the ledger has it as the operator's).
         cost_usd=Decimal(0) if answer.finish_reason == run.MODERATION else run.answer_cost(admitted, answer.tally),
         moderation_verdict=verdict.as_json() if verdict is not None else None,
-        finish_reason=answer.finish_reason or "",
+        finish_reason=_finish_reason(answer, outcome),
         continues_id=stream.continues_id,
         ttft_ms=answer.ttft_ms,
         tpot_ms=answer.tpot_ms,
+        tool_calls=outcome[1] if outcome else None,
     )
 
 
-async def _finish(stream: TurnStream, question: Turn, answer: run.Answer, error: str | None) -> None:
+async def _finish(
+    stream: TurnStream, question: Turn, answer: run.Answer, error: str | None, outcome: tuple[str, list[dict]] | None = None
+) -> None:
     """Make the answer durable (shielded: a second cancel cannot lose it), settle it, free the
     conversation, then publish the terminal event.
 
@@ -208,7 +255,7 @@ async def _finish(stream: TurnStream, question: Turn, answer: run.Answer, error:
     status = answer.status
     stored: Turn | None = None
     try:
-        record = _record(stream, question, answer)
+        record = _record(stream, question, answer, outcome)
         stored = held.record_turn(record)
         await _despite_cancellation(writeback.answer_finish(record=record))
         # Write-through: the next prompt and the page see the answer before PostgreSQL has it
@@ -234,6 +281,6 @@ async def _finish(stream: TurnStream, question: Turn, answer: run.Answer, error:
     if error is not None or stored is None:
         stream.publish("error", error_payload(stream.answer_id, error or "The answer failed."))
     else:
-        stream.publish(*terminal_event(stored, answer.finish_reason))
+        stream.publish(*terminal_event(stored, _finish_reason(answer, outcome)))
     stream.close()
     await _despite_cancellation(stream.log.wait_flushed())

@@ -79,13 +79,14 @@ def answer_record(
     continues_id: UUID | None = None,
     ttft_ms: float | None = None,
     tpot_ms: float | None = None,
+    tool_calls: list[dict] | None = None,
 ) -> dict[str, Any]:
     """The record of an answer that finished now (tokens: counts; ``status``: Turn.Status;
     ``replaces_id``: the answer it regenerates; ``context_trimmed``: Turn.context_trimmed;
     ``pool`` / ``model_version`` / ``cached_tokens`` / ``cost_usd``: who answered and what it
     cost; ``moderation_verdict``: the output gate's; ``finish_reason``: why it ended;
     ``continues_id``: the cut-off answer it continues; ``ttft_ms`` / ``tpot_ms``: its
-    latency, milliseconds; Turn's fields of those names)."""
+    latency, milliseconds; ``tool_calls``: the calls it made; Turn's fields of those names)."""
     turn = Turn(
         turn_id=turn_id, conversation_id=conversation_id, role=Turn.Role.ASSISTANT,
         content=content, status=status, token_count=completion_tokens,
@@ -93,7 +94,7 @@ def answer_record(
         replaces_id=replaces_id, context_trimmed=context_trimmed, pool=pool,
         model_version=model_version, cached_tokens=cached_tokens, cost_usd=cost_usd,
         moderation_verdict=moderation_verdict or {}, finish_reason=finish_reason,
-        continues_id=continues_id, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+        continues_id=continues_id, ttft_ms=ttft_ms, tpot_ms=tpot_ms, tool_calls=tool_calls or [],
     )  # fmt: skip
     return turn_record(turn, zero_retention=zero_retention)
 

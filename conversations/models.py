@@ -188,6 +188,13 @@ class Turn(models.Model):
     # compares model versions by them.
     ttft_ms = models.FloatField(null=True, blank=True)
     tpot_ms = models.FloatField(null=True, blank=True)
+    # Function calling (issue 30): on an assistant turn, the calls it made (OpenAI's
+    # ``tool_calls`` items: ``{"id", "type": "function", "function": {"name", "arguments"}}``,
+    # arguments a JSON text; [] for none); on a ``tool`` turn, the id of the call whose result it
+    # is (its ``reply_to`` is the assistant turn that made the call). Database defaults, as for
+    # ``pool``: adding them to the partitioned table rewrites nothing.
+    tool_calls = models.JSONField(default=list, blank=True, db_default=[])
+    tool_call_id = models.CharField(max_length=200, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

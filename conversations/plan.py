@@ -33,6 +33,7 @@ from inference.prompts import (
     system_message,
 )
 from inference.router import Route
+from inference.tool_format import ToolCalling, chat_encoder
 from moderation.verdicts import Verdict
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,9 @@ class TurnPlan:
     ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
     ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
     ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
-    ``verdict``: the input gate's verdict on the new message (None: none was checked).
+    ``verdict``: the input gate's verdict on the new message (None: none was checked);
+    ``tools``: the function calling asked for this answer (inference/tool_format.py; None: no
+    tools), whose section or template tools the prompt holds.
     """
 
     admitted: run.Admitted
@@ -59,6 +62,7 @@ class TurnPlan:
     context_trimmed: int
     want_summary: bool
     verdict: Verdict | None = None
+    tools: ToolCalling | None = None
 
     @property
     def route(self) -> Route:
@@ -110,12 +114,17 @@ def _prompt_prepare(
     last_turn_at=None,
     conversation=None,
     memory_query: Future | None = None,
+    tools: ToolCalling | None = None,
+    after_question: list[dict] | None = None,
 ) -> tuple[list[int], int, int, bool]:
     """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
     history and the owner's memory). ``conversation``: its owner's memory block goes into the
     prompt (:func:`_memory`: all their facts, or for an overflow user those most like the
     question); ``memory_query``: the question's embedding, started early
-    (:func:`amemory_query_start`). Returns (token ids,
+    (:func:`amemory_query_start`). ``tools``: the answer's function calling (its definitions end
+    the system message, or go to a template with a tool format); ``after_question``: the tool
+    rounds of the answer being written (OpenAI-shaped messages, conversations/toolrounds.py).
+    Returns (token ids,
     completion budget, context_trimmed, want_summary). Raises PromptTooLong,
     Conversation.DoesNotExist."""
     owner = conversation.owner if conversation is not None else None
@@ -135,9 +144,13 @@ def _prompt_prepare(
         memory, route=route, engine=engine, system_prompt=system_prompt,
         custom_instructions=instructions["custom_instructions"],
     )  # fmt: skip
+    # Tool calls and results in the history, and the tools, in the model's tool format.
+    encode_chat, tools_section = chat_encoder(engine, tools)
     # Stable first, changing last (inference/prompts.py): preamble and site prompt, custom
-    # instructions, memory, the conversation's prompt, summary, turns.
+    # instructions, memory, the conversation's prompt, summary, tools, turns.
     fitted = prompt_assemble(
+        tools_section=tools_section,
+        after_question=after_question or (),
         system_prompt=system_prompt,
         **instructions,
         memory=memory,
@@ -151,7 +164,7 @@ def _prompt_prepare(
             ),
             relevant,
         ),
-        encode_chat=engine.encode_chat,
+        encode_chat=encode_chat,
         max_model_len=route.pool.max_context,
         max_tokens=max_tokens,
     )
@@ -319,11 +332,14 @@ def turn_prompt(
     planned: bool = False,
     memory_query: Future | None = None,
     continues_text: str = "",
+    tools: ToolCalling | None = None,
+    after_question: list[dict] | None = None,
 ) -> admission.PromptBuilder:
     """The prompt callback of an answer to ``question`` (gateway/admission.py ``PromptBuilder``):
     for the route and budget the gateway chose, the conversation's prompt (:func:`_prompt_prepare`,
     on the request's thread), its confidential instructions (:func:`_confidential_prompt`), and
-    as ``detail`` (context_trimmed, want_summary). ``continues_text``: see :func:`turn_plan`.
+    as ``detail`` (context_trimmed, want_summary). ``continues_text``, ``tools`` and
+    ``after_question``: see :func:`turn_plan`.
     The callback raises PromptTooLong, or gate.Refused 400 ``context_length_exceeded`` when a
     continued answer leaves no room."""
 
@@ -342,6 +358,8 @@ def turn_prompt(
             last_turn_at=conversation.last_turn_at,
             conversation=conversation,
             memory_query=memory_query,
+            tools=tools,
+            after_question=after_question,
         )
         if continues_text:
             token_ids = token_ids + pool_engine(route.pool).encode_text(continues_text)
@@ -371,6 +389,8 @@ async def turn_plan(
     memory_query: Future | None = None,
     continues_text: str = "",
     checked_text: str | None = None,
+    tools: ToolCalling | None = None,
+    after_question: list[dict] | None = None,
 ) -> TurnPlan:
     """Admit an answer to ``question`` through the gateway's admission sequence
     (gateway/admission.py ``admit``: route, shed, budget, this conversation's prompt, rate limit,
@@ -383,7 +403,10 @@ async def turn_plan(
     tokens end the prompt, so the model goes on from them, they count towards the rate limits as
     prompt tokens, and the completion budget is what the pool's context leaves after them (at
     most the usual one). ``checked_text``: the new message, for the input gate (None: no check,
-    the question was checked when it was stored).
+    the question was checked when it was stored). ``tools``: the answer's function calling
+    (inference/tool_format.py): the definitions are part of the prompt, so they count as prompt
+    tokens for the rate limits and the cost like any other; ``after_question``: the tool rounds
+    of the answer being written after its calls' results (conversations/toolrounds.py).
     Raises gate.Refused (400/403/404/429/503; 400 context_length_exceeded for a prompt longer
     than the pool's context), admission.InputBlocked when the input gate flags ``checked_text``
     (the caller stores the message with its verdict)."""
@@ -392,13 +415,13 @@ async def turn_plan(
         explicit_max_tokens=explicit_max_tokens, checked_text=checked_text,
         build_prompt=turn_prompt(
             conversation=conversation, question=question, planned=planned, memory_query=memory_query,
-            continues_text=continues_text,
+            continues_text=continues_text, tools=tools, after_question=after_question,
         ),
     )  # fmt: skip
     trimmed, want_summary = plan.prompt.detail
     return TurnPlan(
         admitted=plan.admitted, token_ids=plan.prompt.token_ids, max_tokens=plan.prompt.max_tokens,
-        context_trimmed=trimmed, want_summary=want_summary, verdict=plan.verdict,
+        context_trimmed=trimmed, want_summary=want_summary, verdict=plan.verdict, tools=tools,
     )  # fmt: skip
 
 

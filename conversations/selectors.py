@@ -374,7 +374,7 @@ def _turns_after(conversation_id: UUID, after) -> list[Turn]:
     turns = list(
         query.order_by("created_at", "turn_id").only(
             "turn_id", "conversation_id", "role", "content", "status", "reply_to_id",
-            "replaces_id", "parent_id", "continues_id", "created_at",
+            "replaces_id", "parent_id", "continues_id", "created_at", "tool_calls", "tool_call_id",
         )
     )  # fmt: skip
     return _with_held(conversation_id, turns, keep=lambda t: after is None or t.created_at > after)
@@ -449,7 +449,7 @@ def prompt_context(
         ).count()  # fmt: skip
     return PromptContext(
         summary=history.summary if after is not None else "",
-        exchanges=versions.prompt_exchanges(tree.position(q, answer_choices) for q in chain),
+        exchanges=versions.prompt_exchanges((tree.position(q, answer_choices) for q in chain), turns),
         summarised=summarised,
     )
 

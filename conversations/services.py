@@ -4,7 +4,7 @@ Keyword-only, typed, one transaction each."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
@@ -216,6 +216,40 @@ def turn_append_user(
     conversation.title, conversation.last_turn_at = locked.title, locked.last_turn_at
     conversation.branch_choices = locked.branch_choices
     return turn
+
+
+@transaction.atomic
+@regions.atomic
+def turn_append_tools(*, conversation: Conversation, answer: Turn, results: list[tuple[str, str]]) -> list[Turn]:
+    """Append the results of ``answer``'s tool calls: one ``tool`` turn per (tool_call_id,
+    content) in ``results``, ``reply_to`` = ``answer`` (conversations/toolrounds.py; the caller
+    checked them with ``tool_results_check``), in the order given; returns them. A
+    zero-retention conversation's are held in Redis only, as its user turns are. The
+    conversation row is locked for the append, as for a user turn."""
+    now = timezone.now()
+    turns = [
+        Turn(
+            conversation_id=conversation.conversation_id, role=Turn.Role.TOOL, content=content,
+            tool_call_id=call_id, reply_to_id=answer.turn_id, created_at=now + timedelta(microseconds=index),
+        )  # fmt: skip
+        for index, (call_id, content) in enumerate(results)
+    ]
+    if conversation_zero_retention(conversation):
+        for turn in turns:
+            try:
+                held.hold(held.turn_record(turn, zero_retention=True), ttl_s=settings.CHAT_ZDR_TTL_S, due=False)
+            except (RedisError, OSError) as exc:
+                logger.warning("zero-retention tool turn %s not kept (Redis: %s)", turn.turn_id, exc)
+    else:
+        locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+        eligible = turn_training_eligible(owner_id=locked.owner_id, org_id=locked.org_id)
+        for turn in turns:
+            turn.training_eligible = eligible
+        Turn.objects.bulk_create(turns)
+    last = turns[-1].created_at
+    Conversation.objects.filter(pk=conversation.pk, last_turn_at__lt=last).update(last_turn_at=last)
+    conversation.last_turn_at = max(conversation.last_turn_at, last)
+    return turns
 
 
 def _zero_retention_user_turn(

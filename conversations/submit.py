@@ -1,7 +1,8 @@
 """A user's message in, an answer started: the conversation entrypoint of the one turn pipeline.
 
 :func:`turn_submit` (a new message, or an edit), :func:`answer_regenerate` (answer a question
-again) and :func:`answer_continue` (go on with a cut-off answer) claim the conversation
+again), :func:`answer_continue` (go on with a cut-off answer) and :func:`tool_results_submit`
+(the results of an answer's tool calls, then the answer after them) claim the conversation
 (conversations/locks.py), admit the answer through the gateway's one admission sequence
 (gateway/admission.py: route, shed, budget, the conversation's prompt from conversations/plan.py,
 rate limit, input verdict, policy), store the message, and start the generation
@@ -15,9 +16,10 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.utils import timezone
 
 from accounts.callers import acaller_of
-from conversations import cache, selectors, services
+from conversations import cache, selectors, services, toolrounds, turnlog, versions
 from conversations.generate import generation_start
 from conversations.locks import conversation_claim
 from conversations.models import Turn
@@ -27,6 +29,7 @@ from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
 from gateway import gate
 from gateway.admission import InputBlocked
+from inference.tool_format import ToolCalling
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,7 @@ async def turn_submit(
     max_tokens: int | None = None,
     explicit_max_tokens: bool = False,
     replaces: Turn | None = None,
+    tools: ToolCalling | None = None,
 ) -> tuple[Turn, TurnStream]:
     """Store a user message and start answering it; returns (user turn, answer stream).
 
@@ -47,7 +51,8 @@ async def turn_submit(
     organisation). ``model``: the pool this message asks for (becomes the conversation's
     model); ``max_tokens`` / ``explicit_max_tokens``: see gateway/gate.py ``answer_budget``. ``replaces``: the
     user turn this message edits (a user turn of this conversation, checked by the caller);
-    the edit is a new turn in its place (conversations/versions.py).
+    the edit is a new turn in its place (conversations/versions.py). ``tools``: the function
+    calling asked for the answer (inference/tool_format.py; checked by the caller).
 
     The conversation is claimed *before* anything is written (check and claim with no await
     between them, so atomic in the event loop): of two messages sent at the same moment one is
@@ -82,7 +87,7 @@ async def turn_submit(
             plan = await turn_plan(
                 conversation=conversation, caller=caller, question=draft, model=model,
                 max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens, planned=True,
-                memory_query=memory_query, checked_text=text,
+                memory_query=memory_query, checked_text=text, tools=tools,
             )  # fmt: skip
         except InputBlocked as exc:  # stored with its verdict; the engine never sees it
             question = await _question_store(
@@ -244,3 +249,80 @@ async def _answer_start(
     )
 
 
+async def tool_results_submit(
+    *,
+    conversation,
+    results: list[tuple[str, str]],
+    caller: gate.Caller | None = None,
+    tools: ToolCalling | None = None,
+    model: str | None = None,
+    max_tokens: int | None = None,
+    explicit_max_tokens: bool = False,
+) -> tuple[list[Turn], TurnStream | None]:
+    """Store ``results`` ((tool_call_id, content) pairs) for the calls of the answer the branch
+    shown ends with, as ``tool`` turns, and once every call of it has a result start the answer
+    after them (conversations/toolrounds.py); returns (the tool turns, that answer's stream, or
+    None while calls still await results).
+
+    The next answer continues the calling one (``continues``, same question) and its prompt is
+    the question's with the calls and results after it (``after_question``), rendered in the
+    model's tool format; ``tools``: the function calling asked for it (tools are per request).
+    The results pass the input gate as a message does. Claimed and admitted as in
+    :func:`turn_submit` (PF-P1): a refused answer leaves the results unstored. Raises
+    ToolResultsInvalid (a 400: the latest answer made no calls, an id that matches none of its
+    calls, a result given twice or already), ConversationBusy, gate.Refused.
+    """
+    conversation_id = conversation.conversation_id
+    answer_id = new_turn_id(conversation_id)
+    caller = await acaller_of(conversation, caller)
+    async with conversation_claim(conversation_id, answer_id):
+        turns = await sync_to_async(selectors.turn_list)(conversation=conversation)
+        calling = _calling_answer(conversation, turns)
+        earlier = toolrounds.results_by_call_turn(turns).get(calling.turn_id, []) if calling is not None else []
+        toolrounds.tool_results_check(calling, earlier, [call_id for call_id, _ in results])
+        drafts = [Turn(role=Turn.Role.TOOL, tool_call_id=call_id, content=content) for call_id, content in results]
+        if toolrounds.pending_calls(calling, [*earlier, *drafts]):
+            stored = await _tool_results_store(conversation, calling, results)
+            await turnlog.conversation_unlock(conversation_id, answer_id)  # no answer follows yet
+            return stored, None
+        question = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=calling.reply_to_id)
+        by_id = {t.turn_id: t for t in turns}
+        chain = [*toolrounds.calls_before(calling, by_id), calling]
+        answered = toolrounds.results_by_call_turn([*turns, *_drafted(drafts, calling)])
+        plan = await turn_plan(
+            conversation=conversation, caller=caller, question=question, model=model, max_tokens=max_tokens,
+            explicit_max_tokens=explicit_max_tokens, tools=tools, checked_text="\n\n".join(c for _, c in results),
+            after_question=toolrounds.round_messages(chain, answered),
+        )  # fmt: skip
+        try:
+            stored = await _tool_results_store(conversation, calling, results)
+        except BaseException:
+            await gate.settle(plan.decision, prompt_tokens=0, completion_tokens=0)
+            raise
+        stream = await _answer_start(conversation, question, plan, answer_id, continues=calling)
+    return stored, stream
+
+
+def _calling_answer(conversation, turns: list[Turn]) -> Turn | None:
+    """The answer the branch shown ends with (the last position's answer shown), or None."""
+    positions = versions.positions_build(turns, conversation.branch_choices, conversation.answer_choices)
+    return positions[-1].answer if positions else None
+
+
+def _drafted(drafts: list[Turn], calling: Turn) -> list[Turn]:
+    """``drafts`` as results of ``calling``'s calls, timed now (for ordering only; unsaved)."""
+    now = timezone.now()
+    for turn in drafts:
+        turn.reply_to_id, turn.created_at = calling.turn_id, now
+    return drafts
+
+
+async def _tool_results_store(conversation, calling: Turn, results: list[tuple[str, str]]) -> list[Turn]:
+    """Store the results as tool turns (services.turn_append_tools) and write them through to
+    the hot cache (conversations/cache.py; never raises)."""
+    previous_turn_at = conversation.last_turn_at
+    stored = await sync_to_async(services.turn_append_tools)(conversation=conversation, answer=calling, results=results)
+    for turn in stored:
+        await cache.aturn_cached(turn, after=previous_turn_at)
+        previous_turn_at = turn.created_at
+    return stored

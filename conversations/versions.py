@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
+from conversations import toolrounds
 from conversations.models import Turn
 
 # The key of the first messages' fork in Conversation.branch_choices (they have no parent).
@@ -271,15 +272,20 @@ def positions_build(
     return [tree.position(q, answer_choices) for q in tree.path(choices)]
 
 
-def prompt_exchanges(positions: Iterable[Position]) -> list[tuple[str, str]]:
-    """(question, answer) texts for a prompt: each position's current question with its usable
+def prompt_exchanges(positions: Iterable[Position], turns: Iterable[Turn] = ()) -> list[tuple[str, str | list[dict]]]:
+    """(question, answer) for a prompt: each position's current question with its usable
     answer (:meth:`Position.usable_answer`: the version shown), oldest first; positions without
-    one are left out."""
+    one are left out. An answer written after tool calls (conversations/toolrounds.py) is the
+    list of messages of its rounds then its text, when ``turns`` (the turns the positions were
+    built from) hold them; else its text."""
+    turns = list(turns)
+    by_id = {t.turn_id: t for t in turns}
+    results = toolrounds.results_by_call_turn(turns)
     exchanges = []
     for position in positions:
         answer = position.usable_answer()
         if answer is not None:
-            exchanges.append((position.question.content, answer.content))
+            exchanges.append((position.question.content, toolrounds.answer_messages(answer, by_id, results)))
     return exchanges
 
 

@@ -239,18 +239,26 @@ class VllmEngine:
             kwargs["compilation_config"] = {"compile_sizes": list(tuning.compile_sizes)}
         return kwargs
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
         """Apply the model's chat template to ``messages`` ([{role, content}]) -> token ids.
 
         The generation prompt (the assistant header) is appended, so the model answers next.
+        ``tools``: OpenAI ``tools`` items for a template with a tool format
+        (inference/tool_format.py ``chat_encoder``); None: none.
         """
         tokenizer = self._require_tokenizer()
+        extra = {"tools": tools} if tools else {}
         ids = tokenizer.apply_chat_template(
-            list(messages), tokenize=True, add_generation_prompt=True
+            list(messages), tokenize=True, add_generation_prompt=True, **extra
         )
         if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
+
+    def chat_template(self) -> str | None:
+        """The model's chat template (Jinja text), None when its tokenizer has none."""
+        template = getattr(self._require_tokenizer(), "chat_template", None)
+        return template if isinstance(template, str) else None
 
     def count_tokens(self, text: str) -> int:
         """Number of tokens ``text`` encodes to (no special tokens)."""

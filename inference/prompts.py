@@ -172,24 +172,38 @@ def chat_messages(
     system_prompt: str,
     memory: str = "",
     summary: str = "",
-    exchanges: Sequence[tuple[str, str]] = (),
+    exchanges: Sequence[tuple[str, str | Sequence[dict]]] = (),
     question: str | None = None,
     custom_instructions: str = "",
     conversation_prompt: str = "",
-) -> list[dict[str, str]]:
-    """Chat messages in the assembly's order: the system message (:func:`system_message`; left
-    out when empty), each (user, assistant) exchange oldest first, then ``question`` as the
-    last user message (None: no question, e.g. to count the tokens of a history)."""
+    tools_section: str = "",
+    after_question: Sequence[dict] = (),
+) -> list[dict]:
+    """Chat messages in the assembly's order: the system message (:func:`system_message`, then
+    ``tools_section``, the function definitions in the Hermes format (inference/tool_format.py),
+    last: stable from turn to turn, so in the cached prefix; left out when empty), each
+    (user, assistant) exchange oldest first, then ``question`` as the last user message (None:
+    no question, e.g. to count the tokens of a history) and ``after_question``, the tool rounds
+    of the answer being written. An exchange's assistant part is a text, or OpenAI-shaped
+    messages (calls, results, text) for an answer written after tool calls; such messages go to
+    the template through inference/tool_format.py ``hermes_messages`` (or as they are, for a
+    template with a tool format)."""
     system = system_message(
         system_prompt, memory, summary,
         custom_instructions=custom_instructions, conversation_prompt=conversation_prompt,
     )  # fmt: skip
+    if tools_section:
+        system = "\n\n".join(p for p in (system, tools_section) if p)
     messages = [{"role": "system", "content": system}] if system else []
     for user, assistant in exchanges:
         messages.append({"role": "user", "content": user})
-        messages.append({"role": "assistant", "content": assistant})
+        if isinstance(assistant, str):
+            messages.append({"role": "assistant", "content": assistant})
+        else:  # an answer after tool rounds: its calls, their results, then its text
+            messages.extend(assistant)
     if question is not None:
         messages.append({"role": "user", "content": question})
+        messages.extend(after_question)
     return messages
 
 
@@ -219,6 +233,8 @@ def prompt_assemble(
     summary: str = "",
     custom_instructions: str = "",
     conversation_prompt: str = "",
+    tools_section: str = "",
+    after_question: Sequence[dict] = (),
 ) -> AssembledPrompt:
     """Assemble a conversation's prompt within ``budget = max_model_len - max_tokens`` tokens.
 
@@ -239,7 +255,10 @@ def prompt_assemble(
     instructions = {
         "custom_instructions": custom_instructions,
         "conversation_prompt": conversation_prompt,
+        "tools_section": tools_section,
     }
+    # The question and the tool rounds of the answer being written go in together, always.
+    instructions_and_tail = {**instructions, "after_question": after_question}
 
     def encode(*, memory_in: bool, summary_in: bool, keep: int) -> list[int]:
         kept = list(exchanges[len(exchanges) - keep :]) if keep else []
@@ -250,7 +269,7 @@ def prompt_assemble(
                 summary=summary if summary_in else "",
                 exchanges=kept,
                 question=question,
-                **instructions,
+                **instructions_and_tail,
             )
         )
 
@@ -262,7 +281,7 @@ def prompt_assemble(
                 f"This message is {len(base):,} tokens long with the instructions; the model's "
                 f"context holds {max_model_len:,}. Shorten the message."
             )
-        messages = chat_messages(system_prompt=system_prompt, question=question, **instructions)
+        messages = chat_messages(system_prompt=system_prompt, question=question, **instructions_and_tail)
         return AssembledPrompt(
             token_ids=base, messages=messages, kept_exchanges=0,
             dropped_exchanges=len(exchanges), used_memory=False, used_summary=False,
@@ -284,7 +303,7 @@ def prompt_assemble(
         summary=summary if use_summary else "",
         exchanges=list(exchanges[len(exchanges) - keep :]) if keep else [],
         question=question,
-        **instructions,
+        **instructions_and_tail,
     )
     return AssembledPrompt(
         token_ids=token_ids, messages=messages, kept_exchanges=keep,

@@ -1,0 +1,123 @@
+"""Tool rounds of a conversation's answers (issue 30): how an answer that calls functions, the
+client's results and the answer after them sit in the append-only turn log, and how they read
+back as chat messages.
+
+**In the log.** An answer that calls functions is an assistant turn with ``tool_calls`` (OpenAI's
+items: id, function name, arguments as a JSON text), ``finish_reason`` ``tool_calls`` and its
+text, if any, as content (usually empty). Each result is a ``tool`` turn: ``tool_call_id`` names
+the call, ``reply_to`` the assistant turn that made it. Once every call has a result, the next
+answer is written as an assistant turn with ``continues`` = the calling answer and the same
+``reply_to`` (the question): it stands in for the calling answer on the page and among the
+answer's versions, as a Continue does (conversations/versions.py), but its content is only its
+own text. A chain (calls, results, calls again, results, text) is a chain of such turns.
+
+**As messages.** :func:`answer_messages` gives, for the answer shown, the calling answers it
+follows and their results as OpenAI-shaped messages (assistant with ``tool_calls``, ``tool``
+with ``tool_call_id``), then its own text; inference/tool_format.py ``hermes_messages``
+renders them for the prompt, the same way ``/v1/chat/completions`` does.
+
+Pure functions over turns already loaded; no queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from uuid import UUID
+
+from conversations.models import Turn
+
+TOOL_CALLS = "tool_calls"  # the finish_reason of an answer that called functions
+
+
+def made_calls(turn: Turn | None) -> bool:
+    """Whether ``turn`` is an answer that called functions (and was not cut off, withdrawn or
+    failed before its calls were read)."""
+    return (
+        turn is not None and turn.role == Turn.Role.ASSISTANT and bool(getattr(turn, "tool_calls", None))
+        and turn.status == Turn.Status.COMPLETE
+    )  # fmt: skip
+
+
+def call_ids(turn: Turn) -> list[str]:
+    """The ids of the calls ``turn`` made, in its order."""
+    return [call["id"] for call in turn.tool_calls or ()]
+
+
+def results_by_call_turn(turns: Iterable[Turn]) -> dict[UUID, list[Turn]]:
+    """The ``tool`` turns among ``turns``, by the id of the answer whose calls they answer,
+    oldest first."""
+    found: dict[UUID, list[Turn]] = {}
+    for turn in sorted(turns, key=lambda t: (t.created_at, str(t.turn_id))):
+        if turn.role == Turn.Role.TOOL and turn.reply_to_id is not None:
+            found.setdefault(turn.reply_to_id, []).append(turn)
+    return found
+
+
+def calls_before(answer: Turn, by_id: Mapping[UUID, Turn]) -> list[Turn]:
+    """The calling answers ``answer`` follows (module docstring), oldest first: its
+    ``continues`` chain for as long as each turn in it made calls. [] for an answer that
+    follows none (or whose chain is not among ``by_id``)."""
+    chain: list[Turn] = []
+    previous = by_id.get(getattr(answer, "continues_id", None))
+    while made_calls(previous):
+        chain.append(previous)
+        previous = by_id.get(previous.continues_id)
+    chain.reverse()
+    return chain
+
+
+def round_messages(calls: Iterable[Turn], results: Mapping[UUID, list[Turn]]) -> list[dict]:
+    """OpenAI-shaped messages of tool rounds: each calling answer (``content`` its text or None,
+    ``tool_calls``) then its results in the order of its calls (a call without a result is
+    left out: it has none yet)."""
+    messages: list[dict] = []
+    for turn in calls:
+        messages.append({"role": "assistant", "content": turn.content or None, "tool_calls": list(turn.tool_calls)})
+        answered = {r.tool_call_id: r for r in results.get(turn.turn_id, ())}
+        for call_id in call_ids(turn):
+            if call_id in answered:
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": answered[call_id].content})
+    return messages
+
+
+def answer_messages(answer: Turn, by_id: Mapping[UUID, Turn], results: Mapping[UUID, list[Turn]]) -> str | list[dict]:
+    """What ``answer`` (an assistant turn) puts into a prompt: its text when it follows no tool
+    round, else the rounds it follows (:func:`round_messages`) then its own text as an assistant
+    message. ``by_id``: the conversation's turns by id; ``results``: :func:`results_by_call_turn`
+    of them."""
+    chain = calls_before(answer, by_id)
+    if not chain:
+        return answer.content
+    return [*round_messages(chain, results), {"role": "assistant", "content": answer.content}]
+
+
+def pending_calls(answer: Turn, results: Iterable[Turn]) -> list[str]:
+    """The ids of ``answer``'s calls that no turn among ``results`` answers yet, in its order."""
+    answered = {r.tool_call_id for r in results}
+    return [call_id for call_id in call_ids(answer) if call_id not in answered]
+
+
+class ToolResultsInvalid(ValueError):
+    """Tool results that do not answer the latest answer's calls (a 400 on /v1; the message
+    says which and why)."""
+
+
+def tool_results_check(answer: Turn | None, earlier: Iterable[Turn], call_ids_given: list[str]) -> None:
+    """Check results for the calls of ``answer`` (the answer the branch shown ends with; None:
+    none), which ``earlier`` (its ``tool`` turns) answer in part. Raises
+    :class:`ToolResultsInvalid` when it made no calls, for an id that matches none of its
+    calls, and for a call given twice or answered already."""
+    if not made_calls(answer):
+        raise ToolResultsInvalid("The latest answer made no tool calls: there is nothing to send results for.")
+    known = call_ids(answer)
+    answered = {r.tool_call_id for r in earlier}
+    seen: set[str] = set()
+    for index, call_id in enumerate(call_ids_given):
+        where = f"results[{index}].tool_call_id"
+        if call_id not in known:
+            raise ToolResultsInvalid(
+                f"{where}: '{call_id}' matches no tool call of the latest answer (its calls: {', '.join(known)})."
+            )
+        if call_id in answered or call_id in seen:
+            raise ToolResultsInvalid(f"{where}: the call '{call_id}' has a result already.")
+        seen.add(call_id)
