@@ -28,7 +28,7 @@ from uuid import UUID
 from django.conf import settings
 
 from core.errors import ApiError
-from chatsite import metrics
+from core import metrics
 from core import redis_guard
 from core.redis_guard import RedisUnavailable
 

@@ -112,7 +112,7 @@ def injection_part() -> dict:
 
 
 def output_checks() -> float:
-    from chatsite import metrics  # noqa: PLC0415
+    from core import metrics  # noqa: PLC0415
 
     return sum(
         metrics.value("chat_moderation_checks_total", gate="output", result=r)
@@ -122,7 +122,7 @@ def output_checks() -> float:
 
 def output_seconds() -> tuple[float, float]:
     """(sum of seconds, number) of output checks so far (chat_moderation_seconds{gate=output})."""
-    from chatsite import metrics  # noqa: PLC0415
+    from core import metrics  # noqa: PLC0415
 
     return (
         metrics.value("chat_moderation_seconds_sum", gate="output"),

@@ -19,7 +19,7 @@ admission queue, the engine priority, the metrics).
   32..128), so the 16 slots stay full and a queue forms.
 - **Paid probes**: one paid request every 0.5-1.0 s (uniform), ``--paid`` of them per phase,
   each a ``--paid-max-tokens`` answer; TTFT = call -> first token with text (queue wait
-  included), measured as chatsite.metrics' ``chat_ttft_seconds`` measures it.
+  included), measured as core.metrics' ``chat_ttft_seconds`` measures it.
 
 Phases, one engine, one run (the baseline is measured in the same run):
 
@@ -272,7 +272,7 @@ class Bench:
             await asyncio.sleep(0.25)
 
     async def run_phase(self, phase: Phase) -> None:
-        from chatsite import metrics  # noqa: PLC0415
+        from core import metrics  # noqa: PLC0415
 
         self.settings.CHAT_SCHEDULING = phase.mode
         admission = self.admission()

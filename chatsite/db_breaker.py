@@ -14,7 +14,7 @@ threads). Every write service of a conversation passes :func:`primary_ensure` fi
 - **Half-open**: after the cool-down one write is let through as a probe; its connect closing
   the breaker, its failure opening it again for another cool-down.
 
-Degraded modes while a region's breaker is open, each named and counted (chatsite/metrics.py):
+Degraded modes while a region's breaker is open, each named and counted (core/metrics.py):
 
 =================== =======================================================================
 what                what happens
@@ -52,7 +52,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 
-from chatsite import metrics
+from core import metrics
 from core.errors import ApiError
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Operations endpoints: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz``
 (readiness).
 
-- ``/metrics``: this process's metrics (chatsite/metrics.py; feedback/metrics.py adds
+- ``/metrics``: this process's metrics (core/metrics.py; feedback/metrics.py adds
   ``chat_feedback_total{pool,model_version,rating}``) in the Prometheus text format,
   from ``prometheus_client.generate_latest``. Each server process serves its own; Prometheus
   scrapes every process and sums.

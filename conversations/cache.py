@@ -52,7 +52,7 @@ from uuid import UUID
 
 from django.conf import settings
 
-from chatsite import metrics
+from core import metrics
 from conversations import partitions, regions
 from conversations.models import Conversation, Turn
 from conversations.regions import redis_region

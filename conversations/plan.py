@@ -303,7 +303,7 @@ def new_chat_prefix(*, user, memory: str, caller: gate.Caller | None = None) -> 
     begins, whatever the chat template. The route is the user's default (a new chat's model is
     the tier's). ``caller``: ``user``'s (accounts/callers.py ``caller_for``; None: looked up).
     Sync (reads the user's organisation); tokenizes only, never starts an engine.
-    memory/warm.py sends it to the prefix cache, under the user's cache salt."""
+    conversations/prefix_warm.py sends it to the prefix cache, under the user's cache salt."""
     route = gate.route_for(caller or caller_for(user))
     engine = pool_engine(route.pool)
     system_prompt = _system_prompt(route)

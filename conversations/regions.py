@@ -172,7 +172,7 @@ def region_for_new_conversation(region: str, *, org=None) -> str:
         except RegionUnavailable:
             raise down from None
         db_breaker.primary_ensure(failover_db)
-        from chatsite import metrics  # noqa: PLC0415
+        from core import metrics  # noqa: PLC0415
 
         metrics.REGION_FAILOVER_CREATES.labels(region=region, failover=failover).inc()
         return failover

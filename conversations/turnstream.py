@@ -13,7 +13,7 @@ Last-Event-ID) reads the older events from the turn's Redis log (turnlog ``read_
 window at a time, and then continues from memory: every event once, in order (PF-S4). While
 Redis is down (the mirror failed for this turn) nothing could serve dropped events, so the list
 is kept whole and each event held past the window is counted
-(``chat_stream_events_unbounded_total``, chatsite/metrics.py).
+(``chat_stream_events_unbounded_total``, core/metrics.py).
 
 Readers are counted. When the last one leaves before the answer is finished, the generation is
 aborted after ``settings.CHAT_STREAM_DISCONNECT_GRACE_S`` seconds (0: at once) unless a reader
@@ -40,7 +40,7 @@ from uuid import UUID
 
 from django.conf import settings
 
-from chatsite import metrics
+from core import metrics
 from conversations import turnlog
 from conversations.events import stored_answer_sse
 from conversations.models import Turn

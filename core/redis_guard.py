@@ -27,7 +27,7 @@ part           what happens while Redis is unavailable
 ============== =====================================================================
 
 Each failure is logged (once per part per outage, so an outage does not flood the log) and
-counted in ``chat_redis_unavailable_total{part}`` (chatsite/metrics.py).
+counted in ``chat_redis_unavailable_total{part}`` (core/metrics.py).
 
 **Timeouts.** Connecting gives up after ``settings.CHAT_REDIS_CONNECT_TIMEOUT_S`` (0.5 s) and a
 reply after ``settings.CHAT_REDIS_SOCKET_TIMEOUT_S`` (2 s). A connection error is retried once at
@@ -68,7 +68,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from chatsite import metrics
+from core import metrics
 
 logger = logging.getLogger(__name__)
 

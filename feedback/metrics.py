@@ -1,5 +1,5 @@
 """The feedback counter, on the process's default ``prometheus_client`` registry, so ``/metrics``
-(chatsite/health.py ``metrics_view``) exports it with the rest of chatsite/metrics.py.
+(chatsite/health.py ``metrics_view``) exports it with the rest of core/metrics.py.
 
 - ``chat_feedback_total{pool,model_version,rating}``: ratings given, counted when a user rates
   an answer or changes their rating of it (``rating`` = ``up`` | ``down``: the new rating);

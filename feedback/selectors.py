@@ -152,13 +152,13 @@ def _latency_annotations(field_name: str, bounds_ms: tuple[float, ...]) -> dict:
 def version_health(*, since: datetime | None = None) -> list[VersionHealth]:
     """Per (pool, model_version), every region's database summed: assistant turns written at or
     after ``since`` (None: all), the failed ones, TTFT and TPOT p50/p99 from the turns'
-    ``ttft_ms`` / ``tpot_ms``, counted in chatsite/metrics.py's histogram buckets (so regions
+    ``ttft_ms`` / ``tpot_ms``, counted in core/metrics.py's histogram buckets (so regions
     add up, and the figures match the ``/metrics`` histograms'), and the ratings
     (:func:`feedback_counts`, same window on the rating's time). Sorted by pool, then the stable
     version first, then version."""
     from django.conf import settings  # noqa: PLC0415
 
-    from chatsite.metrics import TPOT_BUCKETS, TTFT_BUCKETS  # noqa: PLC0415
+    from core.metrics import TPOT_BUCKETS, TTFT_BUCKETS  # noqa: PLC0415
     from inference.pools import pool_set  # noqa: PLC0415
 
     ttft_bounds = tuple(b * 1000 for b in TTFT_BUCKETS)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from chatsite import metrics
+from core import metrics
 from core.errors import ApiError
 from inference import ratelimit, router
 from inference.pools import Pool, pool_set

@@ -15,7 +15,7 @@ The salt is derived here, on the server, from the tenant; never from anything a 
   off by default; it arrives as ``Caller.org_shares_cache``).
 
 A tenant's own requests keep sharing their cache: every turn of a user's conversations, the
-memory block every new chat starts with (memory/warm.py warms it under the same salt), their
+memory block every new chat starts with (conversations/prefix_warm.py warms it under the same salt), their
 background jobs. The salt is ``HMAC(SECRET_KEY, tenant)`` (Django's ``salted_hmac`` with SHA-256,
 64 hex characters, within vLLM's 128-character limit and free of the characters it refuses):
 unguessable without the secret key, the same in every process of one deployment (so gateways

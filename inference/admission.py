@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from chatsite import metrics
+from core import metrics
 from inference.limiter import LimiterConfig, TpotLimiter
 
 logger = logging.getLogger(__name__)

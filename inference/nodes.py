@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 import httpx
 from django.conf import settings
 
-from chatsite import metrics
+from core import metrics
 from inference.engine import Delta, EngineUnavailable, GenerationOptions
 from inference.remote import EngineLoad, NodeFailure, OpenAIRemoteEngine, PoolEndpoint
 

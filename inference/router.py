@@ -279,7 +279,7 @@ def routing_config_errors(
 
 
 def _count_shed(tier: str, action: str) -> None:
-    from chatsite import metrics  # noqa: PLC0415
+    from core import metrics  # noqa: PLC0415
 
     counter = getattr(metrics, "SHED", None)
     if counter is not None:

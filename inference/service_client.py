@@ -9,7 +9,7 @@ resolved at use so this layer imports no feature app), so they draw on no person
 
 Tenancy: a job on a user's data sends that user's prefix-cache salt (``cache_salt``; the caller
 derives it, gateway/tenancy.py), so what it caches serves that user alone, and the memory
-warm-up (memory/warm.py) warms the very cache the user's turns read.
+warm-up (conversations/prefix_warm.py) warms the very cache the user's turns read.
 
 Priority: the serving side runs every service-credential request that carries no gateway
 ``admission`` field at ``settings.CHAT_BACKGROUND_PRIORITY``, the lowest (api/completions.py),
@@ -98,7 +98,7 @@ def prompt_complete(
     (``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``).
 
     For jobs that want the engine's state rather than text: a ``max_tokens=1`` request puts
-    the prompt's KV blocks into the prefix cache (memory/warm.py) under ``cache_salt`` (the
+    the prompt's KV blocks into the prefix cache (conversations/prefix_warm.py) under ``cache_salt`` (the
     user's, so their own turns find them; None: the service's). Background priority and no
     rate limits, as for :func:`chat_complete`. Raises ServiceCallError as it does."""
     body = {

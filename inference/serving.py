@@ -3,7 +3,7 @@
 :func:`pool_generate` is how the gateway runs a request once the router has picked its pool
 (inference/router.py ``route`` / ``shed``): it waits for a slot in the admission queue of the
 pool's engine (inference/admission.py), runs the engine at the route's priority, and records
-TTFT / TPOT histograms, token counters and prefix-cache counters (chatsite/metrics.py) by pool
+TTFT / TPOT histograms, token counters and prefix-cache counters (core/metrics.py) by pool
 and tier. :func:`pool_waiting` is the queue depth that load shedding reads.
 
 Priorities (vLLM: lower runs first) and reserved slots:
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from chatsite import metrics
+from core import metrics
 from inference.admission import Admission, admission_for
 from inference.engine import Delta, EngineUnavailable, GenerationOptions
 from inference.pools import Pool, pool_engine

@@ -32,7 +32,7 @@ memory: no query embedding, no vector search.
   embedding), so a deleted fact is gone from the very next turn.
 - **Where**: the user's home region's database, like their facts (conversations/regions.py
   ``user_db``); the raw SQL here runs on that connection.
-- **Warmed** (memory/warm.py): after each rebuild, a 1-token request at
+- **Warmed** (conversations/prefix_warm.py): after each rebuild, a 1-token request at
   background priority puts the new prefix into the engine's prefix cache.
 """
 

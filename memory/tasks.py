@@ -16,7 +16,8 @@ from celery import shared_task
 from django.db import DatabaseError, InterfaceError
 
 from inference.service_client import ServiceCallError
-from memory import blocks, extraction, warm
+from memory import blocks, extraction
+from memory.signals import memory_block_rebuilt
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ def memory_sweep() -> int:
 )
 def memory_block_rebuild(user_id: str) -> dict:
     """Celery: :func:`memory.blocks.memory_block_rebuild` for user ``user_id`` (a primary key
-    as a string), then, when it rebuilt, :func:`memory.warm.memory_block_warm`; returns
-    ``{"status": "gone" | "current" | "rebuilt", "warmed_tokens"}``. Queued after commit by
+    as a string), then, when it rebuilt, sends ``memory.signals.memory_block_rebuilt``
+    (conversations/prefix_warm.py warms the prefix cache); returns ``{"status": "gone" | "current" | "rebuilt", "warmed_tokens"}``. Queued after commit by
     every change of the user's facts (memory.blocks.memory_block_touch); safe to deliver more
     than once or late (a rebuild of a current block does nothing). A failed warm-up is logged:
     the block is stored, and only the prefix cache misses it."""
@@ -65,7 +66,8 @@ def memory_block_rebuild(user_id: str) -> dict:
     if not rebuilt[1]:
         return {"status": "current", "warmed_tokens": 0}
     try:
-        warmed = warm.memory_block_warm(user_id=int(user_id))
+        responses = memory_block_rebuilt.send(sender=None, user_id=int(user_id))
+        warmed = sum(tokens for _, tokens in responses if isinstance(tokens, int))
     except ServiceCallError as exc:
         logger.warning("memory block warm-up for user %s failed: %s", user_id, exc)
         warmed = 0

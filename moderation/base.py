@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from chatsite import metrics
+from core import metrics
 from moderation.verdicts import Policy, Verdict
 
 GATES = ("input", "output")

@@ -128,7 +128,7 @@ def _release_test_database(django_db_setup, django_db_blocker):
 
 @pytest.fixture(autouse=True, scope="session")
 def _memory_block_warm_off():
-    """No memory block warm-up (memory/warm.py) unless a test turns it on (with the ``settings``
+    """No memory block warm-up (conversations/prefix_warm.py) unless a test turns it on (with the ``settings``
     fixture, which puts this back): it calls the model endpoint (settings.CHAT_INTERNAL_API_URL),
     which most tests do not serve. Session-scoped on purpose: an autouse function fixture
     taking ``settings`` would set that fixture up before every module's own autouse fixtures,

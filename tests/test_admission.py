@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from chatsite import metrics
+from core import metrics
 from inference.admission import Admission, admission_for
 from tests.fakes import ScriptedEngine
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from django.test import AsyncClient
 
-from chatsite import metrics
+from core import metrics
 from inference.admission import Admission, admission_for
 from inference.engine import GenerationOptions
 from inference.pools import pool_set

@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from api import idempotency
-from chatsite import metrics
+from core import metrics
 from core import redis_guard
 from conversations import cache, services, turnlog
 from conversations.models import Turn

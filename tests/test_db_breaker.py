@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError
 
-from chatsite import db_breaker, metrics
+from chatsite import db_breaker
+from core import metrics
 from chatsite.db_breaker import Breaker, PrimaryDown
 
 

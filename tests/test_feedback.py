@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from accounts import services as account_services
 from accounts.models import Membership, Organisation
-from chatsite import metrics
+from core import metrics
 from conversations import deletion, held, services
 from conversations.models import Conversation, Turn
 from feedback import selectors

@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from accounts.services import service_api_key
-from chatsite import metrics
+from core import metrics
 from inference import serving
 from inference.admission import admission_for
 from inference.engine import GenerationOptions

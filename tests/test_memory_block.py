@@ -1,4 +1,4 @@
-"""The per-user memory block (issue 19 part 3, memory/blocks.py and memory/warm.py): built from
+"""The per-user memory block (issue 19 part 3, memory/blocks.py and conversations/prefix_warm.py): built from
 all the user's facts, rebuilt after every change (after commit only, race-safe), the same bytes
 in every conversation of theirs, and warmed into the prefix cache with a 1-token background
 request whose token ids are the prefix a later turn starts with.

@@ -23,7 +23,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from accounts.models import Organisation
-from chatsite import metrics
+from core import metrics
 from moderation import base, guard, local
 from moderation.base import acheck, moderator, moderator_reset
 from moderation.guard import GuardModerator, GuardReplyError, parse_guard_reply

@@ -18,7 +18,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from accounts.models import Membership, Organisation
-from chatsite import metrics
+from core import metrics
 from conversations import events as stream_events
 from conversations.models import Turn
 from moderation import base as moderation_base

@@ -12,7 +12,7 @@ from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
 from accounts.models import Membership, Organisation
-from chatsite import metrics
+from core import metrics
 from conversations import deletion
 from conversations.models import Conversation, Turn
 from moderation.models import WithdrawnAnswer

@@ -14,7 +14,8 @@ import pytest
 from django.test import AsyncClient
 from django.urls import path
 
-from chatsite import health, metrics
+from chatsite import health
+from core import metrics
 from gateway import run
 from gateway.gate import Caller
 from inference import serving

@@ -14,7 +14,7 @@ import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
 
-from chatsite import metrics
+from core import metrics
 from core import redis_guard
 from inference import ratelimit
 from inference.ratelimit import (

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from chatsite import metrics
+from core import metrics
 from inference.pools import PoolSet, pools_load
 from inference.router import (
     Overloaded,

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from chatsite import metrics
+from core import metrics
 from inference.admission import admission_for
 from inference.engine import EngineUnavailable, GenerationOptions
 from inference.pools import pool_set

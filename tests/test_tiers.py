@@ -16,7 +16,7 @@ from asgiref.sync import sync_to_async
 
 from accounts.models import Membership, Organisation
 from accounts.services import service_api_key
-from chatsite import metrics
+from core import metrics
 from conversations.models import Conversation, Turn
 from inference import serving
 from inference.pools import pool_set

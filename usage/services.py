@@ -12,7 +12,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from chatsite import metrics
+from core import metrics
 from conversations import regions
 from usage.models import UsageRecord
 
@@ -140,7 +140,7 @@ def usage_record(
 
 
 def _withdrawn_counted(pool: str, prompt_tokens: int, completion_tokens: int, cost: Decimal) -> None:
-    """Count a withdrawn answer's tokens and cost as the operator's (chatsite/metrics.py)."""
+    """Count a withdrawn answer's tokens and cost as the operator's (core/metrics.py)."""
     metrics.MODERATION_WITHDRAWN_TOKENS.labels(pool=pool, kind="prompt").inc(prompt_tokens)
     metrics.MODERATION_WITHDRAWN_TOKENS.labels(pool=pool, kind="completion").inc(completion_tokens)
     metrics.MODERATION_WITHDRAWN_COST.labels(pool=pool).inc(float(cost))

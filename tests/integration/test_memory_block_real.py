@@ -1,5 +1,5 @@
 """The memory block warmed into the real engine's prefix cache (issue 19 part 3): after a user's
-facts change, the rebuild's 1-token background request (memory/warm.py, through the server's
+facts change, the rebuild's 1-token background request (conversations/prefix_warm.py, through the server's
 own /v1/completions with the service key) leaves the user's new-chat prefix in vLLM's prefix
 cache, so the first turn of their next new conversation reads it from there.
 

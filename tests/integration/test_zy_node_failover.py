@@ -26,7 +26,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from accounts.services import api_key_create, service_api_key
-from chatsite import metrics
+from core import metrics
 from conversations.models import Turn
 from inference.nodes import hrw_order
 from inference.pools import pool_set_reset

@@ -1,8 +1,12 @@
 """Warming a user's memory block into the engine's prefix cache (issue 19 part 3).
 
+It runs when the memory app says a block was rebuilt (memory/signals.py ``memory_block_rebuilt``,
+connected in conversations/apps.py): the prefix is the turn's own assembly (plan.py), so it
+lives here, above memory.
+
 After the block is rebuilt (memory/blocks.py), one request of 1 token puts the prefix every new
 chat of the user starts with - preamble, site prompt, custom instructions, memory block
-(conversations.plan.new_chat_prefix) - into vLLM's prefix cache, so the user's next new chat
+(conversations/plan.py new_chat_prefix) - into vLLM's prefix cache, so the user's next new chat
 prefills only its own part. It goes the way every background job reaches the model (DESIGN.md,
 "How background jobs reach the model"): the server's OpenAI endpoint with the service
 credential (inference/service_client.py), at ``CHAT_BACKGROUND_PRIORITY``, on no user's rate
@@ -24,6 +28,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from accounts.callers import caller_for
+from conversations.plan import new_chat_prefix
 from gateway.tenancy import cache_salt_for
 from inference import service_client
 from memory.blocks import memory_block_current
@@ -46,10 +51,13 @@ def memory_block_warm(*, user_id) -> int:
     block = memory_block_current(user_id=user_id)
     if block.overflow or not block.text:
         return 0
-    from conversations.plan import new_chat_prefix  # noqa: PLC0415 - the turn's own assembly
-
     caller = caller_for(user)
     route, prefix = new_chat_prefix(user=user, memory=block.text, caller=caller)
     # Under the user's own cache salt: their turns read only blocks cached under it.
     service_client.prompt_complete(prefix, max_tokens=1, model=route.pool.name, cache_salt=cache_salt_for(caller))
     return len(prefix)
+
+
+def on_memory_block_rebuilt(sender, *, user_id: int, **kwargs) -> int:
+    """Receiver of memory/signals.py ``memory_block_rebuilt``: :func:`memory_block_warm`."""
+    return memory_block_warm(user_id=user_id)
