@@ -34,6 +34,7 @@ from inference.prompts import (
 )
 from inference.router import Route
 from moderation.verdicts import Verdict
+from projects.prompt import project_of, project_passages, question_with_passages
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ class TurnPlan:
     ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
     ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
     ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
-    ``verdict``: the input gate's verdict on the new message (None: none was checked).
+    ``verdict``: the input gate's verdict on the new message (None: none was checked);
+    ``sources``: the project passages the prompt holds (projects/prompt.py; stored as the
+    answer's sources, projects/sources.py), () outside a project.
     """
 
     admitted: run.Admitted
@@ -59,6 +62,7 @@ class TurnPlan:
     context_trimmed: int
     want_summary: bool
     verdict: Verdict | None = None
+    sources: tuple = ()
 
     @property
     def route(self) -> Route:
@@ -110,7 +114,7 @@ def _prompt_prepare(
     last_turn_at=None,
     conversation=None,
     memory_query: Future | None = None,
-) -> tuple[list[int], int, int, bool]:
+) -> tuple[list[int], int, int, bool, tuple]:
     """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
     history and the owner's memory). ``conversation``: its owner's memory block goes into the
     prompt (:func:`_memory`: all their facts, or for an overflow user those most like the
@@ -125,6 +129,8 @@ def _prompt_prepare(
         "custom_instructions": getattr(owner, "custom_instructions", "") or "",
         "conversation_prompt": conversation.system_prompt if conversation is not None else "",
     }
+    project = project_of(conversation)
+    instructions["project_instructions"] = project.instructions.strip() if project is not None else ""
     context = selectors.prompt_context(
         conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at,
         answer_choices=conversation.answer_choices if conversation is not None else None,
@@ -135,22 +141,27 @@ def _prompt_prepare(
         memory, route=route, engine=engine, system_prompt=system_prompt,
         custom_instructions=instructions["custom_instructions"],
     )  # fmt: skip
+    budget = route.pool.max_context - max_tokens
+    system = system_message(system_prompt, **instructions)
+    # Attached files (attachments/prompt.py) go into the question, within the budget; then the
+    # project's passages in the room they leave (projects/prompt.py).
+    asked = question_with_files(question, system_prompt=system, engine=engine, budget=budget)
+    passages = ()
+    if project is not None:
+        passages = project_passages(
+            project=project, question=question.content,
+            room=budget - len(engine.encode_chat(chat_messages(system_prompt=system, question=asked))),
+            count_tokens=lambda text: len(engine.encode_text(text)),
+        )  # fmt: skip
     # Stable first, changing last (inference/prompts.py): preamble and site prompt, custom
-    # instructions, memory, the conversation's prompt, summary, turns.
+    # instructions, memory, the project's instructions, the conversation's prompt, summary, turns.
     fitted = prompt_assemble(
         system_prompt=system_prompt,
         **instructions,
         memory=memory,
         summary=context.summary,
         exchanges=context.exchanges,
-        # Attached files (attachments/prompt.py) go into the question, within the budget.
-        question=with_relevant_memory(
-            question_with_files(
-                question, system_prompt=system_message(system_prompt, **instructions), engine=engine,
-                budget=route.pool.max_context - max_tokens,
-            ),
-            relevant,
-        ),
+        question=with_relevant_memory(question_with_passages(asked, passages), relevant),
         encode_chat=engine.encode_chat,
         max_model_len=route.pool.max_context,
         max_tokens=max_tokens,
@@ -160,6 +171,7 @@ def _prompt_prepare(
         fitted.max_tokens,
         context.summarised + fitted.dropped_exchanges,
         summaries.summary_wanted(fitted),
+        passages,
     )
 
 
@@ -323,7 +335,7 @@ def turn_prompt(
         # On the request's own thread and connection (thread-sensitive), not the shared
         # executor: a request waiting there would hold its connection meanwhile, and a burst of
         # turns could exhaust the connection pool.
-        token_ids, budget, trimmed, want_summary = await sync_to_async(_prompt_prepare)(
+        token_ids, budget, trimmed, want_summary, sources = await sync_to_async(_prompt_prepare)(
             conversation_id=conversation.conversation_id,
             question=question,
             system_prompt=system_prompt,
@@ -344,7 +356,8 @@ def turn_prompt(
             budget = min(budget, room)
         return admission.Prompt(
             token_ids=token_ids, max_tokens=budget,
-            confidential=_confidential_prompt(system_prompt, conversation), detail=(trimmed, want_summary),
+            confidential=_confidential_prompt(system_prompt, conversation),
+            detail=(trimmed, want_summary, sources),
         )  # fmt: skip
 
     return build
@@ -386,10 +399,10 @@ async def turn_plan(
             continues_text=continues_text,
         ),
     )  # fmt: skip
-    trimmed, want_summary = plan.prompt.detail
+    trimmed, want_summary, sources = plan.prompt.detail
     return TurnPlan(
         admitted=plan.admitted, token_ids=plan.prompt.token_ids, max_tokens=plan.prompt.max_tokens,
-        context_trimmed=trimmed, want_summary=want_summary, verdict=plan.verdict,
+        context_trimmed=trimmed, want_summary=want_summary, verdict=plan.verdict, sources=sources,
     )  # fmt: skip
 
 
