@@ -63,16 +63,21 @@ def instructions_clean(text: str | None) -> str:
 
 
 def project_create(
-    *, owner: User, name: str, instructions: str = "", org: Organisation | None = None
+    *, owner: User, name: str, instructions: str = "", org: Organisation | None = None,
+    personal: bool = False,
 ) -> Project:
     """Create a project for ``owner`` in its home region's database (module docstring):
     ``org`` (one the owner belongs to) makes it that workspace's, else the owner's first
-    organisation's if any, else a personal project. Raises ValidationError for a bad name or
+    organisation's if any, else a personal project; ``personal``: a personal project in the
+    owner's own region even while they belong to an organisation. Raises ValidationError for a bad name or
     instructions, if the owner is not a member of ``org``, or (RegionUnavailable) if the region
     has no database here."""
     name = name_clean(name)
     instructions = instructions_clean(instructions)
-    region, org = regions.home_region(owner=owner, org=org)
+    if personal:
+        region, org = owner.region, None
+    else:
+        region, org = regions.home_region(owner=owner, org=org)
     db = regions.db_for_region(region)
     with transaction.atomic(using=db):
         return regions.manager(Project, db, user_id=owner.pk).create(

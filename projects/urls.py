@@ -9,6 +9,7 @@ urlpatterns = [
     path("p/<uuid:project_id>/rename", views.project_rename, name="project-rename"),
     path("p/<uuid:project_id>/instructions", views.project_instructions, name="project-instructions"),
     path("p/<uuid:project_id>/files", views.project_files, name="project-files"),
+    path("p/<uuid:project_id>/files/add", views.project_files_add, name="project-files-add"),
     path(
         "p/<uuid:project_id>/files/<uuid:file_id>/delete",
         views.project_file_delete,

@@ -124,17 +124,21 @@ def _fragment(request: HttpRequest, template: str, context: dict, status: int = 
     return HttpResponse(render_to_string(template, context, request=request), status=status)
 
 
-@require_http_methods(["GET", "POST"])
+@require_GET
 @login_required
 def project_files(request: HttpRequest, project_id: UUID) -> HttpResponse:
-    """``GET``: the file list (what the page polls while a file is being read). ``POST``
-    (multipart ``files``): add each file (projects/ingest.py ``project_file_add``: checked,
-    stored, read in a worker) -> the file list, with the reason a file was refused (400 when
-    every file was). 403 / 404 as :func:`project_rename` for a POST; 404 for a GET by someone
-    who may not open the project."""
-    if request.method == "GET":
-        project = selectors.project_get_for_user(project_id=project_id, user=request.user)
-        return _fragment(request, "projects/_files.html", _files_context(request, project))
+    """The file list (what the page polls while a file is being read). 404 for a project the
+    user may not open."""
+    project = selectors.project_get_for_user(project_id=project_id, user=request.user)
+    return _fragment(request, "projects/_files.html", _files_context(request, project))
+
+
+@require_POST
+@login_required
+def project_files_add(request: HttpRequest, project_id: UUID) -> HttpResponse:
+    """Add files (multipart ``files``): each through projects/ingest.py ``project_file_add``
+    (checked, stored, read in a worker) -> the file list (htmx), with why a file was refused
+    (400 when every file was), or the page (303). 403 / 404 as :func:`project_rename`."""
     project = selectors.project_get_for_editing(project_id=project_id, user=request.user)
     from projects.ingest import project_file_add  # noqa: PLC0415 - reads files only on upload
 
