@@ -11,7 +11,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 from pydantic.json_schema import models_json_schema
 
-from api import schemas
+from api import openapi_projects, schemas
 from feedback.api import FeedbackCreate
 from memory.api import MemoryPatch
 
@@ -98,6 +98,7 @@ def build_document() -> dict:
             (schemas.EmbeddingCreate, "validation"),
             (MemoryPatch, "validation"),
             (FeedbackCreate, "validation"),
+            *openapi_projects.BODIES,
         ],
         ref_template=REF,
     )
@@ -116,7 +117,11 @@ def build_document() -> dict:
     components["ConversationCreated"] = {
         "type": "object",
         "required": ["conversation_id", "region"],
-        "properties": {"conversation_id": UUID_PARAM, "region": {"type": "string"}},
+        "properties": {
+            "conversation_id": UUID_PARAM,
+            "region": {"type": "string"},
+            "project_id": {"anyOf": [UUID_PARAM, {"type": "null"}]},  # the project it started in
+        },
     }
     components["Turn"] = {
         "type": "object",
@@ -172,6 +177,7 @@ def build_document() -> dict:
         "title": {"type": "string"},
         "model": {"type": "string"},
         "region": {"type": "string"},
+        "project_id": {"anyOf": [UUID_PARAM, {"type": "null"}]},
         "created_at": {"type": "string", "format": "date-time"},
         "last_turn_at": {"type": "string", "format": "date-time"},
     }
@@ -533,6 +539,10 @@ def build_document() -> dict:
             }  # fmt: skip
         },
     }
+    components.update(openapi_projects.components())
+    paths.update(
+        openapi_projects.paths(error=_error, json=_json, body=_body, common=COMMON, body_errors=BODY_ERRORS)
+    )
     for item in paths.values():
         for method, operation in item.items():
             if method != "parameters":

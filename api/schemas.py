@@ -25,6 +25,20 @@ class Strict(BaseModel):
 class ConversationCreate(Strict):
     model: Text | None = Field(default=None, max_length=200)
     system_prompt: Text | None = Field(default=None, max_length=8000)
+    # Start it in this project (GET /v1/projects): its instructions and files apply (issue 30).
+    project_id: UUID | None = None
+
+
+class ProjectCreate(Strict):
+    name: Text = Field(min_length=1, max_length=120)
+    instructions: Text = Field(default="", max_length=8000)
+
+
+class ProjectUpdate(Strict):
+    """A partial update: the fields given are changed, the others kept."""
+
+    name: Text | None = Field(default=None, min_length=1, max_length=120)
+    instructions: Text | None = Field(default=None, max_length=8000)
 
 
 class TurnRegenerate(Strict):

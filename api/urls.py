@@ -1,6 +1,6 @@
 from django.urls import path
 
-from api import completions, embeddings, openapi, views
+from api import completions, embeddings, openapi, projects, views
 from imports import views as import_views
 
 urlpatterns = [
@@ -23,5 +23,7 @@ urlpatterns = [
     path("models", completions.models, name="v1-models"),
     path("embeddings", embeddings.create_embeddings, name="v1-embeddings"),
     path("imports", import_views.import_api, name="v1-imports"),
+    path("projects", projects.projects, name="v1-projects"),
+    path("projects/<uuid:project_id>", projects.project_detail, name="v1-project"),
     path("openapi.json", openapi.openapi_document, name="v1-openapi"),
 ]

@@ -24,6 +24,7 @@ from core.db import release_db_connection
 from core.sse import last_event_id, sse_response
 from gateway import gate
 from moderation.gate import verdict_from_json
+from projects.selectors import aproject_get_for_user
 
 PAGE_MAX = 100
 # GET /v1/conversations/{id}?path=: the whole log, or the branch the page shows.
@@ -82,6 +83,7 @@ def _conversation_json(conversation: Conversation) -> dict:
         "title": conversation.title,
         "model": conversation.model,
         "region": conversation.region,
+        "project_id": str(conversation.project_id) if conversation.project_id else None,
         "created_at": conversation.created_at.isoformat(),
         "last_turn_at": conversation.last_turn_at.isoformat(),
     }
@@ -89,7 +91,8 @@ def _conversation_json(conversation: Conversation) -> dict:
 
 @api_view("GET", "POST")
 async def conversations(request: HttpRequest) -> HttpResponse:
-    """``POST``: create a conversation -> 201 ``{"conversation_id", "region"}``.
+    """``POST``: create a conversation -> 201 ``{"conversation_id", "region", "project_id"}``
+    (``project_id``: start it in that project; 404 for one the caller may not open).
     ``GET``: the caller's conversations, newest first, keyset-paginated
     (``?before=<cursor>&limit=1..100``) -> ``{"conversations": [...], "next_cursor"}``.
     ``GET ?q=<words>``: full-text search over the caller's conversations (titles and turn
@@ -101,14 +104,22 @@ async def conversations(request: HttpRequest) -> HttpResponse:
         if body.model:
             # 400 for a model that does not exist, 403 for one the tier may not use.
             gate.route_for(await acaller_for(user), body.model)
+        # 404 for a project the caller may not open (projects/selectors.py).
+        project = (
+            await aproject_get_for_user(project_id=body.project_id, user=user) if body.project_id else None
+        )
         try:
             conversation = await sync_to_async(services.conversation_create)(
-                owner=user, model=body.model, system_prompt=body.system_prompt or ""
+                owner=user, model=body.model, system_prompt=body.system_prompt or "", project=project
             )
         except ValidationError as exc:
             raise ApiError(400, "invalid_request", exc.messages[0]) from None
         return JsonResponse(
-            {"conversation_id": str(conversation.conversation_id), "region": conversation.region},
+            {
+                "conversation_id": str(conversation.conversation_id),
+                "region": conversation.region,
+                "project_id": str(project.pk) if project is not None else None,
+            },
             status=201,
         )
     limit = query_int(request, "limit", 20, 1, PAGE_MAX)

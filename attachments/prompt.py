@@ -60,7 +60,9 @@ sending: contextvars.ContextVar[Sending | None] = contextvars.ContextVar("attach
 _SPECIAL_TOKEN = re.compile(r"<\|([^|<>\n]{0,40})\|>")
 
 
-def _neutralise(text: str) -> str:
+def neutralised(text: str) -> str:
+    """``text`` with chat-template special-token spellings made harmless (also used for project
+    passages, projects/prompt.py)."""
     return _SPECIAL_TOKEN.sub(lambda m: f"<\u00a6{m.group(1)}\u00a6>", text)
 
 
@@ -74,7 +76,7 @@ def file_block(name: str, text: str, *, kept: int, total: int, estimated: bool =
     ("of about M" when ``total`` is an estimate)."""
     lines = [FILE_HEADER.format(name=_prompt_name(name))]
     if text.strip():
-        lines.append(_neutralise(text.rstrip()))
+        lines.append(neutralised(text.rstrip()))
     if kept < total:
         lines.append(TRUNCATION_NOTICE.format(kept=kept, total=total, about="about " if estimated else ""))
     lines.append(FILE_FOOTER)

@@ -71,6 +71,7 @@ urlpatterns = [
     path("", include("audit.urls")),
     path("", include("privacy.urls")),
     path("", include("imports.urls")),
+    path("", include("projects.urls")),
     path("metrics", health.metrics_view, name="metrics"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

@@ -35,6 +35,7 @@ from inference.prompts import (
 from inference.router import Route
 from inference.tool_format import ToolCalling, chat_encoder
 from moderation.verdicts import Verdict
+from projects.prompt import project_of, project_passages, question_with_passages
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,9 @@ class TurnPlan:
     ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
     ``verdict``: the input gate's verdict on the new message (None: none was checked);
     ``tools``: the function calling asked for this answer (inference/tool_format.py; None: no
-    tools), whose section or template tools the prompt holds.
+    tools), whose section or template tools the prompt holds; ``sources``: the project passages
+    the prompt holds (projects/prompt.py; stored as the answer's sources, projects/sources.py),
+    () outside a project.
     """
 
     admitted: run.Admitted
@@ -63,6 +66,7 @@ class TurnPlan:
     want_summary: bool
     verdict: Verdict | None = None
     tools: ToolCalling | None = None
+    sources: tuple = ()
 
     @property
     def route(self) -> Route:
@@ -116,7 +120,7 @@ def _prompt_prepare(
     memory_query: Future | None = None,
     tools: ToolCalling | None = None,
     after_question: list[dict] | None = None,
-) -> tuple[list[int], int, int, bool]:
+) -> tuple[list[int], int, int, bool, tuple]:
     """Assemble the prompt for ``question`` within ``route``'s pool context (sync: reads the
     history and the owner's memory). ``conversation``: its owner's memory block goes into the
     prompt (:func:`_memory`: all their facts, or for an overflow user those most like the
@@ -134,6 +138,8 @@ def _prompt_prepare(
         "custom_instructions": getattr(owner, "custom_instructions", "") or "",
         "conversation_prompt": conversation.system_prompt if conversation is not None else "",
     }
+    project = project_of(conversation)
+    instructions["project_instructions"] = project.instructions.strip() if project is not None else ""
     context = selectors.prompt_context(
         conversation_id=conversation_id, question=question, planned=planned, last_turn_at=last_turn_at,
         answer_choices=conversation.answer_choices if conversation is not None else None,
@@ -146,8 +152,21 @@ def _prompt_prepare(
     )  # fmt: skip
     # Tool calls and results in the history, and the tools, in the model's tool format.
     encode_chat, tools_section = chat_encoder(engine, tools)
+    budget = route.pool.max_context - max_tokens
+    system = system_message(system_prompt, **instructions)
+    # Attached files (attachments/prompt.py) go into the question, within the budget; then the
+    # project's passages in the room they leave (projects/prompt.py).
+    asked = question_with_files(question, system_prompt=system, engine=engine, budget=budget)
+    passages = ()
+    if project is not None:
+        passages = project_passages(
+            project=project, question=question.content,
+            room=budget - len(engine.encode_chat(chat_messages(system_prompt=system, question=asked))),
+            count_tokens=lambda text: len(engine.encode_text(text)),
+        )  # fmt: skip
     # Stable first, changing last (inference/prompts.py): preamble and site prompt, custom
-    # instructions, memory, the conversation's prompt, summary, tools, turns.
+    # instructions, memory, the project's instructions, the conversation's prompt, summary,
+    # tools, turns.
     fitted = prompt_assemble(
         tools_section=tools_section,
         after_question=after_question or (),
@@ -156,14 +175,7 @@ def _prompt_prepare(
         memory=memory,
         summary=context.summary,
         exchanges=context.exchanges,
-        # Attached files (attachments/prompt.py) go into the question, within the budget.
-        question=with_relevant_memory(
-            question_with_files(
-                question, system_prompt=system_message(system_prompt, **instructions), engine=engine,
-                budget=route.pool.max_context - max_tokens,
-            ),
-            relevant,
-        ),
+        question=with_relevant_memory(question_with_passages(asked, passages), relevant),
         encode_chat=encode_chat,
         max_model_len=route.pool.max_context,
         max_tokens=max_tokens,
@@ -173,6 +185,7 @@ def _prompt_prepare(
         fitted.max_tokens,
         context.summarised + fitted.dropped_exchanges,
         summaries.summary_wanted(fitted),
+        passages,
     )
 
 
@@ -348,7 +361,7 @@ def turn_prompt(
         # On the request's own thread and connection (thread-sensitive), not the shared
         # executor: a request waiting there would hold its connection meanwhile, and a burst of
         # turns could exhaust the connection pool.
-        token_ids, budget, trimmed, want_summary = await sync_to_async(_prompt_prepare)(
+        token_ids, budget, trimmed, want_summary, sources = await sync_to_async(_prompt_prepare)(
             conversation_id=conversation.conversation_id,
             question=question,
             system_prompt=system_prompt,
@@ -371,7 +384,8 @@ def turn_prompt(
             budget = min(budget, room)
         return admission.Prompt(
             token_ids=token_ids, max_tokens=budget,
-            confidential=_confidential_prompt(system_prompt, conversation), detail=(trimmed, want_summary),
+            confidential=_confidential_prompt(system_prompt, conversation),
+            detail=(trimmed, want_summary, sources),
         )  # fmt: skip
 
     return build
@@ -418,10 +432,11 @@ async def turn_plan(
             continues_text=continues_text, tools=tools, after_question=after_question,
         ),
     )  # fmt: skip
-    trimmed, want_summary = plan.prompt.detail
+    trimmed, want_summary, sources = plan.prompt.detail
     return TurnPlan(
         admitted=plan.admitted, token_ids=plan.prompt.token_ids, max_tokens=plan.prompt.max_tokens,
         context_trimmed=trimmed, want_summary=want_summary, verdict=plan.verdict, tools=tools,
+        sources=sources,
     )  # fmt: skip
 
 

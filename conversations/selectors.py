@@ -37,10 +37,11 @@ def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
     """The user's conversations, most recently active first (from every region's database,
     merged: conversations/regions.py; lazy, but the call reads the user's memberships, so
     call it from sync code). An organisation's conversations only while the user is a member.
-    Temporary chats are never listed (they are in no history)."""
+    Temporary chats are never listed (they are in no history), nor chats in a project: they are
+    listed under it (projects/selectors.py ``project_conversations``), as ChatGPT does."""
     return regions.merged(
         [
-            objects.filter(owner=user, temporary=False)
+            objects.filter(owner=user, temporary=False, project__isnull=True)
             .filter(Q(org__isnull=True) | Q(org_id__in=_member_org_ids(user)))
             .order_by("-last_turn_at", "-created_at")
             for objects in regions.managers(Conversation, user=user)

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from accounts.models import Organisation, User
 from accounts.selectors import turn_training_eligible
+from chatsite import db_breaker
 from conversations import cache, held, regions, versions
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
@@ -67,6 +68,7 @@ def conversation_create(
     system_prompt: str = "",
     org: Organisation | None = None,
     temporary: bool = False,
+    project=None,
 ) -> Conversation:
     """Create an empty conversation for ``owner`` in its home region's database: the
     organisation's region when it belongs to one (``org``, else the owner's first organisation),
@@ -79,14 +81,21 @@ def conversation_create(
     ``system_prompt``: the conversation's own instructions (:func:`system_prompt_clean`).
     ``temporary``: a temporary chat (kept nowhere at rest: selectors.conversation_zero_retention;
     never listed; deleted when its page goes or CHAT_ZDR_TTL_S after its last turn).
+    ``project``: the projects.models.Project it starts in (the caller checked the owner may open
+    it: projects/selectors.py); the conversation then belongs to the project's organisation (or
+    none) and lives in the project's region, beside it, with no failover elsewhere.
     Raises ValidationError if ``model`` is given and names no pool or model here, if the owner
     is not a member of ``org``, or (RegionUnavailable) if the home region has no database here.
     While the home region's primary is down the conversation is created in its failover region
     if residency allows, else PrimaryDown (503) is raised (regions.region_for_new_conversation).
     """
     model_check(model)
-    region, org = regions.home_region(owner=owner, org=org)
-    region = regions.region_for_new_conversation(region, org=org)
+    if project is not None:  # where the project is: a foreign key never crosses databases
+        region, org = project.region, project.org
+        db_breaker.primary_ensure(regions.db_for_region(region))
+    else:
+        region, org = regions.home_region(owner=owner, org=org)
+        region = regions.region_for_new_conversation(region, org=org)
     objects = regions.manager(Conversation, regions.db_for_region(region), user_id=owner.pk)
     return objects.create(
         conversation_id=regions.new_conversation_id(region),
@@ -97,6 +106,7 @@ def conversation_create(
         system_prompt=system_prompt_clean(system_prompt),
         region=region,
         temporary=temporary,
+        project=project,
     )
 
 

@@ -30,6 +30,7 @@ from conversations.turnstream import TurnStream
 from gateway import gate
 from gateway.admission import InputBlocked
 from inference.tool_format import ToolCalling
+from projects.sources import turn_sources_store
 
 logger = logging.getLogger(__name__)
 
@@ -232,21 +233,33 @@ async def _answer_start(
     """Start the answer under the caller's claim, keeping nothing at rest for a zero-retention
     conversation (conversations/generate.py ``generation_start``). A new version of an answer
     (Regenerate, Continue) is the one to see: an older version chosen for the question is
-    forgotten (services.answer_select)."""
+    forgotten (services.answer_select). In a project chat the passages its prompt holds are
+    stored as the answer's sources (projects/sources.py) once it is generating, so its page
+    shows them."""
     if (replaces_id or continues) and str(question.turn_id) in conversation.answer_choices:
         await sync_to_async(services.answer_select)(
             conversation=conversation, question_id=question.turn_id, answer_id=None
         )
-    return generation_start(
+    zero_retention = await sync_to_async(conversation_zero_retention)(conversation)
+    stream = generation_start(
         conversation_id=conversation.conversation_id,
         question=question,
         plan=plan,
         answer_id=answer_id,
-        zero_retention=await sync_to_async(conversation_zero_retention)(conversation),
+        zero_retention=zero_retention,
         replaces_id=replaces_id,
         claimed=True,
         continues=continues,
     )
+    if plan.sources and not zero_retention:
+        try:
+            await sync_to_async(turn_sources_store)(
+                conversation=conversation, question_id=question.turn_id, answer_id=stream.answer_id,
+                passages=plan.sources,
+            )  # fmt: skip
+        except Exception:  # noqa: BLE001 - the list under the answer; the answer goes on
+            logger.exception("could not store the sources of answer %s", stream.answer_id)
+    return stream
 
 
 async def tool_results_submit(

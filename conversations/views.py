@@ -15,6 +15,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import (
+    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseRedirect,
@@ -35,17 +36,19 @@ from core.sse import last_event_id, sse_event, sse_response
 from gateway import gate
 from inference.pools import pool_set
 from moderation.gate import verdict_message, withdrawn_message
+from projects import selectors as project_selectors
 
 
 def _is_htmx(request: HttpRequest) -> bool:
     return request.headers.get("HX-Request") == "true"
 
 
-def _sidebar_context(user, cookies: dict, *, current_id: UUID | None) -> dict:
+def sidebar_context(user, cookies: dict, *, current_id: UUID | None) -> dict:
     """The sidebar's list (templates/chat/_conversation_list.html): ``groups`` (conversations/
     sidebar.py: Pinned, Today, ... by month, in the time zone of the browser's ``tz`` cookie)
     and ``current_id``, the conversation shown beside it (its row is marked), or None. Reads
-    the database: call it from sync code."""
+    the database: call it from sync code. (The Projects section above the list is a template
+    tag: projects/templatetags/project_tags.py.) Also used by the project pages."""
     tz = sidebar.time_zone_from(cookies.get(sidebar.TIME_ZONE_COOKIE), settings.TIME_ZONE)
     return {
         "groups": sidebar.sidebar_groups(
@@ -72,7 +75,7 @@ def _page_context(request: HttpRequest, conversation: Conversation | None) -> di
     exchanges, earlier = _exchanges_context(conversation)
     return {
         "conversation": conversation,
-        **_sidebar_context(
+        **sidebar_context(
             request.user, request.COOKIES,
             current_id=conversation.conversation_id if conversation is not None else None,
         ),  # fmt: skip
@@ -253,6 +256,10 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     model = request.POST.get("model") or None
     # The new-chat page's "Temporary chat" switch; only a new conversation takes it.
     temporary = conversation_id is None and request.POST.get("temporary") in ("1", "on", "true")
+    # A project page's composer: the new chat starts in that project (404 if not the user's).
+    project = None
+    if conversation_id is None and request.POST.get("project"):
+        project = await _project_for_new_chat(request.POST["project"], user)
     try:
         services.message_clean(content)
         services.model_check(model)
@@ -271,7 +278,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
             return _error_response(request, exc.message, exc.status, exc.headers)
         try:
             conversation = await sync_to_async(services.conversation_create)(
-                owner=user, model=model, temporary=temporary
+                owner=user, model=model, temporary=temporary and project is None, project=project
             )
         except ValidationError as exc:  # e.g. the home region has no database here
             return _error_response(request, exc.messages[0], 400)
@@ -318,7 +325,7 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     if created:
         # Built in the worker thread: listing reads the user's memberships (a query) at once.
         context.update(
-            await sync_to_async(_sidebar_context)(
+            await sync_to_async(sidebar_context)(
                 user, request.COOKIES, current_id=conversation.conversation_id
             )
         )
@@ -328,6 +335,16 @@ async def turn_create(request: HttpRequest, conversation_id: UUID | None = None)
     if created:
         response["HX-Push-Url"] = url
     return response
+
+
+async def _project_for_new_chat(raw_id: str, user):
+    """The project a new chat is asked to start in (a project page's composer). Raises Http404
+    for a malformed id or a project the user may not open (projects/selectors.py)."""
+    try:
+        project_id = UUID(raw_id)
+    except ValueError:
+        raise Http404("No such project.") from None
+    return await project_selectors.aproject_get_for_user(project_id=project_id, user=user)
 
 
 @require_POST
@@ -647,7 +664,7 @@ def conversation_rename(request: HttpRequest, conversation_id: UUID) -> HttpResp
             request,
             "chat/_renamed.html",
             {
-                **_sidebar_context(request.user, request.COOKIES, current_id=current_id),
+                **sidebar_context(request.user, request.COOKIES, current_id=current_id),
                 "conversation": conversation,
                 "retitle": shown,
             },
@@ -671,7 +688,7 @@ def conversation_pin(request: HttpRequest, conversation_id: UUID) -> HttpRespons
         return render(
             request,
             "chat/_sidebar.html",
-            _sidebar_context(request.user, request.COOKIES, current_id=_current_conversation_id(request)),
+            sidebar_context(request.user, request.COOKIES, current_id=_current_conversation_id(request)),
         )
     return redirect("conversation", conversation_id=conversation.conversation_id)
 
@@ -696,7 +713,7 @@ def conversation_search(request: HttpRequest) -> HttpResponse:
             snippets = selectors.search_snippets(conversations=found, q=q)
             context.update(searching=True, results=[_search_result(c, snippets, text) for c in found])
         else:
-            context.update(_sidebar_context(request.user, request.COOKIES, current_id=context["current_id"]))
+            context.update(sidebar_context(request.user, request.COOKIES, current_id=context["current_id"]))
     except ValidationError as exc:
         context.update(searching=True, results=[], search_error=exc.messages[0])
         return render(request, "chat/_conversation_list.html", context, status=400)
@@ -733,7 +750,7 @@ async def conversation_delete(request: HttpRequest, conversation_id: UUID) -> Ht
         current_id = _current_conversation_id(request)
         if current_id is not None and current_id != conversation_id:
             # Deleted from another chat's sidebar row: stay in the chat that is open.
-            context = await sync_to_async(_sidebar_context)(user, request.COOKIES, current_id=current_id)
+            context = await sync_to_async(sidebar_context)(user, request.COOKIES, current_id=current_id)
             response = await sync_to_async(render)(request, "chat/_sidebar.html", context)
             response["HX-Retarget"] = "#sidebar"
             response["HX-Reswap"] = "innerHTML"

@@ -65,6 +65,7 @@ def prompt_fit(
 
 CUSTOM_INSTRUCTIONS_HEADING = "The user's instructions for every conversation:"
 MEMORY_HEADING = "What you know about the user:"
+PROJECT_INSTRUCTIONS_HEADING = "Instructions for this project:"
 CONVERSATION_PROMPT_HEADING = "Instructions for this conversation:"
 SUMMARY_HEADING = "Summary of the earlier conversation:"
 
@@ -105,11 +106,13 @@ def system_message(
     *,
     custom_instructions: str = "",
     conversation_prompt: str = "",
+    project_instructions: str = "",
 ) -> str:
     """The one system message, in the order DESIGN.md ("Memory in the prompt") gives:
     ``system_prompt`` (the pool's preamble, then the site's prompt), the user's
     ``custom_instructions`` (the same in every chat of theirs), the user-memory block, the
-    conversation's own ``conversation_prompt``, then the running summary. What changes least
+    ``project_instructions`` of the project the chat is in (the same in every chat of the
+    project; issue 30), the conversation's own ``conversation_prompt``, then the running summary. What changes least
     comes first, so consecutive turns - and a user's new chats - share the longest token
     prefix and vLLM's prefix cache reuses its KV blocks (automatic prefix caching hashes whole
     blocks from the start of the prompt: a change invalidates only what comes after it).
@@ -121,6 +124,7 @@ def system_message(
     for heading, text in (
         (CUSTOM_INSTRUCTIONS_HEADING, custom_instructions),
         (MEMORY_HEADING, memory),
+        (PROJECT_INSTRUCTIONS_HEADING, project_instructions),
         (CONVERSATION_PROMPT_HEADING, conversation_prompt),
         (SUMMARY_HEADING, summary),
     ):
@@ -178,6 +182,7 @@ def chat_messages(
     conversation_prompt: str = "",
     tools_section: str = "",
     after_question: Sequence[dict] = (),
+    project_instructions: str = "",
 ) -> list[dict]:
     """Chat messages in the assembly's order: the system message (:func:`system_message`, then
     ``tools_section``, the function definitions in the Hermes format (inference/tool_format.py),
@@ -187,10 +192,12 @@ def chat_messages(
     of the answer being written. An exchange's assistant part is a text, or OpenAI-shaped
     messages (calls, results, text) for an answer written after tool calls; such messages go to
     the template through inference/tool_format.py ``hermes_messages`` (or as they are, for a
-    template with a tool format)."""
+    template with a tool format). ``project_instructions``: the project's, in the system
+    message (:func:`system_message`)."""
     system = system_message(
         system_prompt, memory, summary,
         custom_instructions=custom_instructions, conversation_prompt=conversation_prompt,
+        project_instructions=project_instructions,
     )  # fmt: skip
     if tools_section:
         system = "\n\n".join(p for p in (system, tools_section) if p)
@@ -235,11 +242,13 @@ def prompt_assemble(
     conversation_prompt: str = "",
     tools_section: str = "",
     after_question: Sequence[dict] = (),
+    project_instructions: str = "",
 ) -> AssembledPrompt:
     """Assemble a conversation's prompt within ``budget = max_model_len - max_tokens`` tokens.
 
     Filled in this order (issue 4): the instructions (never trimmed: ``system_prompt``, the
-    user's ``custom_instructions`` and the ``conversation_prompt``), the user-memory block,
+    user's ``custom_instructions``, the ``project_instructions`` and the
+    ``conversation_prompt``), the user-memory block,
     the running summary, then the most recent whole exchanges (``exchanges``: (user, assistant)
     texts, oldest first, after the part the summary covers); the oldest exchanges are dropped
     first, never half an exchange. ``question`` (the new user message) always goes in, last.
@@ -256,6 +265,7 @@ def prompt_assemble(
         "custom_instructions": custom_instructions,
         "conversation_prompt": conversation_prompt,
         "tools_section": tools_section,
+        "project_instructions": project_instructions,
     }
     # The question and the tool rounds of the answer being written go in together, always.
     instructions_and_tail = {**instructions, "after_question": after_question}

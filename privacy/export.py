@@ -42,6 +42,7 @@ from conversations.turndata import turn_values
 from conversations.versions import Tree, tree_build
 from feedback.models import Feedback
 from memory.models import UserMemory
+from projects.export import project_items
 from moderation.models import WithdrawnAnswer
 from privacy.archive import ArchiveBuilder, Export
 from privacy.markdown import conversation_markdown
@@ -308,6 +309,7 @@ def conversation_json(
         "system_prompt": conversation.system_prompt,
         "region": conversation.region,
         "organisation": org or None,
+        "project_id": conversation.project_id,
         "shared_with_org": conversation.shared_with_org,
         "created_at": conversation.created_at,
         "last_turn_at": conversation.last_turn_at,
@@ -431,6 +433,7 @@ def user_export_build(*, user: User) -> Export:
             ),
         )
         data.array("conversations", conversation_items(builder, owner_id=user.pk))
+        data.array("projects", project_items(user_id=user.pk))
         data.field(
             "memory",
             [  # in every region's database: the user's home region may have changed

@@ -24,7 +24,9 @@ each one transaction (per database), each safe to run again:
    deletion (``privacy.AccountDeletion``), leave every organisation, revoke the API keys, make
    the account unusable (inactive, no password) and end every session. From here the person is
    signed out everywhere and nothing new can be written for them.
-2. *regional sweep*: each region's data, conversations in batches of 1,000.
+2. *regional sweep*: each region's data: the projects the person owns, with every chat in them
+   (other members' too: projects/services.py ``projects_sweep``) and their files, then the
+   conversations in batches of 1,000.
 3. *forget* (default database): anonymise the ledger, scrub the admin log, record the deletion
    in the audit log, delete the account (its memory, keys and sessions go with it) and the note.
 4. a second regional sweep, for anything a request that was already past authentication wrote
@@ -33,8 +35,8 @@ each one transaction (per database), each safe to run again:
 If a step fails the account stays closed and noted; ``manage.py account_deletions_finish``
 completes every noted deletion.
 
-**An organisation** (:func:`organisation_delete`, its owners): its conversations (whoever owns
-them) in every region as above, its invitations and memberships and the organisation itself;
+**An organisation** (:func:`organisation_delete`, its owners): its projects and conversations
+(whoever owns them) in every region as above, its invitations and memberships and the organisation itself;
 usage rows keep their user and lose the organisation. Recorded in the audit log.
 """
 
@@ -63,6 +65,7 @@ from memory.extraction_models import ExtractionMarker
 from memory.models import MemoryBlock, UserMemory
 from privacy.models import AccountDeletion
 from privacy.selectors import last_owner_orgs
+from projects.services import projects_sweep
 from sharing.models import ShareLink
 from usage.models import UsageRecord
 from usage.selectors import ledger_dbs
@@ -246,8 +249,11 @@ def account_forget(*, user_id: int, swept: Swept) -> dict:
 def account_deletion_run(*, user_id: int) -> dict:
     """Steps 2-4 (module docstring) for an account closed by :func:`account_close`; returns
     the counts recorded (empty if the account was already gone)."""
+    projects = projects_sweep(owner_id=user_id)  # with every chat in them (members' too)
     swept = conversations_sweep(swept=Swept(), owner_id=user_id)
+    swept.counts.update({k: v for k, v in projects.items() if k != "project"})
     counts = account_forget(user_id=user_id, swept=swept)
+    counts["projects"] = projects["project"]
     late = conversations_sweep(swept=Swept(), owner_id=user_id)
     if late.conversation_ids:
         logger.warning(
@@ -291,8 +297,10 @@ def organisation_delete(*, org: Organisation, actor: User) -> dict:
     """Delete organisation ``org`` (module docstring) on behalf of ``actor``, one of its owners
     (the caller checks, e.g. with ``workspaces.selectors.seat_get_owning``). Returns the counts
     recorded in the audit log (``conversations``, ``turns``, ``attachments``, ``share_links``,
-    ``feedback``, ``members``, ``invitations``)."""
+    ``feedback``, ``members``, ``invitations``, ``projects``)."""
+    projects = projects_sweep(org_id=org.pk)
     swept = conversations_sweep(swept=Swept(), org_id=org.pk)
+    swept.counts.update({k: v for k, v in projects.items() if k != "project"})
     with transaction.atomic():
         locked = Organisation.objects.select_for_update().filter(pk=org.pk).first()
         if locked is None:
@@ -305,6 +313,7 @@ def organisation_delete(*, org: Organisation, actor: User) -> dict:
             "feedback": swept.counts["feedback"],
             "members": Membership.objects.filter(organisation=locked).count(),
             "invitations": Invitation.objects.filter(organisation=locked).count(),
+            "projects": projects["project"],
         }
         _admin_log_scrub(
             model=Conversation,

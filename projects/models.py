@@ -132,3 +132,41 @@ class ProjectPassage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.file_id}#{self.ordinal}"
+
+
+class ProjectTurnSource(models.Model):
+    """One passage an answer in a project chat was given: what its "Sources" list shows.
+
+    Keyed by the *assistant* turn (``answer_id``): each answer version has the passages its own
+    prompt held, so Regenerate shows fresh sources and an older version keeps its own. Written
+    when the answer starts (projects/sources.py ``turn_sources_store``), never for a
+    zero-retention conversation (nothing of it is kept at rest).
+
+    A copy, not a reference: ``file_name`` and ``text`` are copied from the passage, so the list
+    reads the same after its file (or passage) is deleted, in the shared snapshot and in the
+    export. ``file_id`` / ``passage_id`` carry no constraint for that reason. The row goes with
+    its conversation (CASCADE, through the deletion service, conversations/deletion.py).
+    """
+
+    source_id = models.BigAutoField(primary_key=True)
+    conversation = models.ForeignKey(
+        "conversations.Conversation", on_delete=models.CASCADE, related_name="project_sources"
+    )
+    answer_id = models.UUIDField()  # the assistant turn (stored after this row, or never)
+    question_id = models.UUIDField()  # the user turn it answers
+    position = models.PositiveSmallIntegerField()  # order in the prompt, from 0
+    file_id = models.UUIDField(null=True, blank=True)
+    passage_id = models.BigIntegerField(null=True, blank=True)
+    file_name = models.CharField(max_length=255)
+    start = models.PositiveIntegerField()  # character offsets in the file's extracted text
+    end = models.PositiveIntegerField()
+    text = models.TextField()  # the passage as the prompt held it
+    similarity = models.FloatField()  # cosine similarity to the question, 0..1
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["answer_id", "position"]
+        indexes = [models.Index(fields=["conversation", "answer_id"], name="project_source_answer")]
+
+    def __str__(self) -> str:
+        return f"{self.file_name} for {self.answer_id}"

@@ -198,6 +198,14 @@ def answer(w: World) -> dict:
     return {**conv(w), "turn_id": w.answer.pk}
 
 
+def project(w: World) -> dict:
+    return {"project_id": w.project.pk}
+
+
+def personal_project(w: World) -> dict:
+    return {"project_id": w.personal_project.pk}
+
+
 def acme(w: World) -> dict:
     return {"slug": w.acme.slug}
 
@@ -441,6 +449,20 @@ ROUTES: list[Route] = [
     ),
     Route("healthz", ANY, PUBLIC, why="liveness probe of load balancers; no user data"),
     Route("readyz", ANY, PUBLIC, why="readiness probe of load balancers; no user data"),
+    # --- projects (issue 30): acme's members open alice's workspace project; only its owner
+    # and acme's owners and admins change it (dave: 403) ---
+    Route("project-new", ("GET", "POST"), SELF, bodies={"POST": form(name="bob's")}),
+    Route("sidebar-projects", ("GET",), SELF),
+    Route("project", ("GET",), ORG_MEMBERS, project, why="acme's members open acme's projects"),
+    Route("project-files", ("GET",), ORG_MEMBERS, project, why="acme's members see its projects' files"),
+    Route("project-rename", ("POST",), ORG_ROLE, project, bodies={"POST": form(name="pwned")}),
+    Route("project-instructions", ("POST",), ORG_ROLE, project, bodies={"POST": form(instructions="pwned")}),
+    Route("project-files-add", ("POST",), ORG_ROLE, project, bodies={"POST": lambda w: Body("file", {"field": "files"})}),
+    Route(
+        "project-file-delete", ("POST",), ORG_ROLE,
+        lambda w: {**project(w), "file_id": w.project_file.pk},
+    ),  # fmt: skip
+    Route("project-delete", ("POST",), ORG_ROLE, project),
     # --- /v1 ---
     Route(
         "v1-conversations",
@@ -450,6 +472,11 @@ ROUTES: list[Route] = [
         bodies={"POST": js(system_prompt="x")},
     ),
     Route("v1-conversation", ("GET", "DELETE"), API_OWN, conv),
+    Route("v1-projects", ("GET", "POST"), API_SELF, bodies={"POST": js(name="bob's")}),
+    Route(
+        "v1-project", ("GET", "PATCH", "DELETE"), API_OWN, personal_project,
+        bodies={"PATCH": js(instructions="pwned")},
+    ),  # fmt: skip
     Route(
         "v1-turns",
         ("POST",),

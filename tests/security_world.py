@@ -46,6 +46,8 @@ from feedback.services import feedback_set
 from memory.embeddings import embedding_dimension
 from memory.models import MemoryUpdate, UserMemory
 from moderation.models import WithdrawnAnswer
+from projects import services as project_services
+from projects.models import ProjectFile
 from sharing.services import share_link_create, share_link_revoke
 from tests.conftest import PASSWORD
 from workspaces import selectors as workspace_selectors
@@ -89,6 +91,9 @@ class World:
     invitation: object  # pending, by link
     bob_conversation: Conversation  # in Globex: a question and its answer
     bob_answer: Turn
+    project: object = None  # alice's project in acme's workspace (members open it, dave too)
+    project_file: object = None  # a file of it
+    personal_project: object = None  # alice's own project, outside acme
     raw: dict[str, str] = field(default_factory=dict)  # raw secrets: keys, tokens
 
     def secrets(self, *, member: bool = False) -> list[str]:
@@ -156,6 +161,14 @@ def build_world() -> World:
     feedback = feedback_set(
         conversation=conversation, answer=answer, user=alice, rating="up", comment=SECRET_COMMENT
     )
+    project = project_services.project_create(owner=alice, name=SECRET_TITLE, instructions=SECRET_SYSTEM, org=acme)
+    project_file = ProjectFile.objects.create(
+        project=project, uploaded_by=alice, name=SECRET_FILE_NAME, kind=ProjectFile.Kind.TEXT, size=10,
+        sha256="0" * 64, storage_name=f"{project.pk}/secret", status=ProjectFile.Status.READY,
+    )  # fmt: skip
+    personal_project = project_services.project_create(
+        owner=alice, name=SECRET_TITLE, instructions=SECRET_SYSTEM, personal=True
+    )
     fact = UserMemory.objects.create(
         user=alice, text=SECRET_FACT, embedding=[0.0] * embedding_dimension()
     )
@@ -198,6 +211,7 @@ def build_world() -> World:
         memory_update=memory_update,
         feedback=feedback, alice_key=alice_key.api_key, alice_session=alice_session,
         invitation=invitation.invitation, bob_conversation=bob_conversation, bob_answer=bob_answer,
+        project=project, project_file=project_file, personal_project=personal_project,
         raw={
             "alice_key": alice_key.raw, "alice_revoked": alice_revoked.raw,
             "mallory_revoked": mallory_key.raw, "bob_key": keys["bob"].raw,

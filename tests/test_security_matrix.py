@@ -209,7 +209,10 @@ def test_own_account_pages_show_and_touch_only_the_callers_data(world, route, me
 
 @pytest.mark.parametrize(
     "name",
-    ["conversation", "attachment-download", "org-overview", "org-conversations", "org-members"],
+    [
+        "conversation", "attachment-download", "org-overview", "org-conversations", "org-members",
+        "project", "project-files",
+    ],
 )
 def test_a_member_reads_what_the_workspace_shares(world, name):
     """Control for the ALLOWED cells: dave (a member of Acme) reads the workspace's pages and

@@ -14,6 +14,9 @@
   function showActions(article) {
     var actions = article.querySelector("[data-stream-actions]");
     if (actions) actions.hidden = false;
+    // A project chat's sources (templates/projects/_sources.html), drawn while it streamed.
+    var sources = article.querySelector("[data-stream-sources]");
+    if (sources) sources.hidden = false;
   }
 
   // "prompt + completion tokens (cached) · $cost · pool", as the stored answer shows it.

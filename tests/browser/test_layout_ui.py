@@ -87,6 +87,8 @@ class World:
             zero_retention=False,
         )  # fmt: skip
 
+        self.project, self.project_chat = project_world(self.user)
+
     def signed_in_pages(self) -> list[str]:
         c, slug = self.conversation.pk, self.org.slug
         return [
@@ -95,10 +97,49 @@ class World:
             "/orgs/", f"/orgs/{slug}/", f"/orgs/{slug}/members/", f"/orgs/{slug}/policies/",
             f"/orgs/{slug}/moderation/", f"/orgs/{slug}/moderation/review/",
             f"/s/{self.link.token}/", "/no/such/page/",
+            "/projects/new", f"/p/{self.project.pk}/", f"/c/{self.project_chat.pk}/",
         ]  # fmt: skip
 
     def anonymous_pages(self) -> list[str]:
         return ["/accounts/login/", "/accounts/signup/", f"/s/{self.link.token}/"]
+
+
+def project_world(user: User):
+    """A project of ``user`` with a long name, instructions, files in each state (one with a
+    long name, one with why it failed) and a chat whose answer lists two sources (issue 30)."""
+    from projects import services as project_services  # noqa: PLC0415
+    from projects.models import ProjectFile, ProjectTurnSource  # noqa: PLC0415
+
+    project = project_services.project_create(
+        owner=user, name="Antares mission planning and the long name of a project " * 2,
+        instructions="Answer as a ship navigator. " * 12,
+    )  # fmt: skip
+    for name, status, error in (
+        ("mission-briefing-with-a-very-long-file-name-" + "x" * 40 + ".md", "ready", ""),
+        ("crew.pdf", "pending", ""),
+        ("scanned.pdf", "failed", "This PDF has no text layer (it is a scan); add a text version of it."),
+    ):
+        ProjectFile.objects.create(
+            project=project, uploaded_by=user, name=name, kind="markdown", size=100, sha256="0" * 64,
+            storage_name=f"{project.pk}/{name}", status=status, error=error, pages=3 if status == "ready" else None,
+        )  # fmt: skip
+    chat = conversation_services.conversation_create(owner=user, project=project, title="Launch windows")
+    question = conversation_services.turn_append_user(conversation=chat, content="When is the launch window?")
+    answer = conversation_services.turn_append_assistant(
+        conversation_id=chat.pk, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
+        content="The window opens at 04:10 UTC.", status=Turn.Status.COMPLETE, prompt_tokens=40,
+        completion_tokens=9, pool="mini",
+    )  # fmt: skip
+    for position, text in enumerate((
+        "The launch window for Antares opens at 04:10 UTC and closes at 04:42 UTC. " * 3,
+        "Unbrokenpassage" * 12,
+    )):
+        ProjectTurnSource.objects.create(
+            conversation=chat, answer_id=answer.turn_id, question_id=question.turn_id, position=position,
+            file_name="mission-briefing-with-a-very-long-file-name-" + "x" * 40 + ".md",
+            start=0, end=len(text), text=text, similarity=0.8,
+        )  # fmt: skip
+    return project, chat
 
 
 def session_cookie(user: User, url: str) -> dict:
@@ -521,6 +562,7 @@ def test_write_screenshots(live, engine_double, make_user, browser):  # noqa: F8
         "org-moderation": f"/orgs/{world.org.slug}/moderation/",
         "org-review": f"/orgs/{world.org.slug}/moderation/review/", "404": "/no/such/page/",
         "data": "/settings/data/", "share": f"/c/{c}/share/", "shared-links": "/settings/shared-links/",
+        "project": f"/p/{world.project.pk}/", "project-chat": f"/c/{world.project_chat.pk}/",
     }  # fmt: skip
     written = []
     for size_name, size in SIZES.items():
