@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -212,6 +213,39 @@ def forget_writes() -> None:
 # --- the router ---
 
 
+def multi_region() -> bool:
+    """Whether any region has a database of its own (else everything is in ``default``)."""
+    return bool(getattr(settings, "CHAT_REGION_DATABASES", None))
+
+
+def default_db() -> str:
+    """The primary alias of the default region (``settings.CHAT_DEFAULT_REGION``)."""
+    if not multi_region():
+        return DEFAULT_DB_ALIAS
+    return settings.CHAT_REGION_DATABASES.get(settings.CHAT_DEFAULT_REGION, DEFAULT_DB_ALIAS)
+
+
+class InstanceLocator(Protocol):
+    """Where an unsaved regional model instance belongs, known without a query: the app that
+    defines the regional models says (conversations/regions.py, registered in
+    conversations/apps.py), so this module imports no app."""
+
+    def instance_db(self, instance) -> str | None: ...
+
+    def instance_owner(self, instance) -> int | None: ...
+
+
+_locator: InstanceLocator | None = None
+
+
+def instance_locator_set(locator: InstanceLocator | None) -> None:
+    """Register the :class:`InstanceLocator` the router asks about unsaved instances (until
+    one is registered, as while apps load, an instance without a database goes by pin or to
+    the default region)."""
+    global _locator
+    _locator = locator
+
+
 def _is_regional(model_or_instance) -> bool:
     # ``._meta`` and not ``type(x)._meta``: ``request.user`` is a SimpleLazyObject. A proxy
     # model (moderation's "Moderated turn") lives where its concrete model's rows do.
@@ -226,27 +260,25 @@ class PrimaryReplicaRouter:
 
     def _route(self, model, hints) -> tuple[str, int | None, Pin | None]:
         """(primary alias, user on whose behalf, pin) for a query on a regional ``model``."""
-        from conversations import regions  # noqa: PLC0415 - the router loads before apps
-
         pin = _pin.get()
         if hints.get("primary"):  # a manager from conversations.regions.manager()
             return primary_of(hints["primary"]), hints.get("user_id"), None
         instance = hints.get("instance")
         user_id = pin.user_id if pin is not None else None
         if instance is not None and _is_regional(instance):
-            owner = regions.instance_owner(instance)
+            owner = _locator.instance_owner(instance) if _locator is not None else None
             if owner is not None:
                 user_id = owner
             if instance._state.db:
                 return primary_of(instance._state.db), user_id, pin
-            db = regions.instance_db(instance)
+            db = _locator.instance_db(instance) if _locator is not None else None
             if db is not None:
                 return db, user_id, pin
         elif instance is not None and user_id is None and instance._meta.label == settings.AUTH_USER_MODEL:
             user_id = instance.pk  # a user's related manager (``user.conversations``)
         if pin is not None:
             return pin.primary, user_id, pin
-        return regions.default_db(), user_id, pin
+        return default_db(), user_id, pin
 
     def db_for_read(self, model, **hints) -> str:
         if not _is_regional(model):

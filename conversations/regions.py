@@ -46,6 +46,7 @@ from django.db import DEFAULT_DB_ALIAS, router, transaction
 from django.db.models import QuerySet
 
 from chatsite import db_breaker, dbrouter
+from chatsite.dbrouter import default_db, multi_region
 
 
 class RegionUnavailable(ValidationError):
@@ -53,11 +54,6 @@ class RegionUnavailable(ValidationError):
 
 
 # --- regions and their databases ---
-
-
-def multi_region() -> bool:
-    """Whether any region has a database of its own (else everything is in ``default``)."""
-    return bool(getattr(settings, "CHAT_REGION_DATABASES", None))
 
 
 def db_for_region(region: str) -> str:
@@ -82,13 +78,6 @@ def db_for_region(region: str) -> str:
             code="region_unavailable",
         )
     return alias
-
-
-def default_db() -> str:
-    """The primary alias of the default region (``settings.CHAT_DEFAULT_REGION``)."""
-    if not multi_region():
-        return DEFAULT_DB_ALIAS
-    return settings.CHAT_REGION_DATABASES.get(settings.CHAT_DEFAULT_REGION, DEFAULT_DB_ALIAS)
 
 
 def region_of_db(alias: str) -> str:
