@@ -2,6 +2,7 @@ from django.urls import path
 
 from api import completions, embeddings, openapi, views
 from imports import views as import_views
+from projects import api as project_api
 
 urlpatterns = [
     path("conversations", views.conversations, name="v1-conversations"),
@@ -23,5 +24,11 @@ urlpatterns = [
     path("models", completions.models, name="v1-models"),
     path("embeddings", embeddings.create_embeddings, name="v1-embeddings"),
     path("imports", import_views.import_api, name="v1-imports"),
+    path("projects/<uuid:project_id>/files", project_api.project_files, name="v1-project-files"),
+    path(
+        "projects/<uuid:project_id>/files/<uuid:file_id>",
+        project_api.project_file,
+        name="v1-project-file",
+    ),
     path("openapi.json", openapi.openapi_document, name="v1-openapi"),
 ]

@@ -503,6 +503,20 @@ ROUTES: list[Route] = [
     Route("v1-embeddings", ("POST",), API_SELF, bodies={"POST": js(model="all-MiniLM-L6-v2", input="hi")}),
     # Imports into the caller's own account only (no conversation id to aim at another's).
     Route("v1-imports", ("POST",), API_SELF, bodies={"POST": lambda w: Body("file", {"field": "file"})}),
+    # Projects (issue 30): for now the owner's only (projects/api.py).
+    Route(
+        "v1-project-files",
+        ("GET", "POST"),
+        API_OWN,
+        lambda w: {"project_id": w.project.pk},
+        bodies={"POST": lambda w: Body("file", {"field": "file"})},
+    ),
+    Route(
+        "v1-project-file",
+        ("DELETE",),
+        API_OWN,
+        lambda w: {"project_id": w.project.pk, "file_id": w.project_file.pk},
+    ),
     Route(
         "v1-openapi",
         ("GET",),

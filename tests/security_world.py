@@ -46,6 +46,7 @@ from feedback.services import feedback_set
 from memory.embeddings import embedding_dimension
 from memory.models import MemoryUpdate, UserMemory
 from moderation.models import WithdrawnAnswer
+from projects.models import Project, ProjectFile
 from sharing.services import share_link_create, share_link_revoke
 from tests.conftest import PASSWORD
 from workspaces import selectors as workspace_selectors
@@ -90,6 +91,8 @@ class World:
     bob_conversation: Conversation  # in Globex: a question and its answer
     bob_answer: Turn
     raw: dict[str, str] = field(default_factory=dict)  # raw secrets: keys, tokens
+    project: object = None  # alice's project (issue 30) with one file
+    project_file: object = None
 
     def secrets(self, *, member: bool = False) -> list[str]:
         """Alice's texts and credentials that no refused response may contain. ``member``: the
@@ -191,7 +194,14 @@ def build_world() -> World:
     # carol is removed last: by then she had been a member while all of this was made.
     workspace_services.member_remove(seat=alice_seat, membership=carol_seat)
 
+    project = Project.objects.create(owner=alice, name="Alice's project", region=alice.region)
+    project_file = ProjectFile.objects.create(
+        project=project, uploaded_by=alice, name=SECRET_FILE_NAME, kind="text", size=6,
+        sha256="0" * 64, storage_name=f"{project.pk}/none",
+    )  # fmt: skip
+
     return World(
+        project=project, project_file=project_file,
         alice=alice, bob=bob, carol=carol, dave=dave, mallory=mallory, sam=sam,
         acme=acme, globex=globex, conversation=conversation, question=question, answer=answer,
         attachment=attachment, link=link, revoked_link=revoked_link, fact=fact,
@@ -216,7 +226,11 @@ def world(django_db_setup, django_db_blocker, tmp_path_factory):
         CHAT_ATTACHMENT_STORAGE={
             "BACKEND": "django.core.files.storage.FileSystemStorage",
             "OPTIONS": {"location": str(tmp_path_factory.mktemp("attachments"))},
-        }
+        },
+        CHAT_PROJECT_FILE_STORAGE={
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path_factory.mktemp("project-files"))},
+        },
     )
     storage.enable()
     try:
