@@ -9,8 +9,9 @@
 - ``DELETE /v1/projects/{project_id}/files/{file_id}``: 204; the file, its passages and its bytes.
 
 Who: the project's owner; anyone else gets the same 404 as for a project that does not exist.
-The upload is parsed and stored on a worker thread of its own (``thread_sensitive=False``, as
-imports do), so a 50 MB body holds neither the event loop nor the thread other views share.
+The multipart body is parsed on a thread of its own (``thread_sensitive=False``, as imports do),
+so a 50 MB body holds neither the event loop nor the thread other views share; the database work
+(the project's lookup, before the body is read, and the new row) runs on that shared thread.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ def _files(project: Project) -> list[dict]:
     return [file_json(f) for f in rows.order_by("created_at", "file_id")]
 
 
-def _upload(request: HttpRequest, project_id: UUID, user) -> ProjectFile:
-    """Parse the multipart body and add its one file. Raises ApiError 400 / 413 / 415 for the
-    body, FileRefused for the file, Http404 for the project."""
-    project = _project_for_owner(project_id=project_id, user=user)
+def _upload_of(request: HttpRequest):
+    """The one uploaded file of the multipart body (parsed here: Django spools it to a temporary
+    file). Raises ApiError 400 / 413 / 415. Touches no database, so it runs on a thread of its
+    own and a 50 MB body holds no thread other views share."""
     if request.content_type != "multipart/form-data":
         raise ApiError(
             415, "unsupported_media_type", f"Send the file as multipart/form-data, in the field '{FIELD}'."
@@ -93,7 +94,7 @@ def _upload(request: HttpRequest, project_id: UUID, user) -> ProjectFile:
             400, "invalid_request",
             f"Send exactly one file, in the multipart field '{FIELD}' (this request has {len(uploads)}).",
         )  # fmt: skip
-    return ingest.project_file_add(project=project, user=user, upload=uploads[0])
+    return uploads[0]
 
 
 def _delete(project_id: UUID, file_id: UUID, user) -> None:
@@ -112,7 +113,9 @@ async def project_files(request: HttpRequest, project_id: UUID) -> HttpResponse:
     if request.method == "GET":
         project = await sync_to_async(_project_for_owner)(project_id=project_id, user=user)
         return JsonResponse({"files": await sync_to_async(_files)(project)})
-    added = await sync_to_async(_upload, thread_sensitive=False)(request, project_id, user)
+    project = await sync_to_async(_project_for_owner)(project_id=project_id, user=user)
+    upload = await sync_to_async(_upload_of, thread_sensitive=False)(request)
+    added = await sync_to_async(ingest.project_file_add)(project=project, user=user, upload=upload)
     return JsonResponse(file_json(added, passages=0), status=201)
 
 
