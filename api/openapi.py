@@ -60,6 +60,7 @@ PAGING = [
     {"name": "limit", "in": "query", "required": False,
      "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
 ]  # fmt: skip
+PROJECT_ID = {"name": "project_id", "in": "path", "required": True, "schema": UUID_PARAM}
 CONVERSATION_ID = {"name": "conversation_id", "in": "path", "required": True, "schema": UUID_PARAM}
 SEARCH = {
     "name": "q", "in": "query", "required": False,
@@ -172,6 +173,20 @@ def build_document() -> dict:
         "required": ["file"],
         "properties": {"file": {"type": "string", "format": "binary"}},
     }
+    components["ProjectFile"] = {  # projects/api.py file_json
+        "type": "object",
+        "required": ["file_id", "name", "kind", "size", "status", "error", "pages", "chars", "passages", "created_at", "ready_at"],
+        "properties": {
+            "file_id": UUID_PARAM, "name": {"type": "string"},
+            "kind": {"enum": ["text", "markdown", "pdf", "docx"]}, "size": {"type": "integer", "minimum": 1},
+            # pending: the worker has not read it yet; failed: `error` says why, for a person.
+            "status": {"enum": ["pending", "ready", "failed"]}, "error": {"type": "string"},
+            "pages": {"type": ["integer", "null"]}, "chars": {"type": "integer", "minimum": 0},
+            "passages": {"type": "integer", "minimum": 0},
+            "created_at": {"type": "string", "format": "date-time"},
+            "ready_at": {"type": ["string", "null"], "format": "date-time"},
+        },
+    }  # fmt: skip
     conversation_props = {
         "conversation_id": UUID_PARAM,
         "title": {"type": "string"},
@@ -524,6 +539,45 @@ def build_document() -> dict:
                 },
             }  # fmt: skip
         },
+        "/v1/projects/{project_id}/files": {
+            "parameters": [PROJECT_ID],
+            "get": {
+                "operationId": "listProjectFiles",
+                "responses": {
+                    "200": {"description": "The project's files, oldest first.", "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["files"],
+                        "properties": {"files": {"type": "array", "items": {"$ref": REF.format(model="ProjectFile")}}}}}}},
+                    "404": _error("No such project (or not yours)."),
+                    **COMMON,
+                },
+            },
+            "post": {
+                "operationId": "addProjectFile",
+                "description": "Add one file (UTF-8 text, Markdown, PDF or DOCX, judged by its content) in the multipart field 'file'. A worker reads it afterwards: poll the list until its status is ready or failed (projects/api.py).",
+                "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {"$ref": REF.format(model="AttachmentUpload")}}}},
+                "responses": {
+                    "201": _json(REF.format(model="ProjectFile"), "Stored; status pending."),
+                    "400": _error("No file, several files, a malformed body or an empty file."),
+                    "404": _error("No such project (or not yours)."),
+                    "413": _error("The file is over the size limit."),
+                    "415": _error("Not multipart/form-data, or the file is not text, Markdown, a PDF or a DOCX."),
+                    "503": _error("The project's region database is unavailable; see Retry-After."),
+                    **COMMON,
+                },
+            },
+        },
+        "/v1/projects/{project_id}/files/{file_id}": {
+            "parameters": [PROJECT_ID, {"name": "file_id", "in": "path", "required": True, "schema": UUID_PARAM}],
+            "delete": {
+                "operationId": "deleteProjectFile",
+                "responses": {
+                    "204": {"description": "Deleted: the file, its passages and its bytes."},
+                    "404": _error("No such project or file (or not yours)."),
+                    "503": _error("The project's region database is unavailable; see Retry-After."),
+                    **COMMON,
+                },
+            },
+        },  # fmt: skip
         "/v1/models": {
             "get": {
                 "operationId": "listModels",

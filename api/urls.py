@@ -2,6 +2,7 @@ from django.urls import path
 
 from api import completions, embeddings, openapi, projects, views
 from imports import views as import_views
+from projects import api as project_api
 
 urlpatterns = [
     path("conversations", views.conversations, name="v1-conversations"),
@@ -25,5 +26,11 @@ urlpatterns = [
     path("imports", import_views.import_api, name="v1-imports"),
     path("projects", projects.projects, name="v1-projects"),
     path("projects/<uuid:project_id>", projects.project_detail, name="v1-project"),
+    path("projects/<uuid:project_id>/files", project_api.project_files, name="v1-project-files"),
+    path(
+        "projects/<uuid:project_id>/files/<uuid:file_id>",
+        project_api.project_file,
+        name="v1-project-file",
+    ),
     path("openapi.json", openapi.openapi_document, name="v1-openapi"),
 ]

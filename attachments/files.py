@@ -157,16 +157,21 @@ def text_decode(name: str, data: bytes) -> str:
     return text
 
 
-def _is_pdf(data: bytes) -> bool:
+def is_pdf(data: bytes) -> bool:
+    """Whether ``data`` is a PDF by its magic bytes (``filetype``), whatever its name."""
     kind = filetype.guess(data[:8192])
     return kind is not None and kind.mime == "application/pdf"
 
 
-def pdf_text(name: str, data: bytes) -> tuple[str, int]:
+def pdf_text(
+    name: str, data: bytes, *, max_pages: int | None = None, before_page: Callable[[int], None] | None = None
+) -> tuple[str, int]:
     """(text, pages) of a PDF, pages joined by blank lines, control characters turned into
     spaces. Raises AttachmentRejected: 400 for a PDF that cannot be parsed, one that is
     password-protected, or one with no extractable text (e.g. scanned images); 413 for more than
-    ``settings.CHAT_ATTACHMENT_MAX_PDF_PAGES`` pages."""
+    ``max_pages`` pages (default ``settings.CHAT_ATTACHMENT_MAX_PDF_PAGES``).
+    ``before_page(index)`` is called before each page's text is extracted (project files check
+    their wall-time deadline there); an AttachmentRejected it raises goes through as it is."""
     from pypdf import PdfReader  # noqa: PLC0415 - only needed for PDFs
 
     try:
@@ -177,14 +182,18 @@ def pdf_text(name: str, data: bytes) -> tuple[str, int]:
                 f"{name} is password-protected. Save a copy without the password and attach that.",
             )  # fmt: skip
         pages = len(reader.pages)
-        limit = settings.CHAT_ATTACHMENT_MAX_PDF_PAGES
+        limit = settings.CHAT_ATTACHMENT_MAX_PDF_PAGES if max_pages is None else max_pages
         if pages > limit:
             raise AttachmentRejected(
                 413, "too_many_pages",
                 f"{name} has {pages:,} pages; a PDF can have at most {limit:,}. Attach the pages "
                 "you need (e.g. print them to a smaller PDF).",
             )  # fmt: skip
-        texts = [page.extract_text() or "" for page in reader.pages]
+        texts = []
+        for index, page in enumerate(reader.pages):
+            if before_page is not None:
+                before_page(index)
+            texts.append(page.extract_text() or "")
     except AttachmentRejected:
         raise
     except Exception as exc:  # noqa: BLE001 - a parser on untrusted bytes: any failure is "corrupt"
@@ -295,7 +304,7 @@ def file_read(*, name: str, data: bytes, encode_text: EncodeText) -> Extracted:
             f"{name} is {size_text(len(data))}; a file can be at most {size_text(limit)}. Attach a "
             "smaller file or only the part you need.",
         )  # fmt: skip
-    if _is_pdf(data):
+    if is_pdf(data):
         text, pages, kind = *pdf_text(name, data), "pdf"
     else:
         text, pages, kind = text_decode(name, data), None, "text"

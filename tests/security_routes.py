@@ -91,6 +91,10 @@ _API_REFUSED = {
     "mallory_revoked": UNAUTHORIZED,
 }
 API_OWN = {**_API_REFUSED, "bob_key": NOT_FOUND, "carol_key": NOT_FOUND, "dave_key": NOT_FOUND}
+# A workspace's project over /v1: dave (a member) may open it, only its owner and acme's
+# owners/admins change it.
+API_ORG_MEMBERS = {**_API_REFUSED, "bob_key": NOT_FOUND, "carol_key": NOT_FOUND, "dave_key": ALLOWED}
+API_ORG_ROLE = {**_API_REFUSED, "bob_key": NOT_FOUND, "carol_key": NOT_FOUND, "dave_key": FORBIDDEN}
 API_SELF = {**_API_REFUSED, "bob_key": ALLOWED, "carol_key": ALLOWED, "dave_key": ALLOWED}
 API_PUBLIC = {actor: ALLOWED for actor in API_ACTORS}
 ADMIN = {actor: ADMIN_LOGIN for actor in ADMIN_ACTORS}
@@ -530,6 +534,14 @@ ROUTES: list[Route] = [
     Route("v1-embeddings", ("POST",), API_SELF, bodies={"POST": js(model="all-MiniLM-L6-v2", input="hi")}),
     # Imports into the caller's own account only (no conversation id to aim at another's).
     Route("v1-imports", ("POST",), API_SELF, bodies={"POST": lambda w: Body("file", {"field": "file"})}),
+    # A project's files (issue 30), alice's workspace project: as on its page, acme's members
+    # list them, only its owner and acme's owners/admins add and delete (projects/api.py).
+    Route("v1-project-files", ("GET",), API_ORG_MEMBERS, project, why="acme's members see its projects' files"),
+    Route("v1-project-files", ("POST",), API_ORG_ROLE, project, bodies={"POST": lambda w: Body("file", {"field": "file"})}),
+    Route(
+        "v1-project-file", ("DELETE",), API_ORG_ROLE,
+        lambda w: {"project_id": w.project.pk, "file_id": w.project_file.pk},
+    ),
     Route(
         "v1-openapi",
         ("GET",),

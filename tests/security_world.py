@@ -230,7 +230,11 @@ def world(django_db_setup, django_db_blocker, tmp_path_factory):
         CHAT_ATTACHMENT_STORAGE={
             "BACKEND": "django.core.files.storage.FileSystemStorage",
             "OPTIONS": {"location": str(tmp_path_factory.mktemp("attachments"))},
-        }
+        },
+        CHAT_PROJECT_FILE_STORAGE={
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path_factory.mktemp("project-files"))},
+        },
     )
     storage.enable()
     try:

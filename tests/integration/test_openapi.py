@@ -46,6 +46,8 @@ def test_every_documented_operation_names_its_methods_as_the_view_allows():
             path.replace("{conversation_id}", "00000000-0000-0000-0000-000000000001")
             .replace("{turn_id}", "00000000-0000-0000-0000-000000000002")
             .replace("{user_id}", "1")
+            .replace("{project_id}", "00000000-0000-0000-0000-000000000003")
+            .replace("{file_id}", "00000000-0000-0000-0000-000000000004")
         )
         view = resolve(sample).func
         methods = {m.upper() for m in item if m != "parameters"}
