@@ -109,7 +109,7 @@ def assert_outcome(response, expected: Outcome, *, api: bool) -> None:
     if api:
         error = response.json()["error"]
         assert error["message"]
-        assert error["type"] == {401: "authentication", 404: "not_found"}[expected.status]
+        assert error["type"] == {401: "authentication", 403: "permission_denied", 404: "not_found"}[expected.status]
     if api and expected is UNAUTHORIZED:
         assert response["WWW-Authenticate"].startswith("Bearer")
 
