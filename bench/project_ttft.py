@@ -16,8 +16,7 @@ stored sources). Medians of every turn's TTFT per side, the project/plain ratio 
 the same for first turns alone, and the plain/plain spread (the plain rounds split into odd and
 even halves, their medians' ratio): the run's noise floor.
 
-Retrieval is projects/retrieval.py; until that branch merges, the stand-in of
-tests/projects_support.py (the same interface, an exact cosine scan) is used, and the run says so.
+Retrieval is projects/retrieval.py (``CHAT_PROJECT_TOP_K``, ``CHAT_PROJECT_RETRIEVAL_TOKENS``).
 Results: stdout and ``var/bench/project_ttft.json``.
 """
 
@@ -71,24 +70,6 @@ def _median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000 if values else float("nan")
 
 
-def _retrieval_module() -> str:
-    """Make ``projects.retrieval`` importable: the real module, else the tests' stand-in."""
-    try:
-        import projects.retrieval  # noqa: F401, PLC0415
-
-        return "projects/retrieval.py"
-    except ImportError:
-        import types  # noqa: PLC0415
-
-        from tests import projects_support  # noqa: PLC0415
-
-        module = types.ModuleType("projects.retrieval")
-        module.Retrieved = projects_support.Retrieved
-        module.passages_retrieve = projects_support._passages_retrieve
-        sys.modules["projects.retrieval"] = module
-        return "stand-in (tests/projects_support.py; projects/retrieval.py not merged here)"
-
-
 def run(rounds: int, turns: int) -> dict:
     """The alternating rounds (module docstring); returns the numbers."""
     from bench.clients import Api  # noqa: PLC0415
@@ -97,7 +78,7 @@ def run(rounds: int, turns: int) -> dict:
     from projects.models import ProjectTurnSource  # noqa: PLC0415
     from tests.projects_support import passage_file_add  # noqa: PLC0415
 
-    retrieval = _retrieval_module()
+    retrieval = "projects/retrieval.py"
     server = InProcessServer()
     server.start()
     api = Api(server.url, prefix="projectbench", key_name="project bench")

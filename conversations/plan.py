@@ -128,9 +128,10 @@ def _prompt_prepare(
     (:func:`amemory_query_start`). ``tools``: the answer's function calling (its definitions end
     the system message, or go to a template with a tool format); ``after_question``: the tool
     rounds of the answer being written (OpenAI-shaped messages, conversations/toolrounds.py).
-    Returns (token ids,
-    completion budget, context_trimmed, want_summary). Raises PromptTooLong,
-    Conversation.DoesNotExist."""
+    In a project's chat, its instructions join the system message and the passages retrieved
+    for the question (projects/prompt.py, by the same early embedding) go before the question.
+    Returns (token ids, completion budget, context_trimmed, want_summary, the passages used).
+    Raises PromptTooLong, Conversation.DoesNotExist."""
     owner = conversation.owner if conversation is not None else None
     # Read with the turn (the conversation and its owner are loaded per request): a change to
     # either applies from the next turn.
@@ -145,6 +146,23 @@ def _prompt_prepare(
         answer_choices=conversation.answer_choices if conversation is not None else None,
     )  # fmt: skip
     engine = pool_engine(route.pool)
+    try:
+        return _prompt_assembled(
+            conversation_id=conversation_id, question=question, system_prompt=system_prompt, route=route,
+            max_tokens=max_tokens, conversation=conversation, memory_query=memory_query, tools=tools,
+            after_question=after_question, owner=owner, instructions=instructions, project=project,
+            context=context, engine=engine,
+        )  # fmt: skip
+    finally:
+        if memory_query is not None:
+            memory_query.cancel()  # a no-op once used; else frees the embedding thread
+
+
+def _prompt_assembled(
+    *, conversation_id, question, system_prompt, route, max_tokens, conversation, memory_query, tools,
+    after_question, owner, instructions, project, context, engine,
+) -> tuple[list[int], int, int, bool, tuple]:
+    """The assembly half of :func:`_prompt_prepare` (its arguments, read there)."""
     memory, relevant = _memory(owner, question.content, engine, memory_query) if owner is not None else ("", "")
     memory = memory_aligned(
         memory, route=route, engine=engine, system_prompt=system_prompt,
@@ -160,7 +178,7 @@ def _prompt_prepare(
     passages = ()
     if project is not None:
         passages = project_passages(
-            project=project, question=question.content,
+            project=project, question=question.content, question_vector=memory_query,
             room=budget - len(engine.encode_chat(chat_messages(system_prompt=system, question=asked))),
             count_tokens=lambda text: len(engine.encode_text(text)),
         )  # fmt: skip
@@ -231,9 +249,6 @@ def _memory(user, query: str, engine, query_vector: Future | None = None) -> tup
     except Exception:  # noqa: BLE001 - memory is an extra; the answer must not fail for it
         logger.exception("memory retrieval failed for user %s", user.pk)
         return "", ""
-    finally:
-        if query_vector is not None:
-            query_vector.cancel()  # a no-op once used; else frees the embedding thread
 
 
 def kv_block_tokens() -> int:
@@ -454,12 +469,17 @@ def memory_query_start(text: str) -> Future | None:
     return embed_one_start(text)
 
 
-async def amemory_query_start(text: str, *, user_id) -> Future | None:
+async def amemory_query_start(text: str, *, user_id, in_project: bool = False) -> Future | None:
     """:func:`memory_query_start` for a message of user ``user_id``, only when their turn may
     retrieve (issue 19: query-time retrieval is for overflow users, started as the request
     arrives, overlapped with admission): not when their stored memory block is current and
     within budget (memory.blocks.amemory_block_needs_query, one primary-key read), which is the
-    common case and then embeds nothing."""
+    common case and then embeds nothing. ``in_project``: the message is in a project's chat,
+    whose passages are retrieved by the same embedding (projects/prompt.py): always started."""
+    if in_project and text.strip():
+        from memory.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
+
+        return embed_one_start(text)
     if not settings.CHAT_MEMORY_ENABLED or not text.strip():
         return None
     from memory.blocks import amemory_block_needs_query  # noqa: PLC0415 - loads the memory layer

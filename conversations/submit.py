@@ -69,9 +69,11 @@ async def turn_submit(
     conversation_id = conversation.conversation_id
     answer_id = new_turn_id(conversation.conversation_id)
     text = services.message_clean(content)
-    # An overflow user's memory retrieval embeds the message now, beside the claim, caller and
-    # history reads (everyone else's memory block is stored: nothing to embed).
-    memory_query = await amemory_query_start(text, user_id=conversation.owner_id)
+    # An overflow user's memory retrieval and a project's passages embed the message now, beside
+    # the claim, caller and history reads (otherwise nothing is embedded).
+    memory_query = await amemory_query_start(
+        text, user_id=conversation.owner_id, in_project=conversation.project_id is not None
+    )
     caller = await acaller_of(conversation, caller)
     async with conversation_claim(conversation_id, answer_id):
         # Where it goes in the turn tree: after the branch shown, or beside the message it edits.

@@ -78,19 +78,23 @@ def project_of(conversation):
     return conversation.project
 
 
-def project_passages(*, project, question: str, room: int, count_tokens: Callable[[str], int]) -> tuple:
+def project_passages(
+    *, project, question: str, room: int, count_tokens: Callable[[str], int], question_vector=None
+) -> tuple:
     """The passages of ``project`` for ``question`` (text) that go into its prompt
     (projects.retrieval.Retrieved, best first; :func:`passages_fitted` in ``room`` tokens, what
     the prompt budget leaves after the system message, the files and the question;
     ``count_tokens``: text -> tokens with the answering pool's tokenizer). A retrieval failure
     (the embedding model, the database) is logged and gives (): retrieval is an extra, the
-    answer must not fail for it."""
+    answer must not fail for it. ``question_vector``: a Future of the question's embedding,
+    started as the request arrived (conversations/plan.py ``amemory_query_start``), or None."""
     try:
         # Imported when used: retrieval loads the embedding model's module, which a turn outside
         # a project never needs.
         from projects.retrieval import passages_retrieve  # noqa: PLC0415
 
-        found = passages_retrieve(project=project, question=question)
+        vector = question_vector.result() if question_vector is not None and not question_vector.cancelled() else None
+        found = passages_retrieve(project=project, question=question, vector=vector)
     except Exception:  # noqa: BLE001 - retrieval is an extra; the answer must not fail for it
         logger.exception("project retrieval failed for project %s", project.pk)
         return ()

@@ -52,6 +52,7 @@ def passages_retrieve(
     k: int | None = None,
     min_similarity: float | None = None,
     budget_tokens: int | None = None,
+    vector: list[float] | None = None,
 ) -> list[Retrieved]:
     """The passages of ``project``'s READY files most similar to ``question``, most similar
     first (module docstring): at most ``k`` (default ``settings.CHAT_PROJECT_TOP_K``), each at
@@ -59,7 +60,8 @@ def passages_retrieve(
     ``budget_tokens`` tokens (default ``settings.CHAT_PROJECT_RETRIEVAL_TOKENS``). ``[]`` for a
     blank question, a project with no ready file, or ``k``/``budget_tokens`` <= 0. The caller
     has checked that the user may read ``project``. Cost: one query embedding (~10-15 ms) and
-    one query. Raises RegionUnavailable when the project's region has no database here."""
+    one query (``vector``: the question's embedding when already computed, then none). Raises
+    RegionUnavailable when the project's region has no database here."""
     k = settings.CHAT_PROJECT_TOP_K if k is None else k
     floor = settings.CHAT_PROJECT_MIN_SIMILARITY if min_similarity is None else min_similarity
     budget = settings.CHAT_PROJECT_RETRIEVAL_TOKENS if budget_tokens is None else budget_tokens
@@ -67,7 +69,8 @@ def passages_retrieve(
         return []
     from memory.embeddings import embed_one  # noqa: PLC0415 - loads torch on first use
 
-    vector = embed_one(question)
+    if vector is None:
+        vector = embed_one(question)
     with dbrouter.pinned(project_db(project)):
         rows = list(
             ProjectPassage.objects.filter(project_id=project.pk, file__status=ProjectFile.Status.READY)

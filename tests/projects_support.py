@@ -1,62 +1,15 @@
-"""Test support for projects (issue 30): passages made directly, and stand-ins for the file
-ingestion and retrieval modules another branch builds (projects/ingest.py, projects/retrieval.py).
-
-The stand-ins live here, in tests only, and are installed by fixtures: when the real module is
-importable it is used instead (so these tests run against it once both branches are merged).
-"""
+"""Test support for projects (issue 30): a READY file whose passages are made directly (each
+embedded for real, no worker), and fixtures naming the ingestion and retrieval modules."""
 
 from __future__ import annotations
 
 import hashlib
-import sys
-import types
-from dataclasses import dataclass
-from uuid import UUID
 
 import pytest
-from pgvector.django import CosineDistance
 
 from conversations import regions
 from memory.embeddings import embed
 from projects.models import ProjectFile, ProjectPassage
-
-
-@dataclass(frozen=True)
-class Retrieved:
-    """projects/retrieval.py's value object, field for field."""
-
-    passage_id: int
-    file_id: UUID
-    file_name: str
-    ordinal: int
-    start: int
-    end: int
-    text: str
-    tokens: int
-    similarity: float
-
-
-def _passages_retrieve(*, project, question: str, k: int = 5, min_similarity: float = 0.1, budget_tokens: int = 2000):
-    """Exact cosine scan of the project's passages, best first, above the floor, within the
-    budget (the interface of projects/retrieval.py)."""
-    db = regions.db_for_conversation_id(project.pk)
-    vector = embed([question])[0]
-    rows = (
-        ProjectPassage.objects.using(db).filter(project_id=project.pk)
-        .select_related("file").annotate(distance=CosineDistance("embedding", vector))
-        .order_by("distance")[:k]
-    )  # fmt: skip
-    found, used = [], 0
-    for row in rows:
-        similarity = 1.0 - float(row.distance)
-        if similarity < min_similarity or used + row.tokens > budget_tokens:
-            continue
-        used += row.tokens
-        found.append(Retrieved(
-            passage_id=row.pk, file_id=row.file_id, file_name=row.file.name, ordinal=row.ordinal,
-            start=row.start, end=row.end, text=row.text, tokens=row.tokens, similarity=similarity,
-        ))  # fmt: skip
-    return found
 
 
 def passage_file_add(project, *, user, name: str, passages: list[str]) -> ProjectFile:
@@ -78,44 +31,17 @@ def passage_file_add(project, *, user, name: str, passages: list[str]) -> Projec
     return file
 
 
-class IngestRefused(Exception):
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-        self.status = 400
-
-
-def _project_file_add(*, project, user, upload):
-    """Stand-in of projects/ingest.py: a text file becomes one READY passage at once; an empty
-    one is refused (a gate.Refused subclass, like the real one)."""
-    from gateway.gate import Refused  # noqa: PLC0415
-
-    data = upload.read()
-    if not data.strip():
-        raise Refused(400, "empty_file", "This file is empty.")
-    return passage_file_add(project, user=user, name=upload.name, passages=[data.decode()])
-
-
 @pytest.fixture
-def retrieval(monkeypatch):
-    """projects.retrieval: the real module if present, else :func:`_passages_retrieve`."""
-    try:
-        import projects.retrieval as module  # noqa: PLC0415
-    except ImportError:
-        module = types.ModuleType("projects.retrieval")
-        module.Retrieved = Retrieved
-        module.passages_retrieve = _passages_retrieve
-        monkeypatch.setitem(sys.modules, "projects.retrieval", module)
+def retrieval():
+    """projects.retrieval (the module a project turn retrieves with)."""
+    import projects.retrieval as module  # noqa: PLC0415
+
     return module
 
 
 @pytest.fixture
-def ingest(monkeypatch):
-    """projects.ingest: the real module if present, else :func:`_project_file_add`."""
-    try:
-        import projects.ingest as module  # noqa: PLC0415
-    except ImportError:
-        module = types.ModuleType("projects.ingest")
-        module.project_file_add = _project_file_add
-        monkeypatch.setitem(sys.modules, "projects.ingest", module)
+def ingest():
+    """projects.ingest (the module a file upload goes through)."""
+    import projects.ingest as module  # noqa: PLC0415
+
     return module

@@ -1,7 +1,7 @@
 """Projects (issue 30): who may open and change a project, its chats, the project's
 instructions and passages in a turn's prompt, the answer's sources, deletion and export, /v1.
 The scripted engine double answers; embeddings are the real model's. Retrieval and ingestion are
-the other branch's modules, or the stand-ins of tests/projects_support.py until they merge."""
+projects/ingest.py and projects/retrieval.py."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from projects import services as project_services
 from projects.models import Project, ProjectFile, ProjectPassage, ProjectTurnSource
 from projects.prompt import passage_block, passages_fitted
 from projects.sources import sources_by_answer
-from tests.projects_support import Retrieved, ingest, passage_file_add, retrieval  # noqa: F401 - fixtures
+from projects.retrieval import Retrieved
+from tests.projects_support import ingest, passage_file_add, retrieval  # noqa: F401 - fixtures
 from tests.test_api import api_client, post_json
 from tests.test_views import HTMX, events_url_of, read_stream
 from workspaces import services as workspace_services
@@ -259,6 +260,27 @@ async def test_a_project_turn_has_the_instructions_in_the_system_message_and_pas
     assert question.endswith("\n\nWhat is the launch code for Antares?")
     stored = await Turn.objects.filter(role=Turn.Role.USER).aget()
     assert stored.content == "What is the launch code for Antares?"  # stored as typed
+
+
+async def test_a_project_turn_embeds_its_question_once_as_the_request_arrives(make_user, prompts, monkeypatch):
+    """Given a chat in a project, when a message is sent, then its embedding starts as the
+    request arrives (beside the claim and admission, memory.embeddings.embed_one_start) and
+    retrieval uses that one: the question is embedded once and never again during assembly."""
+    from memory import embeddings  # noqa: PLC0415
+
+    alice, project = await sync_to_async(_chat_with_project)(make_user)
+    started, embedded = [], []
+    real_start, real_embed = embeddings.embed_one_start, embeddings.embed
+    monkeypatch.setattr(embeddings, "embed_one_start", lambda text: started.append(text) or real_start(text))
+    monkeypatch.setattr(embeddings, "embed", lambda texts: embedded.extend(texts) or real_embed(texts))
+    client = AsyncClient()
+    await client.aforce_login(alice)
+
+    await _project_turn(client, project, "What is the launch code for Antares?")
+
+    assert started == ["What is the launch code for Antares?"]
+    assert embedded == ["What is the launch code for Antares?"]  # once, by the early start
+    assert prompts[-1][-1]["content"].startswith("[From project file: mission.md]\n" + LAUNCH)
 
 
 async def test_the_system_message_is_the_same_for_two_questions(make_user, prompts, retrieval):

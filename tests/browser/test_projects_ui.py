@@ -1,7 +1,7 @@
 """Projects in a real browser (issue 30): create one from the sidebar, give it instructions,
 start a chat in it from its page, see the project's name in the chat's header, and open an
-answer's source in place. The scripted engine double answers; retrieval is the other branch's
-module or its stand-in (tests/projects_support.py), in the live server's process.
+answer's source in place. The scripted engine double answers; retrieval is
+projects/retrieval.py, in the live server's process.
 
 With ``CHAT_SCREENSHOTS_DIR`` set, the last test writes PNGs of the project page and a project
 chat at 390x844 and 1280x800 in both schemes."""

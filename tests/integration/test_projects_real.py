@@ -3,7 +3,7 @@ instructions (system message) and a retrieved passage (last user message), the a
 to its end, and the chat page lists the passage as its source.
 
 Shares the session's engine and uvicorn server (tests/conftest.py ``live``); retrieval is the
-other branch's module or its stand-in (tests/projects_support.py), in the server's process."""
+other branch's module, in the server's process."""
 
 from __future__ import annotations
 
