@@ -72,6 +72,7 @@ class TurnSample:
     completion_tokens: int
     status: str  # the done event's status; "blocked" when a moderation event ended the answer
     error: str | None = None
+    usage: dict | None = None  # the done event's usage (prompt, cached, completion tokens, cost)
 
 
 def connections_close_all() -> None:
@@ -120,7 +121,7 @@ class Api:
             conversation_id = created.json()["conversation_id"]
             self.conversations.append(conversation_id)
         first = last = end = None
-        completion, status, error = 0, "", None
+        completion, status, error, usage = 0, "", None, None
         body = {"role": "user", "content": prompt, "max_tokens": max_tokens}
         t0 = time.perf_counter()
         try:
@@ -137,7 +138,8 @@ class Api:
                         first = first or now
                         last = now
                     elif name == "done":
-                        completion = data["usage"]["completion_tokens"]
+                        usage = data["usage"]
+                        completion = usage["completion_tokens"]
                         status = data.get("status", "")
                         end = now
                         break
@@ -156,7 +158,7 @@ class Api:
             ttft_s=None if first is None else first - t0,
             tpot_s=tpot(first, last, completion),
             done_after_last_token_s=None if end is None or last is None else end - last,
-            completion_tokens=completion, status=status, error=error,
+            completion_tokens=completion, status=status, error=error, usage=usage,
         )  # fmt: skip
 
     @property

@@ -86,6 +86,7 @@ def run(rounds: int, turns: int) -> dict:
     passage_file_add(project, user=api.user, name="campaign.md", passages=PASSAGES)
     samples: dict[str, dict[int, list[tuple[int, float]]]] = {"plain": {}, "project": {}}
     passages_used: list[int] = []
+    uncached: dict[str, list[int]] = {"plain": [], "project": []}
     errors = 0
 
     def conversation(mode: str) -> str:
@@ -106,6 +107,8 @@ def run(rounds: int, turns: int) -> dict:
                 sample = api.turn(QUESTIONS[index], 16, mode, r, index, conversation_id=conversation_id)
                 if sample.error is None and sample.ttft_s is not None:
                     samples[mode].setdefault(r // 2, []).append((k, sample.ttft_s))
+                    usage = sample.usage or {}
+                    uncached[mode].append(usage.get("prompt_tokens", 0) - usage.get("cached_tokens", 0))
                 else:
                     errors += 1
                     print(f"  error: {sample.error}", file=sys.stderr)
@@ -123,6 +126,8 @@ def run(rounds: int, turns: int) -> dict:
         return [t for r, values in samples[mode].items() if rounds_of(r)
                 for k, t in values if not first_only or k == 0]  # fmt: skip
 
+    # What each side prefilled: the prompt's tokens the prefix cache did not hold (done events).
+    prefilled = {mode: statistics.median(values) if values else 0 for mode, values in uncached.items()}
     project_p50, plain_p50 = _median_ms(pick("project")), _median_ms(pick("plain"))
     project_first, plain_first = _median_ms(pick("project", first_only=True)), _median_ms(pick("plain", first_only=True))
     plain_a = _median_ms(pick("plain", lambda r: r % 2 == 0))
@@ -142,6 +147,7 @@ def run(rounds: int, turns: int) -> dict:
         "first_turn_ratio": project_first / plain_first,
         "plain_halves_p50_ms": [plain_a, plain_b],
         "plain_plain_spread": max(plain_a, plain_b) / min(plain_a, plain_b) - 1,
+        "prefilled_tokens_p50": prefilled,
     }
 
 
@@ -168,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  every turn:  project {result['project_p50_ms']:.1f} ms   plain {result['plain_p50_ms']:.1f} ms   "
         f"ratio {result['ratio']:.3f}x   {verdict} (target p50 ratio <= {TARGET}x)"
+    )
+    tokens = result["prefilled_tokens_p50"]
+    extra = tokens["project"] - tokens["plain"]
+    print(
+        f"  prefilled (prompt tokens not from the prefix cache), p50: project {tokens['project']:.0f}   "
+        f"plain {tokens['plain']:.0f}   "
+        + (f"-> {(result['project_p50_ms'] - result['plain_p50_ms']) / extra:.2f} ms per extra token" if extra > 0 else "")
     )
     print(
         f"  first turns: project {result['project_first_turn_p50_ms']:.1f} ms   "
