@@ -51,6 +51,8 @@ bench: install model browser bench-deps
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.moderation_burst
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.memory_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.project_bench
+	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.project_ttft
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.engine_bench $(ENGINE_BENCH_ARGS)
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.browser_bench
 	$(PY) -m chatsite.devstack exec -- $(PY) -m bench.browser_long

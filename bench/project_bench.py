@@ -290,10 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     if "retrieval" in parts:
         results["retrieval"] = retrieval(args.split)
         print(json.dumps(results["retrieval"], indent=2), flush=True)
+        found = results["retrieval"]
+        for split, rates in found.get("hit_rate", {}).items():
+            verdict = "PASS" if rates["@5"] >= 0.8 else "MISS"
+            print(f"  hit rate ({split}, {found['questions'][split]} questions): @1 {rates['@1']:.3f}  "
+                  f"@3 {rates['@3']:.3f}  @5 {rates['@5']:.3f}   {verdict} (target @5 >= 0.8)")  # fmt: skip
+        print(f"  retrieval latency p50 {found['latency_ms']['p50']} ms  p99 {found['latency_ms']['p99']} ms")
     if "upload" in parts:
         (VAR / "bench").mkdir(parents=True, exist_ok=True)
         results["upload"] = upload_gap(args.streams, args.tokens)
         print(json.dumps(results["upload"], indent=2), flush=True)
+        gap = results["upload"]
+        worst = gap["upload_max_gap_s"]
+        print(f"  largest inter-token gap: baseline {gap['baseline_max_gap_s']:.3f} s, while a "
+              f"{gap['pdf_mb']} MB PDF uploads and is parsed {worst:.3f} s   "
+              f"{'PASS' if worst < 1.0 else 'MISS'} (target < 1 s)")  # fmt: skip
     (VAR / "bench").mkdir(parents=True, exist_ok=True)
     (VAR / "bench" / "project_bench.json").write_text(json.dumps(results, indent=2))
     return 0
