@@ -30,6 +30,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from inference.errors import EngineUnavailable  # noqa: F401 - raised here; callers import it from here too
+from inference.imports import shared_libraries_import
 from inference.tuning import EngineTuning
 
 logger = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class VllmEngine:
             raise EngineUnavailable(f"the model could not be loaded: {exc}") from exc
 
     async def _start(self) -> None:
+        await asyncio.to_thread(shared_libraries_import)  # before vLLM's own imports
         from vllm import AsyncEngineArgs  # noqa: PLC0415 - heavy; only in a serving process
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 

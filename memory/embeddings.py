@@ -22,6 +22,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from inference.imports import shared_libraries_import
+
 _lock = threading.Lock()
 _model = None  # sentence_transformers.SentenceTransformer, once loaded
 # The thread that embeds turn queries started early (embed_one_start); one, since calls are
@@ -56,6 +58,7 @@ def _load():
             if _model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the network
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                shared_libraries_import()  # not beside the engine's start (inference/imports.py)
                 import torch
                 from sentence_transformers import SentenceTransformer
 
