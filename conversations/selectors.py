@@ -191,12 +191,16 @@ class Exchange:
 
     ``answers``: every version of the answer, oldest first (``answer`` is the one shown); empty
     when there is none. ``questions``: every version of the question (its siblings in the turn
-    tree, ``question`` among them), oldest first; empty when unknown (conversations/versions.py)."""
+    tree, ``question`` among them), oldest first; empty when unknown (conversations/versions.py).
+    ``tool_uses``: the calls and results of the tool rounds the answer shown was written after
+    (conversations/toolrounds.py ``tool_uses``); empty when it follows none or they were not
+    read (:func:`exchange_page` reads them)."""
 
     question: Turn
     answer: Turn | None
     answers: tuple[Turn, ...] = ()
     questions: tuple[Turn, ...] = ()
+    tool_uses: tuple[toolrounds.ToolUse, ...] = ()
 
 
 def exchange_list(*, conversation: Conversation) -> list[Exchange]:
