@@ -135,8 +135,14 @@ def tool_uses(answer: Turn, by_id: Mapping[UUID, Turn], results: Mapping[UUID, l
     """The calls of the rounds ``answer`` follows (:func:`calls_before`) with their results, in
     the order they were made; [] for an answer that follows none. ``by_id`` and ``results``:
     as for :func:`answer_messages` (only the calling answers and their tool turns are needed)."""
+    return calls_uses(calls_before(answer, by_id), results)
+
+
+def calls_uses(calls: Iterable[Turn], results: Mapping[UUID, list[Turn]]) -> list[ToolUse]:
+    """The calls of the calling answers ``calls`` with their results (``results``:
+    :func:`results_by_call_turn`), in order, as :class:`ToolUse` rows."""
     uses: list[ToolUse] = []
-    for turn in calls_before(answer, by_id):
+    for turn in calls:
         answered = {r.tool_call_id: r.content for r in results.get(turn.turn_id, ())}
         for call in turn.tool_calls or ():
             function = call.get("function") or {}
