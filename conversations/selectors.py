@@ -14,7 +14,7 @@ from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, Organisation, User
-from conversations import cache, held, partitions, regions, versions
+from conversations import cache, held, partitions, regions, toolrounds, versions
 from conversations.models import Conversation, Turn
 
 
@@ -191,12 +191,16 @@ class Exchange:
 
     ``answers``: every version of the answer, oldest first (``answer`` is the one shown); empty
     when there is none. ``questions``: every version of the question (its siblings in the turn
-    tree, ``question`` among them), oldest first; empty when unknown (conversations/versions.py)."""
+    tree, ``question`` among them), oldest first; empty when unknown (conversations/versions.py).
+    ``tool_uses``: the calls and results of the tool rounds the answer shown was written after
+    (conversations/toolrounds.py ``tool_uses``); empty when it follows none or they were not
+    read (:func:`exchange_page` reads them)."""
 
     question: Turn
     answer: Turn | None
     answers: tuple[Turn, ...] = ()
     questions: tuple[Turn, ...] = ()
+    tool_uses: tuple[toolrounds.ToolUse, ...] = ()
 
 
 def exchange_list(*, conversation: Conversation) -> list[Exchange]:
@@ -286,7 +290,8 @@ def exchange_page(
     :class:`BadCursor` when ``before`` is not a question on the branch shown (another
     conversation's, an answer, a branch switched away from since).
     """
-    tree = versions.tree_build(_skeleton(conversation))
+    skeleton = _skeleton(conversation)
+    tree = versions.tree_build(skeleton)
     path = tree.path(conversation.branch_choices)
     end = len(path)
     if before is not None:
@@ -295,18 +300,55 @@ def exchange_page(
             raise BadCursor("That message is not on the branch shown; reload the conversation.")
     start = max(0, end - limit)
     positions = [tree.position(q, conversation.answer_choices) for q in path[start:end]]
-    shown = [p.question for p in positions] + [p.answer for p in positions if p.answer is not None]
-    whole = _with_text(conversation, shown)
-    exchanges = [
-        Exchange(
-            question=whole.get(p.question.turn_id, p.question),
-            answer=whole.get(p.answer.turn_id, p.answer) if p.answer is not None else None,
-            answers=tuple(p.answers),
-            questions=tuple(p.questions),
+    answers = [p.answer for p in positions if p.answer is not None]
+    shown = [p.question for p in positions] + answers
+    # The tool rounds of the answers shown come in the same read as their text (no query more).
+    rounds = tool_round_turns(skeleton, answers)
+    whole = _with_text(conversation, shown + rounds)
+    results = toolrounds.results_by_call_turn(whole[t.turn_id] for t in rounds if t.turn_id in whole)
+    exchanges = []
+    for p in positions:
+        answer = whole.get(p.answer.turn_id, p.answer) if p.answer is not None else None
+        exchanges.append(
+            Exchange(
+                question=whole.get(p.question.turn_id, p.question),
+                answer=answer,
+                answers=tuple(p.answers),
+                questions=tuple(p.questions),
+                tool_uses=tuple(toolrounds.tool_uses(answer, whole, results)) if answer is not None else (),
+            )
         )
-        for p in positions
-    ]
     return ExchangePage(exchanges=exchanges, earlier=path[start].turn_id if start > 0 else None)
+
+
+def tool_round_turns(turns: list[Turn], answers: list[Turn]) -> list[Turn]:
+    """Among ``turns`` (a conversation's, text not needed), the calling answers and tool
+    results of the tool rounds each of ``answers`` was written after (conversations/
+    toolrounds.py), so a page reads their text with its own, in the same query. Pure."""
+    by_id = {t.turn_id: t for t in turns}
+    results = toolrounds.results_by_call_turn(turns)
+    wanted = {i for answer in answers for i in toolrounds.round_turn_ids(answer, by_id, results)}
+    return [t for t in turns if t.turn_id in wanted]
+
+
+@regions.routed
+def answer_tool_uses(*, answer: Turn) -> list[toolrounds.ToolUse]:
+    """The calls and results of the tool rounds ``answer`` (an assistant turn, already
+    permission-checked) was written after, for one answer shown alone (a version flipped to).
+    No query for an answer that continues nothing; else one, bounded to its question's answers
+    and their results, written up to it."""
+    if getattr(answer, "continues_id", None) is None:
+        return []
+    siblings = Turn.objects.filter(
+        conversation_id=answer.conversation_id, role=Turn.Role.ASSISTANT, reply_to_id=answer.reply_to_id,
+        created_at__lte=answer.created_at,
+    )  # fmt: skip
+    rows = Turn.objects.filter(conversation_id=answer.conversation_id, created_at__lte=answer.created_at).filter(
+        Q(pk__in=siblings.values("turn_id")) | Q(role=Turn.Role.TOOL, reply_to_id__in=siblings.values("turn_id"))
+    )
+    turns = _with_held(answer.conversation_id, list(rows.order_by("created_at", "turn_id")))
+    by_id = {t.turn_id: t for t in turns}
+    return toolrounds.tool_uses(answer, by_id, toolrounds.results_by_call_turn(turns))
 
 
 def conversation_tree(*, conversation: Conversation) -> versions.Tree:

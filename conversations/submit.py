@@ -163,8 +163,15 @@ async def answer_regenerate(
     Append-only (conversations/versions.py): the new answer is a new assistant turn with
     ``replaces`` = ``answer`` and the same ``reply_to``; the old one stays as an earlier
     version. Claimed and admitted as in :func:`turn_submit` (PF-P1). ``answer`` must be an
-    assistant turn of ``conversation`` (checked by the caller). Raises ConversationBusy while
-    an answer is written, Http404 if its question is gone, gate.Refused when not admitted.
+    assistant turn of ``conversation`` (checked by the caller).
+
+    An answer written after tool calls (conversations/toolrounds.py) is written again from the
+    same calls and results: the new version also ``continues`` the calling answer and its
+    prompt ends with the same rounds (``after_question``), so the model writes the final answer
+    again rather than calling the tools again. No tools are offered to it (tools are per
+    request, and a call now would have no client to answer it).
+    Raises ConversationBusy while an answer is written, Http404 if its question is gone,
+    gate.Refused when not admitted.
     """
     conversation_id = conversation.conversation_id
     answer_id = new_turn_id(conversation.conversation_id)
@@ -173,12 +180,29 @@ async def answer_regenerate(
         question = await sync_to_async(selectors.user_turn_get)(
             conversation=conversation, turn_id=answer.reply_to_id
         )
+        calling, rounds = await _rounds_before(conversation, answer)
         plan = await turn_plan(
             conversation=conversation, caller=caller, question=question, model=model,
-            max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens,
+            max_tokens=max_tokens, explicit_max_tokens=explicit_max_tokens, after_question=rounds,
         )  # fmt: skip
-        stream = await _answer_start(conversation, question, plan, answer_id, replaces_id=answer.turn_id)
+        stream = await _answer_start(
+            conversation, question, plan, answer_id, replaces_id=answer.turn_id, continues=calling
+        )
     return question, stream
+
+
+async def _rounds_before(conversation, answer: Turn) -> tuple[Turn | None, list[dict] | None]:
+    """For an answer written after tool calls: (the calling answer it continues, the rounds'
+    messages for the prompt's ``after_question``); (None, None) for any other answer (no
+    query)."""
+    if getattr(answer, "continues_id", None) is None:
+        return None, None
+    turns = await sync_to_async(selectors.turn_list)(conversation=conversation)
+    by_id = {t.turn_id: t for t in turns}
+    chain = toolrounds.calls_before(answer, by_id)
+    if not chain:  # a Continue of a cut-off answer: regenerated from the question, as before
+        return None, None
+    return chain[-1], toolrounds.round_messages(chain, toolrounds.results_by_call_turn(turns))
 
 
 async def answer_continue(

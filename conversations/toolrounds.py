@@ -16,12 +16,17 @@ follows and their results as OpenAI-shaped messages (assistant with ``tool_calls
 with ``tool_call_id``), then its own text; inference/tool_format.py ``hermes_messages``
 renders them for the prompt, the same way ``/v1/chat/completions`` does.
 
+**On the page.** :func:`tool_uses` gives the same rounds as :class:`ToolUse` rows (a call and
+its result) for the "Used N tools" block above an answer written after them
+(templates/chat/_tool_uses.html), and for the Markdown export.
+
 Pure functions over turns already loaded; no queries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from uuid import UUID
 
 from conversations.models import Turn
@@ -89,6 +94,82 @@ def answer_messages(answer: Turn, by_id: Mapping[UUID, Turn], results: Mapping[U
     if not chain:
         return answer.content
     return [*round_messages(chain, results), {"role": "assistant", "content": answer.content}]
+
+
+# A result shown in full up to this many lines (and characters); a longer one shows its first
+# lines, and the whole text opens in place.
+RESULT_PREVIEW_LINES = 4
+RESULT_PREVIEW_CHARS = 400
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """One call of a tool round as a reader sees it: ``name`` and ``arguments`` (the JSON text
+    the model wrote), ``result`` (the client's result, None when it has none) and ``preview``
+    (the result's first :data:`RESULT_PREVIEW_LINES` lines, at most
+    :data:`RESULT_PREVIEW_CHARS` characters; equal to ``result`` when that is short)."""
+
+    call_id: str
+    name: str
+    arguments: str
+    result: str | None
+    preview: str
+
+    @property
+    def truncated(self) -> bool:
+        """Whether ``preview`` is only the start of ``result``."""
+        return self.result is not None and self.preview != self.result
+
+
+def result_preview(text: str) -> str:
+    """The first lines of a tool result (:class:`ToolUse` ``preview``), with an ellipsis when
+    cut; ``text`` itself when it is short."""
+    lines = text.splitlines()
+    head = "\n".join(lines[:RESULT_PREVIEW_LINES])
+    if len(lines) <= RESULT_PREVIEW_LINES and len(text) <= RESULT_PREVIEW_CHARS:
+        return text
+    return head[:RESULT_PREVIEW_CHARS].rstrip() + "\u2026"
+
+
+def tool_uses(answer: Turn, by_id: Mapping[UUID, Turn], results: Mapping[UUID, list[Turn]]) -> list[ToolUse]:
+    """The calls of the rounds ``answer`` follows (:func:`calls_before`) with their results, in
+    the order they were made; [] for an answer that follows none. ``by_id`` and ``results``:
+    as for :func:`answer_messages` (only the calling answers and their tool turns are needed)."""
+    return calls_uses(calls_before(answer, by_id), results)
+
+
+def calls_uses(calls: Iterable[Turn], results: Mapping[UUID, list[Turn]]) -> list[ToolUse]:
+    """The calls of the calling answers ``calls`` with their results (``results``:
+    :func:`results_by_call_turn`), in order, as :class:`ToolUse` rows."""
+    uses: list[ToolUse] = []
+    for turn in calls:
+        answered = {r.tool_call_id: r.content for r in results.get(turn.turn_id, ())}
+        for call in turn.tool_calls or ():
+            function = call.get("function") or {}
+            result = answered.get(call.get("id"))
+            uses.append(
+                ToolUse(
+                    call_id=str(call.get("id", "")), name=str(function.get("name", "")),
+                    arguments=str(function.get("arguments", "")), result=result,
+                    preview=result_preview(result) if result is not None else "",
+                )  # fmt: skip
+            )
+    return uses
+
+
+def round_turn_ids(answer: Turn, by_id: Mapping[UUID, Turn], tool_turns: Mapping[UUID, list[Turn]]) -> list[UUID]:
+    """The ids of the turns :func:`tool_uses` reads for ``answer``, found from turns *without
+    text* (conversations/selectors.py's skeleton: roles and links only, ``tool_calls`` not
+    loaded): each answer of its ``continues`` chain that has results among ``tool_turns``
+    (tool turns by the answer they reply to), and those results. [] for an answer that follows
+    no round."""
+    ids: list[UUID] = []
+    previous = by_id.get(getattr(answer, "continues_id", None))
+    while previous is not None and previous.role == Turn.Role.ASSISTANT and previous.turn_id in tool_turns:
+        ids.append(previous.turn_id)
+        ids.extend(t.turn_id for t in tool_turns[previous.turn_id])
+        previous = by_id.get(previous.continues_id)
+    return ids
 
 
 def pending_calls(answer: Turn, results: Iterable[Turn]) -> list[str]:

@@ -161,6 +161,8 @@ def _exchange_context(
         ),
         "answer_id": answer_id,
         "versions": versions,
+        # "Used N tools" above an answer written after tool calls (templates/chat/_tool_uses.html).
+        "tool_uses": exchange.tool_uses,
     }
 
 
@@ -545,7 +547,10 @@ def answer_version(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -
     answers = selectors.answer_versions(answer=answer)
     if request.method == "POST":
         services.answer_select(conversation=conversation, question_id=answer.reply_to_id, answer_id=answer.turn_id)
-    exchange = selectors.Exchange(question=None, answer=answer, answers=tuple(answers))
+    exchange = selectors.Exchange(
+        question=None, answer=answer, answers=tuple(answers),
+        tool_uses=tuple(selectors.answer_tool_uses(answer=answer)),
+    )  # fmt: skip
     return render(request, "chat/_answer.html", _exchange_context(conversation, exchange))
 
 

@@ -11,8 +11,10 @@ Three formats, told apart by their shape (:func:`chats_read`):
   "updated_at", "chat": {"history": {"messages": {id: {"id", "parentId", "role", "content",
   "timestamp", "model"}}, "currentId"}}}`` (times in Unix seconds).
 - **This product's** JSON (privacy/conversation_export.py, one conversation, or the account
-  archive's data.json): turns with their own ``parent`` / ``reply_to`` / ``replaces`` links,
-  read as they are.
+  archive's data.json): turns with their own ``parent`` / ``reply_to`` / ``replaces`` /
+  ``continues`` links, read as they are, tool rounds included (conversations/toolrounds.py: an
+  answer's ``tool_calls``, the ``tool`` turns with their ``tool_call_id``, the answer after them
+  that ``continues`` the calling one), so export -> import -> export keeps them.
 
 Each becomes a :class:`Chat` of :class:`Message` rows with the links this product's turn tree
 uses (conversations/versions.py): a user message's ``parent`` (the user message before it on
@@ -31,7 +33,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-USER, ASSISTANT = "user", "assistant"
+USER, ASSISTANT, TOOL = "user", "assistant", "tool"
 
 
 class ImportFormatError(ValueError):
@@ -44,14 +46,18 @@ class Message:
     """One message with this product's links (module docstring); keys are the source's ids."""
 
     key: str
-    role: str  # "user" | "assistant"
+    role: str  # "user" | "assistant" | "tool" (this product's own export only)
     content: str
     created_at: dt.datetime
     parent: str | None = None  # user messages
-    reply_to: str | None = None  # answers
+    reply_to: str | None = None  # answers: the question; tool results: the calling answer
     replaces: str | None = None
     model: str = ""
     status: str = "complete"
+    continues: str | None = None  # answers: the cut-off or calling answer this one follows
+    tool_calls: list[dict] = field(default_factory=list)  # answers that called functions
+    tool_call_id: str = ""  # tool results
+    finish_reason: str = ""  # "": what the importer infers from the status
 
 
 @dataclass
@@ -347,8 +353,8 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
         turn_where = f"{where}.turns[{index}]"
         raw = _object(raw, turn_where)
         role = raw.get("role")
-        if role not in (USER, ASSISTANT):
-            continue  # system and tool turns have no place on the chat page
+        if role not in (USER, ASSISTANT, TOOL):
+            continue  # system turns have no place on the chat page
         if raw.get("held"):
             continue  # an answer not yet written when exported
         key = str(raw.get("turn_id") or "")
@@ -365,16 +371,23 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
                 key, role, _text(raw.get("content"), f"{turn_where}.content"), created,
                 parent=_key(raw.get("parent")), reply_to=_key(raw.get("reply_to")),
                 replaces=_key(raw.get("replaces")), model=str(raw.get("model_version") or ""), status=status,
+                continues=_key(raw.get("continues")),
+                tool_calls=_tool_calls(raw.get("tool_calls"), f"{turn_where}.tool_calls") if role == ASSISTANT else [],
+                tool_call_id=_text(raw.get("tool_call_id"), f"{turn_where}.tool_call_id")[:200] if role == TOOL else "",
+                finish_reason=_text(raw.get("finish_reason"), f"{turn_where}.finish_reason")[:16],
             )
         )  # fmt: skip
     keys = {m.key for m in messages}
     for message in messages:
-        for link in ("parent", "reply_to", "replaces"):
+        for link in ("parent", "reply_to", "replaces", "continues"):
             value = getattr(message, link)
             if value is not None and value not in keys:
-                setattr(message, link, None)  # a turn not in the file (a held or tool turn)
+                setattr(message, link, None)  # a turn not in the file (a held one)
         if message.role == ASSISTANT and message.reply_to is None:
             raise ImportFormatError(f"{where}: answer {message.key} replies to no message of the file")
+    # A result whose calling answer is not in the file has nothing to answer: left out.
+    answers = {m.key for m in messages if m.role == ASSISTANT}
+    messages = [m for m in messages if m.role != TOOL or m.reply_to in answers]
     messages.sort(key=lambda m: (m.created_at, m.key))
     path = item.get("selected_path") if isinstance(item.get("selected_path"), list) else []
     on_path = [str(k) for k in path if str(k) in keys]
@@ -394,6 +407,30 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
         if by_key[key].role == ASSISTANT:
             chat.answer_choices[by_key[key].reply_to] = key
     return chat
+
+
+def _tool_calls(value, where: str) -> list[dict]:
+    """An answer's ``tool_calls`` (OpenAI's items: ``{"id", "type": "function", "function":
+    {"name", "arguments"}}``), checked for shape; [] for none."""
+    if value in (None, ""):
+        return []
+    if not isinstance(value, list):
+        raise ImportFormatError(f"{where}: expected a list, found {type(value).__name__}")
+    calls = []
+    for index, raw in enumerate(value):
+        call = _object(raw, f"{where}[{index}]")
+        function = _object(call.get("function"), f"{where}[{index}].function")
+        call_id = _text(call.get("id"), f"{where}[{index}].id")
+        if not call_id:
+            raise ImportFormatError(f"{where}[{index}].id: missing")
+        calls.append({
+            "id": call_id[:200], "type": "function",
+            "function": {
+                "name": _text(function.get("name"), f"{where}[{index}].function.name"),
+                "arguments": _text(function.get("arguments"), f"{where}[{index}].function.arguments"),
+            },
+        })  # fmt: skip
+    return calls
 
 
 def _key(value) -> str | None:

@@ -10,7 +10,8 @@ owner's conversations, with their branches, the branch shown, titles, times and 
 - **The input gate's checks.** Each imported message of the user goes through the input
   moderation check under the owner's policy, as a sent message does; one it flags is stored
   ``blocked`` with its verdict, as a refused message is, so it never reaches the model in a later
-  prompt. Answers are stored as the model wrote them (the output gate judged them where they were
+  prompt; so does each tool result (``tool`` turns of this service's own export), as results sent
+  on /v1 do. Answers are stored as the model wrote them (the output gate judged them where they were
   written). NUL characters are dropped (PostgreSQL text cannot hold them).
 - **Limits** (settings): ``CHAT_IMPORT_MAX_BYTES`` per file, ``CHAT_IMPORT_MAX_CONVERSATIONS``
   and ``CHAT_IMPORT_MAX_MESSAGES`` per file, ``CHAT_IMPORT_MAX_MESSAGE_CHARS`` per message.
@@ -179,8 +180,10 @@ def _rows(owner, chat: Chat, conversation_id: UUID, region: str, check, policy, 
                 parent_id=turn_ids.get(message.parent) if message.parent else None,
                 reply_to_id=turn_ids.get(message.reply_to) if message.reply_to else None,
                 replaces_id=turn_ids.get(message.replaces) if message.replaces else None,
+                continues_id=turn_ids.get(message.continues) if message.continues else None,
+                tool_calls=message.tool_calls, tool_call_id=message.tool_call_id,
                 model_version=message.model[:100] if message.role == ASSISTANT else "",
-                finish_reason="stop" if message.role == ASSISTANT and status == Turn.Status.COMPLETE else "",
+                finish_reason=_finish_reason(message, status),
                 training_eligible=eligible,
             )
         )  # fmt: skip
@@ -196,6 +199,17 @@ def _rows(owner, chat: Chat, conversation_id: UUID, region: str, check, policy, 
         },
     )  # fmt: skip
     return conversation, turns, blocked
+
+
+def _finish_reason(message, status: str) -> str:
+    """An imported answer's finish_reason: the source's (this service's export: ``length``,
+    ``tool_calls`` ...) while the answer stands as it was, else ``stop`` for a complete answer;
+    "" for other turns."""
+    if message.role != ASSISTANT:
+        return ""
+    if message.finish_reason and status == message.status:
+        return message.finish_reason
+    return "stop" if status == Turn.Status.COMPLETE else ""
 
 
 def _model(name: str) -> str:

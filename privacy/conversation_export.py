@@ -7,7 +7,7 @@ a turn is serialised one way whatever the export:
   conversations/versions.py); the file says so and how many other branches there are.
 - JSON (``.json``): the whole tree: every turn, branch and version, each user turn with its
   ``parent``, and ``selected_path`` (the ids of the turns the page shows). ``"scope": "tree"``
-  says so.
+  says so. In a project chat each answer carries its ``sources`` (file name, passage text).
 
 Only the owner downloads (the views read the conversation with
 ``conversation_get_for_user``: 404 for anyone else). Small enough to build in memory: one
@@ -28,6 +28,7 @@ from feedback.models import Feedback
 from privacy.archive import ExportEncoder
 from privacy.export import FORMAT, VERSION, conversation_json, conversation_turns
 from privacy.markdown import conversation_markdown
+from projects.export import answer_sources
 
 
 def export_filename(conversation: Conversation, extension: str) -> str:
@@ -71,8 +72,9 @@ def conversation_export_json(*, conversation: Conversation) -> str:
     )
     ratings = list(Feedback.objects.using(db).filter(conversation_id=conversation.pk).order_by("created_at"))
     item = conversation_json(
-        conversation, conversation_turns(db, conversation), attachments=attachments, ratings=ratings
-    )
+        conversation, conversation_turns(db, conversation), attachments=attachments, ratings=ratings,
+        sources=answer_sources(db, conversation),
+    )  # fmt: skip
     del item["markdown_file"], item["share_links"]
     document = {
         "format": FORMAT,

@@ -42,7 +42,7 @@ from conversations.turndata import turn_values
 from conversations.versions import Tree, tree_build
 from feedback.models import Feedback
 from memory.models import UserMemory
-from projects.export import project_items
+from projects.export import answer_sources, project_items
 from moderation.models import WithdrawnAnswer
 from privacy.archive import ArchiveBuilder, Export
 from privacy.markdown import conversation_markdown
@@ -268,7 +268,7 @@ def _conversation_item(
     )
     item = conversation_json(
         conversation, turns, org=org, attachments=attachments, links=links, ratings=ratings,
-        withdrawn=withdrawn, files=files, markdown_file=markdown,
+        withdrawn=withdrawn, files=files, markdown_file=markdown, sources=answer_sources(db, conversation),
     )  # fmt: skip
     if people is not None:
         item = {"owner": owner, **item}
@@ -286,6 +286,7 @@ def conversation_json(
     withdrawn: Iterable[WithdrawnAnswer] = (),
     files: dict | None = None,
     markdown_file: str | None = None,
+    sources: dict | None = None,
 ) -> dict:
     """A conversation as data.json holds it: its fields, every turn (:func:`conversation_turns`'
     (turn, held) pairs; the whole tree, each user turn with its ``parent``), ``selected_path``
@@ -293,8 +294,11 @@ def conversation_json(
     version it shows, oldest first), its attachments
     (``files``: attachment id -> the file's name in the archive, None when not in one), share
     links, ratings and withdrawn answers (the text the output gate stopped, kept for review:
-    issue 28). Values are Python's, for the encoder."""
+    issue 28). ``sources``: answer turn id -> its sources in a project chat
+    (projects/export.py ``answer_sources``), given on each of those answers as ``sources``.
+    Values are Python's, for the encoder."""
     files = files or {}
+    sources = sources or {}
     tree = tree_build(t for t, _ in turns)
     path = []
     for question in tree.path(conversation.branch_choices):
@@ -316,13 +320,18 @@ def conversation_json(
         "summary": conversation.summary,
         "summary_through": conversation.summary_through,
         "markdown_file": markdown_file,
-        "turns": [turn_json(t, held=held, tree=tree) for t, held in turns],
+        "turns": [_with_sources(turn_json(t, held=held, tree=tree), sources.get(t.turn_id)) for t, held in turns],
         "selected_path": path,
         "attachments": [attachment_json(a, files.get(a.attachment_id)) for a in attachments],
         "share_links": [share_link_json(link) for link in links],
         "feedback": [feedback_json(f) for f in ratings],
         "withdrawn_answers": [withdrawn_json(w) for w in withdrawn],
     }
+
+
+def _with_sources(item: dict, sources: list[dict] | None) -> dict:
+    """A turn's JSON with its sources (an answer in a project chat that had any)."""
+    return {**item, "sources": sources} if sources else item
 
 
 # --- a person's export ----------------------------------------------------------------------

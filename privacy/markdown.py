@@ -4,6 +4,8 @@ It reads like the chat page: the branch the page shows (conversations/versions.p
 path of the turn tree), each message in the version on that branch with the answer the page
 shows (the newest version), oldest first. The file says so, and how many other branches there
 are; every branch and version, and everything else about each turn, is in the JSON export.
+An answer written after tool calls (conversations/toolrounds.py) lists them first under "Used N
+tools": each call (function and arguments) and its result, whole, in code blocks.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from uuid import UUID
 
+import re
+
+from conversations import toolrounds
 from conversations.models import Conversation, Turn
 from conversations.versions import tree_build
 
@@ -28,6 +33,34 @@ def _when(turn: Turn) -> str:
 def _body(text: str) -> str:
     """A message as written (messages are Markdown already); a blank one gets a placeholder."""
     return text if text.strip() else "_(empty)_"
+
+
+def _code_span(text: str) -> str:
+    """``text`` as inline code, with more backticks around it than any run inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _code_block(text: str, indent: str = "") -> list[str]:
+    """``text`` as a fenced code block (a fence longer than any backtick run inside it)."""
+    longest = max((len(run) for run in re.findall(r"`{3,}", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [indent + line for line in (fence, *text.splitlines(), fence)]
+
+
+def _tool_lines(uses: list[toolrounds.ToolUse]) -> list[str]:
+    """"Used N tools" and each call with its result, as Markdown lines (module docstring)."""
+    lines = [f"**Used {len(uses)} tool{'s' if len(uses) != 1 else ''}:**", ""]
+    for number, use in enumerate(uses, 1):
+        lines.append(f"{number}. {_code_span(f'{use.name}({use.arguments})')}")
+        lines.append("")
+        if use.result is None:
+            lines += ["   _(no result)_", ""]
+        else:
+            lines += ["   Result:", "", *_code_block(use.result, "   "), ""]
+    return lines
 
 
 def conversation_markdown(
@@ -48,6 +81,9 @@ def conversation_markdown(
     privacy/conversation_export.py ``export_filename`` gives). Returns text ending in a newline.
     """
     attachment_names = attachment_names or {}
+    turns = list(turns)
+    by_id = {t.turn_id: t for t in turns}
+    results = toolrounds.results_by_call_turn(turns)
     tree = tree_build(turns)
     positions = [tree.position(q, conversation.answer_choices) for q in tree.path(conversation.branch_choices)]
     leaves = sum(1 for q in tree.questions if not tree.children.get(q))
@@ -94,6 +130,11 @@ def conversation_markdown(
         note = STATUS_NOTES.get(answer.status)
         if note:
             lines += [f"_The answer was {note}._", ""]
+        uses = toolrounds.tool_uses(answer, by_id, results)
+        if uses:
+            lines += _tool_lines(uses)
+        elif toolrounds.made_calls(answer):  # still waiting for its results
+            lines += _tool_lines(toolrounds.calls_uses([answer], results))
         if answer.content or answer.status != Turn.Status.BLOCKED:
             lines.append(_body(answer.content))
     return "\n".join(lines).rstrip("\n") + "\n"

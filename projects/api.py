@@ -3,8 +3,9 @@
 - ``POST`` (``multipart/form-data``, the file in the field ``file``, one per request): 201 with
   :func:`file_json`, ``status`` ``pending``: the text is read by a worker afterwards; poll
   ``GET`` until ``ready`` (or ``failed``, with ``error`` saying why). 400 (no file, several, an
-  empty file), 413 (over ``CHAT_PROJECT_FILE_MAX_BYTES``), 415 (not multipart; not text,
-  Markdown, PDF or DOCX by content).
+  empty file), 413 (over ``CHAT_PROJECT_FILE_MAX_BYTES``; ``too_many_files`` when the project
+  holds ``CHAT_PROJECT_MAX_FILES``), 415 (not multipart; not text, Markdown, PDF or DOCX by
+  content), 429 (the request is counted against the caller's RPM, as a chat request is).
 - ``GET``: ``{"files": [file_json, ...]}``, oldest first.
 - ``DELETE /v1/projects/{project_id}/files/{file_id}``: 204; the file, its passages and its bytes.
 
@@ -112,6 +113,7 @@ async def project_files(request: HttpRequest, project_id: UUID) -> HttpResponse:
         project = await sync_to_async(_project_for)(project_id=project_id, user=user, edit=False)
         return JsonResponse({"files": await sync_to_async(_files)(project)})
     project = await sync_to_async(_project_for)(project_id=project_id, user=user, edit=True)
+    await sync_to_async(ingest.upload_admit)(project=project, user=user)  # RPM, before the body
     upload = await sync_to_async(_upload_of, thread_sensitive=False)(request)
     added = await sync_to_async(ingest.project_file_add)(project=project, user=user, upload=upload)
     return JsonResponse(file_json(added, passages=0), status=201)

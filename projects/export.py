@@ -2,14 +2,18 @@
 each project they own, with its instructions and its files' names, states and extracted text
 (the passages in order; the original bytes stay out, as the archive's README says of nothing
 else: they are what the person uploaded). Their chats in a project carry its ``project_id``
-(privacy/export.py ``conversation_json``)."""
+(privacy/export.py ``conversation_json``), and each answer its sources (:func:`answer_sources`:
+the file's name and the passage's text, as the page shows them)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
+from uuid import UUID
 
 from conversations import regions
-from projects.models import Project, ProjectFile, ProjectPassage
+from projects.models import Project, ProjectFile, ProjectPassage, ProjectTurnSource
+from projects.sources import source_json
 
 
 def _file_json(db: str, file: ProjectFile) -> dict:
@@ -48,3 +52,17 @@ def project_items(*, user_id: int) -> Iterator[dict]:
                 "updated_at": project.updated_at,
                 "files": [_file_json(db, f) for f in files],
             }
+
+
+def answer_sources(db: str, conversation) -> dict[UUID, list[dict]]:
+    """The sources of ``conversation``'s answers (projects/sources.py: the copies kept with
+    each answer), by assistant turn id, each list in prompt order, as the exports give them
+    (``source_json``: file id and name, offsets, the passage's text). Read from ``db`` (the
+    conversation's region database); no query for a chat in no project (``{}``)."""
+    if conversation.project_id is None:
+        return {}
+    found: dict[UUID, list[dict]] = defaultdict(list)
+    rows = ProjectTurnSource.objects.using(db).filter(conversation_id=conversation.pk).order_by("answer_id", "position")
+    for row in rows:
+        found[row.answer_id].append(source_json(row))  # a row has the fields a Source has
+    return dict(found)

@@ -138,10 +138,18 @@ def project_files(request: HttpRequest, project_id: UUID) -> HttpResponse:
 def project_files_add(request: HttpRequest, project_id: UUID) -> HttpResponse:
     """Add files (multipart ``files``): each through projects/ingest.py ``project_file_add``
     (checked, stored, read in a worker) -> the file list (htmx), with why a file was refused
-    (400 when every file was), or the page (303). 403 / 404 as :func:`project_rename`."""
+    (400 when every file was), or the page (303). The request counts against the user's RPM
+    first (``upload_admit``: 429 with the list and why). 403 / 404 as :func:`project_rename`."""
     project = selectors.project_get_for_editing(project_id=project_id, user=request.user)
-    from projects.ingest import project_file_add  # noqa: PLC0415 - reads files only on upload
+    from projects.ingest import project_file_add, upload_admit  # noqa: PLC0415 - reads files only on upload
 
+    try:
+        upload_admit(project=project, user=request.user)  # before the body is read
+    except Refused as exc:
+        response = _fragment(request, "projects/_files.html", _files_context(request, project, error=exc.message), exc.status)
+        for name, value in (exc.headers or {}).items():
+            response[name] = value
+        return response
     uploads = request.FILES.getlist("files")
     errors, added = [], 0
     for upload in uploads:

@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, User
-from conversations import regions, versions
+from conversations import regions, toolrounds, versions
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
@@ -38,6 +38,7 @@ class SharedExchange:
 
     question: Turn
     answer: Turn | None
+    tool_uses: tuple[toolrounds.ToolUse, ...] = ()  # the tool rounds the answer was written after
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,18 @@ def snapshot_exchanges(
     or before the boundary count, grouped into positions (conversations/versions.py), so each
     position shows the message version and the newest answer that existed at the boundary;
     edits and regenerations made later are not seen. Positions whose message the input gate
-    blocked are left out (it never reached the model and its text was flagged).
+    blocked are left out (it never reached the model and its text was flagged). An answer
+    written after tool calls carries them (``tool_uses``), as on the chat page.
     """
     boundary = (through_at, str(through_turn_id))
     included = [t for t in turns if _turn_key(t) <= boundary]
+    by_id = {t.turn_id: t for t in included}
+    results = toolrounds.results_by_call_turn(included)
     return [
-        SharedExchange(question=p.question, answer=p.answer)
+        SharedExchange(
+            question=p.question, answer=p.answer,
+            tool_uses=tuple(toolrounds.tool_uses(p.answer, by_id, results)) if p.answer is not None else (),
+        )  # fmt: skip
         for p in versions.positions_build(included)
         if p.question.status != Turn.Status.BLOCKED
     ]

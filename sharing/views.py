@@ -29,6 +29,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from conversations import selectors as conversation_selectors
 from conversations.models import Turn
 from conversations.rendering import markdown_to_safe_html
+from projects.sources import sources_by_answer
 from sharing import selectors, services
 from sharing.models import ShareLink
 
@@ -165,9 +166,11 @@ def _not_found(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _exchange_context(exchange: selectors.SharedExchange) -> dict:
+def _exchange_context(exchange: selectors.SharedExchange, sources: dict | None = None) -> dict:
     """Template context of one shared exchange: the message as plain text (autoescaped), the
-    answer as sanitised HTML (conversations/rendering.py, PF-X1) and a note on its status."""
+    answer as sanitised HTML (conversations/rendering.py, PF-X1) and a note on its status, the
+    tool calls it was written after, and (``sources``: answer id -> its sources, in a project
+    chat) the passages its prompt held, as the chat page shows them."""
     answer = exchange.answer
     note = ""
     if answer is None:
@@ -187,6 +190,8 @@ def _exchange_context(exchange: selectors.SharedExchange) -> dict:
         "answer": answer,
         "answer_html": markdown_to_safe_html(answer.content) if show_text else "",
         "note": note,
+        "tool_uses": exchange.tool_uses if show_text else (),
+        "sources": (sources or {}).get(answer.turn_id, []) if show_text else [],
     }
 
 
@@ -196,11 +201,17 @@ def _shared_page(request: HttpRequest, token: str) -> HttpResponse:
         snapshot = selectors.snapshot_get(token=token)
     except Http404:
         return _not_found(request)
+    # A project chat's answers show their sources (projects/sources.py; one query, none outside
+    # a project): the copies kept with each answer, as the owner's page shows them.
+    sources = sources_by_answer(
+        conversation=snapshot.link.conversation,
+        answer_ids=[x.answer.turn_id for x in snapshot.exchanges if x.answer is not None],
+    )
     context = {
         "token": token,
         "snapshot": snapshot,
         "title": snapshot.title or "Shared conversation",
-        "exchanges": [_exchange_context(x) for x in snapshot.exchanges],
+        "exchanges": [_exchange_context(x, sources) for x in snapshot.exchanges],
     }
     return _public(render(request, "sharing/shared.html", context))
 
@@ -214,6 +225,12 @@ def _confirm_page(
         snapshot = selectors.snapshot_get(token=token)
     except Http404:
         return _not_found(request)
+    # A project chat's answers show their sources (projects/sources.py; one query, none outside
+    # a project): the copies kept with each answer, as the owner's page shows them.
+    sources = sources_by_answer(
+        conversation=snapshot.link.conversation,
+        answer_ids=[x.answer.turn_id for x in snapshot.exchanges if x.answer is not None],
+    )
     context = {
         "token": token,
         "title": snapshot.title or "Shared conversation",

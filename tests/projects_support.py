@@ -45,3 +45,28 @@ def ingest():
     import projects.ingest as module  # noqa: PLC0415
 
     return module
+
+
+def project_chat_with_sources(owner, *, name: str = "Antares", passages=("Launch is at 06:00 from pad 39A.",)):
+    """A project of ``owner`` with a file ``mission.md`` of ``passages``, and a chat in it whose
+    one answer has those passages as its sources (projects/sources.py ``turn_sources_store``,
+    as submit does when an answer starts). Returns (project, conversation, answer turn)."""
+    from conversations import services  # noqa: PLC0415
+    from conversations.models import Turn  # noqa: PLC0415
+    from projects import services as project_services  # noqa: PLC0415
+    from projects.sources import turn_sources_store  # noqa: PLC0415
+
+    project = project_services.project_create(owner=owner, name=name)
+    file = passage_file_add(project, user=owner, name="mission.md", passages=list(passages))
+    chat = services.conversation_create(owner=owner, project=project)
+    question = services.turn_append_user(conversation=chat, content="When is the launch?")
+    answer = services.turn_append_assistant(
+        conversation_id=chat.pk, turn_id=regions.new_turn_id(chat.pk), reply_to_id=question.turn_id,
+        content="At 06:00.", status="complete", prompt_tokens=10, completion_tokens=3,
+    )  # fmt: skip
+    rows = ProjectPassage.objects.using(regions.db_for_conversation_id(chat.pk)).filter(file=file).order_by("ordinal")
+    turn_sources_store(conversation=chat, question_id=question.turn_id, answer_id=answer.turn_id, passages=[
+        Retrieved(p.pk, file.pk, file.name, p.ordinal, p.start, p.end, p.text, 9, 0.8) for p in rows
+    ])  # fmt: skip
+    chat.refresh_from_db()
+    return project, chat, Turn.objects.get(pk=answer.turn_id)

@@ -102,6 +102,11 @@ def data(make_user):
         conversation=conversation, turn_id=withdrawn.turn_id, owner=ann, org=org, verdict=WITHDRAWN,
         text="Sure, here is how to", window="Sure, here is how to",
     )  # fmt: skip
+    from projects.services import project_create  # noqa: PLC0415
+    from tests.projects_support import passage_file_add  # noqa: PLC0415
+
+    project = project_create(owner=ann, name="Lisbon trip")
+    passage_file_add(project, user=ann, name="itinerary.md", passages=["Day 1: Belem."])
     return {
         "ann": ann, "bob": bob, "org": org, "key": issued, "conversation": conversation,
         "question": question, "answer": answer, "blocked": blocked, "withdrawn": withdrawn,

@@ -236,6 +236,36 @@ async def test_history_and_export_carry_calls_and_results(make_user, engine_doub
     assert call_id in exported and '"tool_call_id"' in exported
 
 
+async def test_regenerating_the_answer_after_results_keeps_the_calls_and_results(make_user, engine_double):
+    """Given an answer written after a call and its result, when it is regenerated, then the new
+    version's prompt still ends with the question, the call and the result (the model writes the
+    final answer again instead of calling the tool again), and it is stored as a version that
+    continues the calling answer and replaces the old final answer."""
+    client, _ = await api_client(make_user)
+    conversation_id = await new_conversation(client)
+    events, calling_id = await called(client, engine_double, conversation_id, script=[CALL])
+    call_id = events[0][1]["id"]
+    engine_double.scripts = [["It is 21 degrees."]]
+    response = await post_json(client, f"/v1/conversations/{conversation_id}/turns", results((call_id, '{"temp_c": 21}')))
+    await read_stream(response)
+    first = response["X-Turn-Id"]
+    seen = recording(engine_double)
+    engine_double.scripts = [["Twenty-one degrees in Paris."]]
+
+    again = await post_json(client, f"/v1/conversations/{conversation_id}/turns/{first}/regenerate", {})
+
+    assert again.status_code == 200, again.content
+    assert parse_sse(await read_stream(again))[-1][1]["finish_reason"] == "stop"
+    prompt = seen[-1]
+    assert prompt[-3] == {"role": "user", "content": "What is the weather in Paris?"}
+    assert prompt[-2] == {"role": "assistant", "content": CALL}
+    assert prompt[-1] == {"role": "user", "content": '<tool_response>\n{"temp_c": 21}\n</tool_response>'}
+    new = await Turn.objects.aget(turn_id=again["X-Turn-Id"])
+    assert new.content == "Twenty-one degrees in Paris."
+    assert (str(new.continues_id), str(new.replaces_id)) == (calling_id, first)
+    assert await Turn.objects.filter(role="tool").acount() == 1  # no new round
+
+
 def test_the_chat_page_shows_an_answers_calls_escaped(make_user):
     """Given a stored answer that called a function with arguments holding markup, then the
     chat page shows "Called get_weather(...)" with the arguments escaped."""

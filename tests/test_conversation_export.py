@@ -169,3 +169,46 @@ def test_the_selected_path_carries_the_answer_version_chosen(make_user):
 
     assert item["selected_path"] == [str(question.turn_id), str(answers[0].turn_id)]
     assert "first" in markdown.split("## Assistant", 1)[1] and "second" not in markdown
+
+
+def test_markdown_shows_the_tool_calls_and_results_before_the_answer(make_user):
+    """Given an answer written after two tool calls, when the Markdown is downloaded, then under
+    the assistant's heading it says "Used 2 tools", lists each call as code with its result in a
+    code block, and then the answer's text."""
+    from tests.tool_rounds import conversation_with_round  # noqa: PLC0415
+
+    user = make_user("owner")
+    conversation, _ = conversation_with_round(user, calls=(
+        ("get_weather", '{"city": "Paris"}', '{"temp_c": 21}'),
+        ("shell", '{"cmd": "echo ```"}', "line one\n```\nline three"),
+    ))  # fmt: skip
+
+    text = signed_in(user).get(f"/c/{conversation.pk}/export.md").content.decode()
+
+    used = text.index("**Used 2 tools:**")
+    assert used < text.index("It is 21 degrees and clear.")
+    assert '1. `get_weather({"city": "Paris"})`' in text
+    assert '   ```\n   {"temp_c": 21}\n   ```' in text
+    assert '2. ````shell({"cmd": "echo ```"})````' in text  # a longer run of backticks around it
+    # A result holding a fence is fenced with a longer one, so it stays one block.
+    assert "   ````\n   line one\n   ```\n   line three\n   ````" in text
+    assert text.count("## Assistant") == 1  # the calling answer is no answer of its own
+
+
+def test_json_gives_each_project_answer_its_sources(make_user):
+    """Given a project chat whose answer had two passages as sources, when the JSON is
+    downloaded, then that answer's turn carries them in order (file name and passage text) and
+    the question carries none."""
+    from tests.projects_support import project_chat_with_sources  # noqa: PLC0415
+
+    user = make_user("owner")
+    _project, chat, answer = project_chat_with_sources(user, passages=("Launch at 06:00.", "Pad 39A, weather permitting."))
+
+    document = json.loads(signed_in(user).get(f"/c/{chat.pk}/export.json").content)
+
+    turns = {t["turn_id"]: t for t in document["conversation"]["turns"]}
+    sources = turns[str(answer.turn_id)]["sources"]
+    assert [(s["file_name"], s["text"]) for s in sources] == [
+        ("mission.md", "Launch at 06:00."), ("mission.md", "Pad 39A, weather permitting.")
+    ]
+    assert all("sources" not in t for t in turns.values() if t["role"] == "user")

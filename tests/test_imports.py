@@ -177,6 +177,79 @@ def test_export_then_import_into_another_account_then_export_gives_the_same_tree
     assert len(reexported["conversation"]["turns"]) == len(json.loads(exported)["conversation"]["turns"])
 
 
+def _round_shape(conversation: Conversation) -> list[tuple]:
+    """A conversation's turns without ids: (role, content, status, finish_reason, the calls'
+    (name, arguments, id), tool_call_id, the content-or-role of reply_to and continues)."""
+    turns = list(Turn.objects.filter(conversation_id=conversation.pk).order_by("created_at", "turn_id"))
+    label = {t.turn_id: f"{t.role}:{t.content}" for t in turns}
+    return [
+        (
+            t.role, t.content, t.status, t.finish_reason,
+            [(c["function"]["name"], c["function"]["arguments"], c["id"]) for c in t.tool_calls],
+            t.tool_call_id, label.get(t.reply_to_id), label.get(t.continues_id),
+        )
+        for t in turns
+    ]  # fmt: skip
+
+
+def test_a_tool_round_survives_export_import_export(make_user):
+    """Given a conversation with a tool round (an answer that called two functions, their
+    results as tool turns, the answer after them), when its JSON export is imported into another
+    account and exported again, then the tool turns, the calls, the results' call ids and the
+    ``continues`` link are all there, the page shows the round, and the second export lists the
+    same turns as the first."""
+    from tests.tool_rounds import conversation_with_round  # noqa: PLC0415
+
+    alice, bob = make_user("alice"), make_user("bob")
+    conversation, _ = conversation_with_round(alice)
+    exported = signed_in(alice).get(f"/c/{conversation.pk}/export.json").content
+
+    upload(signed_in(bob), exported)
+
+    copy = Conversation.objects.get(owner=bob)
+    assert _round_shape(copy) == _round_shape(conversation)
+    assert [r for r, *_ in _round_shape(copy)] == ["user", "assistant", "tool", "tool", "assistant"]
+    page = signed_in(bob).get(f"/c/{copy.pk}/").content.decode()
+    assert "Used 2 tools" in page and "get_time(" in page
+    first = json.loads(exported)["conversation"]["turns"]
+    again = json.loads(signed_in(bob).get(f"/c/{copy.pk}/export.json").content)["conversation"]["turns"]
+    keep = ("role", "content", "tool_calls", "tool_call_id", "finish_reason", "created_at")
+    assert [{k: t[k] for k in keep} for t in again] == [{k: t[k] for k in keep} for t in first]
+
+
+def test_a_result_whose_call_is_not_in_the_file_is_left_out():
+    """Given this service's export with a tool turn replying to an answer the file lacks, when
+    it is read, then the tool turn is left out and the rest reads."""
+    turn = {"created_at": "2026-01-01T00:00:00Z", "status": "complete"}
+    data = {
+        "format": "chatsite-export", "kind": "conversation",
+        "conversation": {"conversation_id": "c1", "title": "t", "turns": [
+            {**turn, "turn_id": "q", "role": "user", "content": "Hi"},
+            {**turn, "turn_id": "r", "role": "tool", "content": "42", "tool_call_id": "x", "reply_to": "gone"},
+            {**turn, "turn_id": "a", "role": "assistant", "content": "Hello", "reply_to": "q"},
+        ]},
+    }  # fmt: skip
+
+    [chat] = chats_read(data)
+
+    assert sorted(m.key for m in chat.messages) == ["a", "q"]
+
+
+def test_malformed_tool_calls_are_refused_naming_where():
+    """Given an answer whose tool_calls is not a list of calls, then reading says where."""
+    data = {
+        "format": "chatsite-export", "kind": "conversation",
+        "conversation": {"conversation_id": "c1", "turns": [
+            {"turn_id": "q", "role": "user", "content": "Hi", "created_at": "2026-01-01T00:00:00Z"},
+            {"turn_id": "a", "role": "assistant", "content": "", "reply_to": "q", "created_at": "2026-01-01T00:00:01Z",
+             "tool_calls": [{"id": "c", "function": "get_weather"}]},
+        ]},
+    }  # fmt: skip
+
+    with pytest.raises(ImportFormatError, match=r"turns\[1\]\.tool_calls\[0\]\.function: expected an object"):
+        chats_read(data)
+
+
 @pytest.mark.parametrize(
     ("payload", "says"),
     [

@@ -368,3 +368,79 @@ def test_a_real_worker_reads_an_added_docx_into_passages(make_user, tmp_path):
     done = ProjectFile.objects.get(pk=added.pk)
     assert done.status == ProjectFile.Status.READY, done.error
     assert done.kind == "docx" and ProjectPassage.objects.filter(file=done).exists()
+
+
+# --- a project's file count and the uploads' rate --------------------------------------------
+
+
+def test_a_project_at_its_file_cap_refuses_another_with_a_clear_413(make_user, engine_double, settings, media):
+    """Given a project holding CHAT_PROJECT_MAX_FILES (2) files, when a third is added over /v1,
+    then it is a 413 too_many_files that says the cap and what to do, and nothing is stored;
+    once a file is deleted, it is added."""
+    settings.CHAT_PROJECT_MAX_FILES = 2
+    project = project_of(make_user)
+    add(project, "one.md", b"# One\n\nfirst")
+    second = add(project, "two.md", b"# Two\n\nsecond")
+    client = api(project.owner)
+    url = f"/v1/projects/{project.pk}/files"
+
+    refused = client.post(url, {"file": SimpleUploadedFile("three.md", b"third")})
+
+    assert refused.status_code == 413 and refused.json()["error"]["type"] == "too_many_files"
+    assert "at most 2" in refused.json()["error"]["message"] and "three.md" in refused.json()["error"]["message"]
+    assert ProjectFile.objects.filter(project=project).count() == 2
+    assert len([p for p in media.rglob("*") if p.is_file()]) == 2
+    project_file_delete(file=second)
+    assert client.post(url, {"file": SimpleUploadedFile("three.md", b"third")}).status_code == 201
+
+
+def test_the_page_says_why_a_file_over_the_cap_was_refused(make_user, engine_double, settings):
+    """Given a project at its cap, when the page's form adds a file, then the file list comes
+    back with the cap's message (400: every file was refused)."""
+    settings.CHAT_PROJECT_MAX_FILES = 1
+    project = project_of(make_user)
+    add(project, "one.md", b"# One\n\nfirst")
+    client = Client()
+    client.force_login(project.owner)
+
+    response = client.post(
+        f"/p/{project.pk}/files/add", {"files": [SimpleUploadedFile("two.md", b"second")]}, headers={"HX-Request": "true"}
+    )
+
+    assert response.status_code == 400
+    assert "a project can hold at most 1" in response.content.decode()
+    assert ProjectFile.objects.filter(project=project).count() == 1
+
+
+def test_api_uploads_count_against_the_callers_rpm(make_user, engine_double, settings):
+    """Given an RPM of 2, when a third upload comes within the minute, then it is a 429
+    rate_limited with Retry-After, and only two files were stored."""
+    settings.CHAT_RATE_LIMITS_BY_TIER = {"free": {"rpm": 2, "tpm": 1_000_000}}
+    project = project_of(make_user, name="rpm-api")
+    client = api(project.owner)
+    url = f"/v1/projects/{project.pk}/files"
+
+    codes = [client.post(url, {"file": SimpleUploadedFile(f"{i}.md", b"words")}).status_code for i in range(2)]
+    third = client.post(url, {"file": SimpleUploadedFile("3.md", b"words")})
+
+    assert codes == [201, 201]
+    assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limited"
+    assert int(third["Retry-After"]) >= 1
+    assert ProjectFile.objects.filter(project=project).count() == 2
+
+
+def test_page_uploads_count_against_the_users_rpm(make_user, engine_double, settings):
+    """Given an RPM of 1, when the page's form adds files twice within the minute, then the
+    second request is a 429 whose file list says to slow down, and it stored nothing."""
+    settings.CHAT_RATE_LIMITS_BY_TIER = {"free": {"rpm": 1, "tpm": 1_000_000}}
+    project = project_of(make_user, name="rpm-page")
+    client = Client()
+    client.force_login(project.owner)
+    url = f"/p/{project.pk}/files/add"
+
+    first = client.post(url, {"files": [SimpleUploadedFile("a.md", b"words")]}, headers={"HX-Request": "true"})
+    second = client.post(url, {"files": [SimpleUploadedFile("b.md", b"words")]}, headers={"HX-Request": "true"})
+
+    assert first.status_code == 200
+    assert second.status_code == 429 and "Slow down" in second.content.decode() and second["Retry-After"]
+    assert list(ProjectFile.objects.filter(project=project).values_list("name", flat=True)) == ["a.md"]
