@@ -10,6 +10,7 @@ import pytest
 from conversations import regions
 from memory.embeddings import embed
 from projects.models import ProjectFile, ProjectPassage
+from projects.retrieval import Retrieved
 
 
 def passage_file_add(project, *, user, name: str, passages: list[str]) -> ProjectFile:
