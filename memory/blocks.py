@@ -51,6 +51,7 @@ from django.utils import timezone
 from conversations import regions
 from memory.models import MemoryBlock, UserMemory
 from memory.selectors import memory_fact_sanitise
+from memory.signals import memory_facts_changed
 from memory.statements import PINNED_SLOTS
 
 logger = logging.getLogger(__name__)
@@ -125,14 +126,14 @@ def memory_block_build(
 def memory_block_touch(*, user_id) -> None:
     """Record that user ``user_id``'s facts (or memory switch) changed: bump their block's
     version in the caller's transaction and queue ``memory.memory_block_rebuild`` after it
-    commits (never if it rolls back, PF-J2). Call inside the writing transaction."""
-    from memory.tasks import memory_block_rebuild as rebuild_task  # noqa: PLC0415 - tasks import this
-
+    commits (never if it rolls back, PF-J2): the commit sends ``memory.signals.memory_facts_changed``,
+    whose receiver in memory/tasks.py queues the task (this module imports no task). Call inside
+    the writing transaction."""
     with regions.user_pinned(user_id=user_id) as db:
         with connections[db].cursor() as cursor:
             cursor.execute(_TOUCH_SQL, [user_id])
         # On the transaction that holds the bump (the user's region's): queued once it commits.
-        transaction.on_commit(lambda: rebuild_task.delay(str(user_id)), using=db)
+        transaction.on_commit(lambda: memory_facts_changed.send(sender=None, user_id=user_id), using=db)
 
 
 def memory_block_rebuild(*, user_id, count_tokens: Callable[[str], int] | None = None) -> tuple[MemoryBlock, bool] | None:
