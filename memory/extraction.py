@@ -19,7 +19,7 @@
 Exactly once per idle period. Celery here acknowledges late and the Redis broker redelivers a
 task still unacknowledged after its visibility timeout, so two copies of one task may run, one
 after the other or at the same time. A row per conversation (:class:`ExtractionMarker`, in the
-conversation's database; the facts go to the owner's home region's, conversations/regions.py
+conversation's database; the facts go to the owner's home region's, conversations/user_regions.py
 ``user_db``, usually the same one) settles it:
 
 - ``extracted_through`` is the ``last_turn_at`` the last extraction covered. A run for a
