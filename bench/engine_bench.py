@@ -48,7 +48,7 @@ Parts (``--parts``, comma-separated; default all):
   by ``inference.quantize.quality_report``: greedy-token agreement over the first 64 tokens on a
   fixed prompt set, perplexity on a fixed text (target: within 5%). Made first if missing.
 
-The engine's levers come from the ``CHAT_ENGINE_*`` environment (chatsite/settings/base.py), so
+The engine's levers come from the ``CHAT_ENGINE_*`` environment (chatsite/settings/engine.py), so
 each lever is one run: ``CHAT_ENGINE_EAGER=0 python -m bench.engine_bench --parts single,concurrent
 --label compile``. Rate limits, load shedding, reserved slots and the adaptive cap are off
 (except in the mixed part), sampling is greedy.
