@@ -1,7 +1,7 @@
 """Attachments in the admin: read-only metadata (never the file's text or bytes); deleting one
 removes its file from storage too (once committed).
 
-One region's database at a time, like conversations (conversations.admin.RegionalAdmin)."""
+One region's database at a time, like conversations (conversations.regional_admin.RegionalAdmin)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from django.contrib import admin
 
 from attachments import services
 from attachments.models import Attachment
-from conversations.admin import RegionalAdmin, RegionFilter
+from conversations.regional_admin import RegionalAdmin, RegionFilter
 
 
 @admin.register(Attachment)

@@ -89,7 +89,7 @@ class AdminActionAuditMiddleware:
 
     @staticmethod
     def _region(request: HttpRequest, model_admin) -> str | None:
-        """The region whose rows a regional admin's list shows (conversations.admin.RegionalAdmin:
+        """The region whose rows a regional admin's list shows (conversations.regional_admin.RegionalAdmin:
         the selected ids are that region's, so their entries' ids stay there); None for others."""
         region_db = getattr(model_admin, "region_db", None)
         if region_db is None:

@@ -149,7 +149,7 @@ def diagnose(trials: list[dict], env: dict) -> list[str]:
                 "opened streams were ended by the server without a done, after "
                 f"~{res['lifetime_of_ended_s']['p50']} s ({found['redis_timeout']} x 'Timeout "
                 "reading from' Redis in the server's log): core.redis_guard.async_client() sets "
-                "socket_timeout=2 s and turnlog.follow() blocks in XREAD for "
+                "socket_timeout=2 s and turnfollow.follow() blocks in XREAD for "
                 f"CHAT_SSE_KEEPALIVE_S = {env['keepalive_s']:g} s, so an idle read times out "
                 "client-side and follow() returns"
             )

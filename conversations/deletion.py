@@ -15,13 +15,13 @@ one). A deletion removes, for good:
 - the answer still being generated in it, wherever it runs (below).
 
 **Stopping the answer.** In this process through the turn stream registry
-(conversations/turnstream.py), in another through the cancel pub/sub (conversations/turnlog.py).
+(conversations/turnstream.py), in another through the cancel pub/sub (conversations/cancels.py).
 :func:`aconversation_delete` (the page and ``/v1``, in the event loop) first stops it with
 ``turnstream.stop_anywhere``, which waits (bounded, 5 s for another process) until the answer is
 stored as cancelled, then deletes. Synchronous callers (the purge task, account deletion, the
 admin) cannot wait on an event loop: once the deletion commits they stop a stream of this process
 through its loop (``call_soon_threadsafe``) and publish the cancel for the holder of the
-conversation's generating lock (``turnlog.cancel_publish``), without waiting for it to end.
+conversation's generating lock (``cancels.cancel_publish``), without waiting for it to end.
 
 **No late write-back brings a conversation back.** An answer that ends after its conversation was
 deleted (the cancel is asynchronous, or could not reach its process) is still held in Redis and
@@ -62,7 +62,7 @@ from django.utils import timezone
 
 from attachments.models import Attachment
 from attachments.services import attachment_files_forget
-from conversations import cache, held, regions, tombstones, turnlog, turnstream
+from conversations import cache, cancels, held, regions, tombstones, turnlog, turnstream
 from conversations.models import Conversation, Turn
 from core import redis_guard
 
@@ -138,7 +138,7 @@ def _after_commit(conversation_ids: list[UUID], turn_ids: list[UUID]) -> None:
     the answers, then drop every Redis copy. Never raises for Redis errors."""
     tombstones.tombstones_write(conversation_ids)
     _stop_here(conversation_ids)
-    holders = turnlog.cancel_publish(conversation_ids)
+    holders = cancels.cancel_publish(conversation_ids)
     held_ids: list[UUID] = []
     for conversation_id in conversation_ids:
         for turn in held.held_turns(conversation_id):  # their logs may still be there

@@ -19,7 +19,7 @@ from uuid import UUID
 
 from django.conf import settings
 
-from conversations import cache, held, summaries, toolrounds, turnlog, writeback
+from conversations import answer_lock, cache, cancels, held, summaries, toolrounds, writeback
 from conversations.events import error_payload, terminal_event
 from conversations.locks import ensure_idle
 from conversations.models import Turn
@@ -60,7 +60,7 @@ def generation_start(
     """
     if not claimed:
         ensure_idle(conversation_id)
-    turnlog.ensure_cancel_listener(_stop_local)
+    cancels.ensure_cancel_listener(_stop_local)
     stream = TurnStream(
         conversation_id=conversation_id,
         question_id=question.turn_id,
@@ -277,7 +277,7 @@ async def _finish(
     # The conversation is free before the client hears the end: a next message sent the moment
     # it arrives must not get a 409 from a lock still held while the event log flushes.
     stream_release(stream)
-    await _despite_cancellation(turnlog.conversation_unlock(stream.conversation_id, stream.answer_id))
+    await _despite_cancellation(answer_lock.conversation_unlock(stream.conversation_id, stream.answer_id))
     if error is not None or stored is None:
         stream.publish("error", error_payload(stream.answer_id, error or "The answer failed."))
     else:

@@ -1,7 +1,7 @@
 """One answer at a time per conversation (PF-P1), in this process and across processes.
 
 :func:`conversation_claim` checks and claims in this process with no await in between (atomic in
-the event loop), then across server processes with Redis SET NX (conversations/turnlog.py): of
+the event loop), then across server processes with Redis SET NX (conversations/answer_lock.py): of
 two requests at the same moment one proceeds and the other gets ConversationBusy with nothing
 stored.
 """
@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from uuid import UUID
 
-from conversations import turnlog
+from conversations import answer_lock
 from conversations.turnstream import stream_for_conversation
 
 BUSY_MESSAGE = "An answer is still being written in this conversation. Wait for it or press Stop."
@@ -40,12 +40,12 @@ async def conversation_claim(conversation_id: UUID, answer_id: UUID) -> AsyncIte
     ensure_idle(conversation_id)
     _claimed.add(conversation_id)
     try:
-        if not await turnlog.conversation_lock(conversation_id, answer_id):
+        if not await answer_lock.conversation_lock(conversation_id, answer_id):
             raise ConversationBusy(BUSY_MESSAGE)
         try:
             yield
         except BaseException:
-            await turnlog.conversation_unlock(conversation_id, answer_id)
+            await answer_lock.conversation_unlock(conversation_id, answer_id)
             raise
     finally:
         _claimed.discard(conversation_id)

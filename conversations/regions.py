@@ -24,12 +24,12 @@ How a conversation's database is found:
 Selectors and services say which conversation they work on by decorating themselves with
 :func:`routed` (reads) or :func:`atomic` (writes: also one transaction on that database), which
 pin its cluster for the call; see ``chatsite/dbrouter.py`` for replicas and read-your-writes.
+A user's own regional data that belongs to no conversation (memory) is routed by
+conversations/user_regions.py (``user_db``, ``for_user``, ``atomic_for_user``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import hashlib
 import heapq
@@ -165,27 +165,6 @@ def region_for_new_conversation(region: str, *, org=None) -> str:
 
         metrics.REGION_FAILOVER_CREATES.labels(region=region, failover=failover).inc()
         return failover
-
-
-def user_db(*, user=None, user_id: int | None = None) -> str:
-    """The primary alias holding ``user``'s regional data that belongs to no conversation (their
-    memory facts and memory block): their home region's database (:func:`home_region`: their
-    first organisation's region, else their own). ``user_id`` instead of ``user`` loads the user
-    (one query on ``default``). One database: ``default``, no query.
-
-    Raises RegionUnavailable when that region has no database here (storing the data elsewhere
-    would break its residency), and the user model's DoesNotExist for an unknown ``user_id``.
-    A user whose home region changes (they join an organisation elsewhere) finds their facts in
-    the new region only: facts are not moved between regions.
-    """
-    if not multi_region():
-        return DEFAULT_DB_ALIAS
-    if user is None:
-        from django.contrib.auth import get_user_model  # noqa: PLC0415
-
-        user = get_user_model().objects.only("pk", "region").get(pk=user_id)
-    region, _org = home_region(owner=user)
-    return db_for_region(region)
 
 
 # --- ids that carry their region ---
@@ -365,7 +344,10 @@ def _target(kwargs: dict) -> tuple[str | None, int | None]:
     return None, user_id
 
 
-def _arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+def call_arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+    """The arguments of a call of a function with ``signature``, by name (as passed when it
+    cannot be bound: the call itself will raise). For the routing decorators here and in
+    conversations/user_regions.py."""
     if not args:
         return kwargs
     try:
@@ -383,7 +365,7 @@ def routed(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        db, user_id = _target(_arguments(signature, args, kwargs))
+        db, user_id = _target(call_arguments(signature, args, kwargs))
         if db is None:
             return fn(*args, **kwargs)
         with dbrouter.pinned(db, user_id):
@@ -411,80 +393,11 @@ def atomic(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        db, user_id = _target(_arguments(signature, args, kwargs))
+        db, user_id = _target(call_arguments(signature, args, kwargs))
         db = db or default_db()
         if not transaction.get_connection(db).in_atomic_block:
             db_breaker.primary_ensure(db)  # PrimaryDown (503) while that primary is down
         with dbrouter.pinned(db, user_id), transaction.atomic(using=db, savepoint=False):
-            return fn(*args, **kwargs)
-
-    return wrapper
-
-
-# The user whose regional data the running call works on, and its database: nested memory
-# selectors of the same user reuse it instead of asking home_region again.
-_user_pin: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar(
-    "user_db_pin", default=None
-)
-
-
-@contextlib.contextmanager
-def user_pinned(*, user=None, user_id: int | None = None, atomic: bool = False) -> Iterator[str]:
-    """Pin the block to :func:`user_db` of ``user`` (or ``user_id``), on that user's behalf
-    (read-your-writes); ``atomic``: also one transaction on that database. Yields the primary
-    alias. Raises as :func:`user_db`."""
-    user_id = int(user.pk if user is not None else user_id)
-    outer = _user_pin.get()
-    if outer is not None and outer[0] == user_id:
-        db = outer[1]
-    else:
-        db = user_db(user=user) if user is not None else user_db(user_id=user_id)
-    token = _user_pin.set((user_id, db))
-    try:
-        with dbrouter.pinned(db, user_id):
-            if atomic:  # a savepoint when nested: a refused write rolls back only itself
-                with transaction.atomic(using=db):
-                    yield db
-            else:
-                yield db
-    finally:
-        _user_pin.reset(token)
-
-
-def _user_arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
-    arguments = _arguments(signature, args, kwargs)
-    user = arguments.get("user")
-    if user is not None:
-        return {"user": user}
-    return {"user_id": arguments.get("user_id")}
-
-
-def for_user(fn: Callable) -> Callable:
-    """Decorate a selector of a user's own regional data (memory): its queries go to the cluster
-    of :func:`user_db` for its ``user`` (or ``user_id``) argument, on that user's behalf
-    (read-your-writes). A QuerySet it returns is bound to that database."""
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with user_pinned(**_user_arguments(signature, args, kwargs)):
-            result = fn(*args, **kwargs)
-            if isinstance(result, QuerySet) and result._db is None:
-                result = result.using(router.db_for_read(result.model))
-        return result
-
-    return wrapper
-
-
-def atomic_for_user(fn: Callable) -> Callable:
-    """Decorate a service writing a user's own regional data (memory): like :func:`for_user`,
-    and the call is one transaction on that database (as :func:`atomic`; put it under
-    ``@transaction.atomic`` when the service also writes ``default``)."""
-    signature = inspect.signature(fn)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with user_pinned(**_user_arguments(signature, args, kwargs), atomic=True):
             return fn(*args, **kwargs)
 
     return wrapper

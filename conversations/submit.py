@@ -19,7 +19,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.callers import acaller_of
-from conversations import cache, selectors, services, toolrounds, turnlog, versions
+from conversations import answer_lock, cache, selectors, services, toolrounds, versions
 from conversations.generate import generation_start
 from conversations.locks import conversation_claim
 from conversations.models import Turn
@@ -322,7 +322,7 @@ async def tool_results_submit(
         drafts = [Turn(role=Turn.Role.TOOL, tool_call_id=call_id, content=content) for call_id, content in results]
         if toolrounds.pending_calls(calling, [*earlier, *drafts]):
             stored = await _tool_results_store(conversation, calling, results)
-            await turnlog.conversation_unlock(conversation_id, answer_id)  # no answer follows yet
+            await answer_lock.conversation_unlock(conversation_id, answer_id)  # no answer follows yet
             return stored, None
         question = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=calling.reply_to_id)
         by_id = {t.turn_id: t for t in turns}

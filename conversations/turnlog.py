@@ -15,13 +15,8 @@ Redis down is a degraded mode, not an outage. Every call goes through core/redis
   so it cannot be resumed on another process; :func:`exists` / :func:`answer_for_question` answer
   "unknown" (False / None) and the views turn a resume that needs Redis into a 503 (``/v1``) or
   an ``error`` event (the page) while ``redis_guard.available()`` is false;
-- **the generating lock** (part ``lock``): :func:`conversation_lock` fails open, and the
-  process-local check (locks.ensure_idle) still serialises turns within a process; a lock
-  this process could not release is released the next time it locks that conversation (and
-  expires after ``BUSY_TTL_S`` anyway);
-- **cancel** (part ``cancel``): a cancel cannot reach another process; the listener keeps
-  reconnecting (every second, without a network call while the breaker is open) and picks up
-  cancels again once Redis is back.
+- **the generating lock** (part ``lock``) and **cancel** (part ``cancel``): see
+  conversations/answer_lock.py and conversations/cancels.py.
 
 New turns mirror again as soon as Redis answers: recovery needs no restart.
 
@@ -29,10 +24,15 @@ New turns mirror again as soon as Redis answers: recovery needs no restart.
 (``settings.CHAT_REGION_REDIS_URLS``, core/redis_guard.py), found from the ids with no lookup
 (conversations/regions.py ``redis_region``: the conversation id, else the answer id, both minted
 with the region's tag). Functions that take only an answer id accept its ``conversation_id``
-too and should be given it; the cancel channel and the follow hub exist once per server.
+too and should be given it.
+
+Beside this module, by concept: the cross-process generating lock
+(conversations/answer_lock.py, taken through conversations/locks.py), the cancel pub/sub
+(conversations/cancels.py), reader and writer presence (conversations/presence.py), and the
+live follow of another process's answer (conversations/turnfollow.py).
 
 Deleting a conversation (conversations/deletion.py) publishes the cancel of its generating
-answer from synchronous code (:func:`cancel_publish`), drops its turns' keys
+answer from synchronous code (conversations/cancels.py ``cancel_publish``), drops its turns' keys
 (:func:`turn_logs_drop`), and a writer whose conversation was deleted meanwhile deletes its log
 when the answer ends instead of keeping it (conversations/tombstones.py).
 """
@@ -40,27 +40,22 @@ when the answer ends instead of keeping it (conversations/tombstones.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from uuid import UUID
 
 from django.conf import settings
 
 from conversations import tombstones
-from conversations.events import TERMINAL_EVENTS
+from conversations.answer_lock import BUSY_REFRESH_S, BUSY_TTL_S, busy_key, conversation_unlock
 from conversations.regions import redis_region
 from core import redis_guard
-from core.redis_guard import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
 
 
-_MIRROR_FALLBACK = "answers stream from this process only and cannot be resumed elsewhere"
-_LOCK_FALLBACK = "the one-answer-per-conversation check is process-local"
-_CANCEL_FALLBACK = "cancels cannot reach other processes"
+MIRROR_FALLBACK = "answers stream from this process only and cannot be resumed elsewhere"
 _FAILED = object()
 
 
@@ -74,141 +69,6 @@ def question_key(question_id: UUID | str) -> str:
 
 def owner_key(answer_id: UUID | str) -> str:
     return f"chat:a:{answer_id}:conversation"
-
-
-def reader_key(answer_id: UUID | str) -> str:
-    return f"chat:a:{answer_id}:remote-reader"
-
-
-# A reader in another process marks its presence for this long and renews the mark every third
-# of it, so the writing process does not abort an answer that is read elsewhere (turnstream's
-# disconnect rule); the mark of a reader that left lapses within this many seconds.
-READER_TTL_S = 6
-
-
-def busy_key(conversation_id: UUID | str) -> str:
-    return f"chat:conv:{conversation_id}:generating"
-
-
-CANCEL_CHANNEL = "chat:cancel"
-# The "generating" lock of a conversation expires unless its writer refreshes it (every
-# BUSY_REFRESH_S), so a crashed process cannot block a conversation for longer than this.
-BUSY_TTL_S = 60
-BUSY_REFRESH_S = 10
-
-_UNLOCK = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-
-
-# Locks this process took but could not release (Redis failed): conversation -> answer id.
-_pending_unlocks: dict[UUID, UUID] = {}
-
-
-async def conversation_lock(conversation_id: UUID, answer_id: UUID) -> bool:
-    """Take the conversation's cross-process "generating" lock for ``answer_id`` (SET NX).
-    False if another answer holds it. Fails open (True) when Redis is unavailable: the
-    process-local check still applies (module docstring)."""
-    stale = _pending_unlocks.pop(conversation_id, None)
-    if stale is not None:
-        await conversation_unlock(conversation_id, stale)
-    return bool(
-        await redis_guard.acall(
-            "lock",
-            lambda r: r.set(busy_key(conversation_id), str(answer_id), nx=True, ex=BUSY_TTL_S),
-            default=True,
-            fallback=_LOCK_FALLBACK,
-            region=redis_region(conversation_id),
-        )
-    )
-
-
-async def conversation_unlock(conversation_id: UUID, answer_id: UUID) -> None:
-    """Release the lock if ``answer_id`` still holds it. If Redis is unavailable, the release
-    is retried when this process next locks the conversation (the lock expires anyway)."""
-    done = await redis_guard.acall(
-        "lock",
-        lambda r: r.eval(_UNLOCK, 1, busy_key(conversation_id), str(answer_id)),
-        default=None,
-        fallback=_LOCK_FALLBACK,
-        region=redis_region(conversation_id),
-    )
-    if done is None:
-        _pending_unlocks[conversation_id] = answer_id
-
-
-async def conversation_holder(conversation_id: UUID) -> UUID | None:
-    """The answer generating in this conversation in any process, per Redis (None if none or
-    Redis is unavailable)."""
-    value = await redis_guard.acall(
-        "lock", lambda r: r.get(busy_key(conversation_id)), default=None, fallback=_LOCK_FALLBACK,
-        region=redis_region(conversation_id),
-    )  # fmt: skip
-    return UUID(value) if value else None
-
-
-async def cancel_elsewhere(
-    answer_id: UUID, wait_s: float = 5, *, conversation_id: UUID | None = None
-) -> None:
-    """Ask whichever process generates ``answer_id`` (of ``conversation_id``) to stop it
-    (pub/sub on the region's server), and wait (bounded) until its event log records the end.
-    Returns at once if Redis is unavailable (logged)."""
-    region = redis_region(conversation_id, answer_id)
-    published = await redis_guard.acall(
-        "cancel",
-        lambda r: r.publish(CANCEL_CHANNEL, str(answer_id)),
-        default=None,
-        fallback=_CANCEL_FALLBACK,
-        region=region,
-    )
-    if published is None:
-        return
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while asyncio.get_running_loop().time() < deadline:
-        last = await redis_guard.acall(
-            "cancel", lambda r: r.xrevrange(stream_key(answer_id), count=1), default=None,
-            region=region,
-        )  # fmt: skip
-        if last is None:
-            return
-        if last and last[0][1].get("e") in TERMINAL_EVENTS:
-            return
-        await asyncio.sleep(0.05)
-
-
-def cancel_publish(conversation_ids: Iterable[UUID]) -> list[UUID]:
-    """Ask whichever process generates an answer in one of ``conversation_ids`` to stop it, from
-    synchronous code (Celery tasks, the retention purge, account deletion): the answer holding
-    each conversation's generating lock (:func:`conversation_lock`) is published on
-    ``CANCEL_CHANNEL``, which every generating process listens to (:func:`ensure_cancel_listener`).
-    Does not wait for the answer to end (:func:`cancel_elsewhere` is the async way that waits).
-    Returns the answer ids published; ``[]`` when none holds a lock or Redis is unavailable
-    (logged and counted, part ``cancel``: the cancel cannot reach another process then)."""
-    by_region: dict[str | None, list[str]] = {}
-    for c in conversation_ids:
-        by_region.setdefault(redis_region(c), []).append(busy_key(c))
-
-    def run(client, keys) -> list[UUID]:
-        holders = [UUID(_text(h)) for h in client.mget(keys) if h]
-        if holders:
-            with client.pipeline(transaction=False) as pipe:
-                for answer_id in holders:
-                    pipe.publish(CANCEL_CHANNEL, str(answer_id))
-                pipe.execute()
-        return holders
-
-    return [
-        answer_id
-        for region, keys in by_region.items()
-        for answer_id in redis_guard.call(
-            "cancel",
-            lambda client, k=keys: run(client, k),
-            default=[],
-            fallback=_CANCEL_FALLBACK,
-            region=region,
-        )
-    ]
 
 
 def turn_logs_drop(turn_ids: Iterable[UUID], *, region: str | None = None) -> None:
@@ -231,53 +91,6 @@ def turn_logs_drop(turn_ids: Iterable[UUID], *, region: str | None = None) -> No
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-_listeners: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def ensure_cancel_listener(on_cancel) -> None:
-    """Start (once per event loop and Redis server: core/redis_guard.py
-    ``regions_with_servers``) a task that calls ``on_cancel(answer_id)`` for every cancel
-    another process publishes."""
-    loop = asyncio.get_running_loop()
-    tasks = _listeners.setdefault(loop, {})
-    for region in redis_guard.regions_with_servers():
-        task = tasks.get(region)
-        if task is None or task.done():
-            tasks[region] = loop.create_task(
-                _listen(on_cancel, region), name=f"chat-cancel-listener-{region or 'global'}"
-            )
-
-
-async def _listen(on_cancel, region: str | None) -> None:
-    # Its own client: a subscribed connection waits for messages indefinitely (no read
-    # timeout), and must not hold one of the shared pool's connections.
-    client = redis_guard.async_client_for_blocking(None, region=region)
-    while True:
-        if not redis_guard.allow("cancel", region=region):
-            await asyncio.sleep(1)
-            continue
-        pubsub = client.pubsub()
-        try:
-            await pubsub.subscribe(CANCEL_CHANNEL)
-            redis_guard.succeeded(region=region)
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    try:
-                        on_cancel(UUID(message["data"]))
-                    except ValueError:
-                        logger.warning("ignored a malformed cancel: %r", message["data"])
-        except REDIS_ERRORS as exc:
-            redis_guard.failed(
-                "cancel", exc, "cancel listener reconnects every second", region=region
-            )
-            await asyncio.sleep(1)
-        finally:
-            # Bounded: on cancellation (loop shutdown) closing must not wait on the read
-            # the cancelled listen() was in.
-            with contextlib.suppress(*REDIS_ERRORS, TimeoutError):
-                await asyncio.wait_for(pubsub.aclose(), 1)
 
 
 class TurnLogWriter:
@@ -329,7 +142,7 @@ class TurnLogWriter:
         if not self.healthy:
             return
         result = await redis_guard.acall(
-            "turnlog", fn, default=_FAILED, fallback=_MIRROR_FALLBACK, region=self.region
+            "turnlog", fn, default=_FAILED, fallback=MIRROR_FALLBACK, region=self.region
         )
         if result is _FAILED:
             self._degrade()
@@ -402,7 +215,7 @@ async def answer_for_question(
     to tell the two apart)."""
     value = await redis_guard.acall(
         "turnlog", lambda r: r.get(question_key(question_id)), default=None,
-        fallback=_MIRROR_FALLBACK, region=redis_region(conversation_id, question_id),
+        fallback=MIRROR_FALLBACK, region=redis_region(conversation_id, question_id),
     )  # fmt: skip
     return UUID(value) if value else None
 
@@ -411,7 +224,7 @@ def answer_for_question_sync(question_id: UUID, *, conversation_id: UUID | None 
     """:func:`answer_for_question` for synchronous code (a page rendered mid-answer)."""
     value = redis_guard.call(
         "turnlog", lambda r: r.get(question_key(question_id)), default=None,
-        fallback=_MIRROR_FALLBACK, region=redis_region(conversation_id, question_id),
+        fallback=MIRROR_FALLBACK, region=redis_region(conversation_id, question_id),
     )  # fmt: skip
     return UUID(_text(value)) if value else None
 
@@ -420,7 +233,7 @@ async def belongs_to(answer_id: UUID, conversation_id: UUID) -> bool:
     """Whether Redis records ``answer_id`` as a turn of ``conversation_id`` (callers have
     already checked that the conversation is the requester's)."""
     value = await redis_guard.acall(
-        "turnlog", lambda r: r.get(owner_key(answer_id)), default=None, fallback=_MIRROR_FALLBACK,
+        "turnlog", lambda r: r.get(owner_key(answer_id)), default=None, fallback=MIRROR_FALLBACK,
         region=redis_region(conversation_id, answer_id),
     )  # fmt: skip
     return value == str(conversation_id)
@@ -429,64 +242,10 @@ async def belongs_to(answer_id: UUID, conversation_id: UUID) -> bool:
 async def exists(answer_id: UUID, *, conversation_id: UUID | None = None) -> bool:
     """Whether Redis holds an event log for ``answer_id`` (False if Redis is unavailable)."""
     found = await redis_guard.acall(
-        "turnlog", lambda r: r.exists(stream_key(answer_id)), default=0, fallback=_MIRROR_FALLBACK,
+        "turnlog", lambda r: r.exists(stream_key(answer_id)), default=0, fallback=MIRROR_FALLBACK,
         region=redis_region(conversation_id, answer_id),
     )  # fmt: skip
     return bool(found)
-
-
-async def reader_present(answer_id: UUID, *, conversation_id: UUID | None = None) -> bool:
-    """Whether a reader in some process follows ``answer_id`` from Redis now (its mark is set:
-    :func:`reading`). False if Redis is unavailable."""
-    found = await redis_guard.acall(
-        "turnlog", lambda r: r.exists(reader_key(answer_id)), default=0, fallback=_MIRROR_FALLBACK,
-        region=redis_region(conversation_id, answer_id),
-    )  # fmt: skip
-    return bool(found)
-
-
-@contextlib.asynccontextmanager
-async def reading(answer_id: UUID, *, conversation_id: UUID | None = None) -> AsyncIterator[None]:
-    """Mark, for the block's duration, that a reader here follows ``answer_id`` from Redis
-    (renewed every ``READER_TTL_S / 3`` s; it lapses ``READER_TTL_S`` s after the block)."""
-    region = redis_region(conversation_id, answer_id)
-
-    async def mark() -> None:
-        while True:
-            await redis_guard.acall(
-                "turnlog", lambda r: r.set(reader_key(answer_id), "1", ex=READER_TTL_S),
-                default=None, fallback=_MIRROR_FALLBACK, region=region,
-            )  # fmt: skip
-            await asyncio.sleep(READER_TTL_S / 3)
-
-    task = asyncio.get_running_loop().create_task(mark(), name=f"chat-reader-{answer_id}")
-    try:
-        yield
-    finally:
-        task.cancel()
-
-
-async def writing(answer_id: UUID, *, conversation_id: UUID | None = None) -> bool:
-    """Whether some process is writing ``answer_id`` now: its conversation's "generating" lock
-    (refreshed every ``BUSY_REFRESH_S`` by the writer, gone ``BUSY_TTL_S`` after it dies) names
-    it. True also before its first event, while the answer waits for an engine slot, when its
-    log does not exist yet (False if Redis is unavailable)."""
-
-    async def read(client):
-        conversation_id = await client.get(owner_key(answer_id))
-        return conversation_id is not None and await client.get(busy_key(conversation_id)) == str(
-            answer_id
-        )
-
-    return bool(
-        await redis_guard.acall(
-            "turnlog",
-            read,
-            default=False,
-            fallback=_MIRROR_FALLBACK,
-            region=redis_region(conversation_id, answer_id),
-        )
-    )
 
 
 async def read_range(
@@ -506,140 +265,3 @@ async def read_range(
     if entries is None:
         return None
     return [(int(i.split("-", 1)[1]), f["e"], json.loads(f["d"])) for i, f in entries]
-
-
-BLOCK_S = 0.5  # the hub's XREAD waits at most this long, so new subscriptions join quickly
-
-
-class _FollowHub:
-    """One blocking XREAD per process for every turn followed from Redis, fanned out to the
-    readers' queues. A blocking read holds its connection for the whole wait, so one XREAD per
-    reader would need a Redis connection per open stream (redis-py's pool stops at 100)."""
-
-    def __init__(self, region: str | None = None) -> None:
-        self.region = region  # the hub reads one server: its region's
-        self.subscribers: dict[str, set[asyncio.Queue]] = {}
-        self.positions: dict[str, str] = {}
-        self.wakeup = asyncio.Event()
-        # Its own client: the socket timeout must outlast the blocking read.
-        self.client = redis_guard.async_client_for_blocking(BLOCK_S + 5, region=region)
-        self.task = asyncio.get_running_loop().create_task(self._run(), name="chat-turnlog-hub")
-
-    def subscribe(self, key: str, queue: asyncio.Queue, after: int) -> None:
-        self.subscribers.setdefault(key, set()).add(queue)
-        self.positions.setdefault(key, f"0-{after}")
-        self.wakeup.set()
-
-    def unsubscribe(self, key: str, queue: asyncio.Queue) -> None:
-        queues = self.subscribers.get(key)
-        if queues is not None:
-            queues.discard(queue)
-            if not queues:
-                del self.subscribers[key]
-                self.positions.pop(key, None)
-
-    async def _run(self) -> None:
-        me = asyncio.current_task()
-        while True:
-            if me is not None and me.cancelling():
-                # A cancellation that lands inside redis-py's blocking read can come back as a
-                # connection error or an empty reply; never loop on past it (a loop that is
-                # shutting down would wait for this task forever).
-                raise asyncio.CancelledError
-            if not self.positions:
-                self.wakeup.clear()
-                await self.wakeup.wait()
-                continue
-            if not redis_guard.allow("turnlog", region=self.region):
-                await asyncio.sleep(1)
-                continue
-            try:
-                reply = await self.client.xread(
-                    dict(self.positions), block=int(BLOCK_S * 1000), count=500
-                )
-            except REDIS_ERRORS as exc:
-                redis_guard.failed(
-                    "turnlog",
-                    exc,
-                    "resumed streams wait; retrying every second",
-                    region=self.region,
-                )
-                await asyncio.sleep(1)
-                continue
-            redis_guard.succeeded(region=self.region)
-            for key, entries in reply or []:
-                for entry_id, fields in entries:
-                    if key not in self.positions:
-                        break
-                    self.positions[key] = entry_id
-                    item = (int(entry_id.split("-", 1)[1]), fields["e"], json.loads(fields["d"]))
-                    for queue in self.subscribers.get(key, ()):
-                        queue.put_nowait(item)
-
-
-_hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _hub(region: str | None = None) -> _FollowHub:
-    """This event loop's hub for the Redis server of ``region`` (one per loop and server)."""
-    loop = asyncio.get_running_loop()
-    hubs = _hubs.setdefault(loop, {})
-    url = redis_guard.url_for(region)
-    hub = hubs.get(url)
-    if hub is None or hub.task.done():
-        hub = hubs[url] = _FollowHub(region)
-    return hub
-
-
-async def follow(
-    answer_id: UUID, after: int = 0, idle_s: float = 15, *, conversation_id: UUID | None = None
-) -> AsyncIterator[tuple[int, str, dict] | None]:
-    """Yield ``(event_id, event, data)`` after ``after`` from Redis, live, until a terminal
-    event (conversations/events.py ``TERMINAL_EVENTS``: ``done``, ``moderation``, ``error``);
-    None after ``idle_s`` seconds without one (send a keep-alive). Ends if the log
-    vanishes (expired, or never written within 10 s) or Redis fails mid-way.
-
-    The backlog comes from one XRANGE; live events from the process's hub (one XREAD for all
-    readers). Subscribing before reading the backlog, and skipping ids already yielded, makes
-    every event arrive exactly once and in order.
-    """
-    key = stream_key(answer_id)
-    region = redis_region(conversation_id, answer_id)
-    hub = _hub(region)
-    queue: asyncio.Queue = asyncio.Queue()
-    hub.subscribe(key, queue, after)
-    loop = asyncio.get_running_loop()
-    patience_until = loop.time() + 10  # the writer may not have written event 1 yet
-    try:
-        last = after
-        backlog = await redis_guard.acall(
-            "turnlog", lambda r: r.xrange(key, min=f"(0-{after}", max="+"), default=None,
-            fallback="a resumed stream ends (the client may retry)", region=region,
-        )  # fmt: skip
-        if backlog is None:
-            return
-        for entry_id, fields in backlog:
-            last = int(entry_id.split("-", 1)[1])
-            yield last, fields["e"], json.loads(fields["d"])
-            if fields["e"] in TERMINAL_EVENTS:
-                return
-        while True:
-            try:
-                event_id, event, data = await asyncio.wait_for(queue.get(), idle_s)
-            except TimeoutError:
-                if (
-                    loop.time() > patience_until
-                    and not await exists(answer_id, conversation_id=conversation_id)
-                    and not await writing(answer_id, conversation_id=conversation_id)
-                ):
-                    return
-                yield None
-                continue
-            if event_id <= last:
-                continue
-            last = event_id
-            yield event_id, event, data
-            if event in TERMINAL_EVENTS:
-                return
-    finally:
-        hub.unsubscribe(key, queue)

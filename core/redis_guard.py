@@ -17,9 +17,10 @@ part           what happens while Redis is unavailable
                the generating process lost them; a resume that needs Redis gets a clear
                503 / ``error`` event (conversations/turnlog.py).
 ``lock``       the one-generating-turn-per-conversation lock falls back to the
-               process-local check (conversations/streaming.py ``ensure_idle``).
+               process-local check (conversations/answer_lock.py; conversations/locks.py
+               ``ensure_idle``).
 ``cancel``     a cancel cannot reach another process; the pub/sub listener reconnects by
-               itself once Redis is back.
+               itself once Redis is back (conversations/cancels.py).
 ``idempotency`` Idempotency-Key records are kept in this process only (api/idempotency.py).
 ``writeback``  finished answers are inserted synchronously (conversations/writeback.py).
 ``ratelimit``  (issue 5) limits fail open: :func:`rate_limit_fail_open`.

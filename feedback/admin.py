@@ -12,7 +12,8 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 
-from conversations.admin import RegionalAdmin, RegionFilter, UserTierFilter, excerpt
+from conversations.admin import excerpt
+from conversations.regional_admin import RegionalAdmin, RegionFilter, UserTierFilter
 from feedback import selectors
 from feedback.models import Feedback
 

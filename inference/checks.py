@@ -34,7 +34,7 @@ def check_model_pools(app_configs=None, **kwargs) -> list[Error]:
         return [
             Error(
                 str(exc),
-                hint="Fix the pool entry (chatsite/settings/base.py, 'Model pools', or the file "
+                hint="Fix the pool entry (chatsite/settings/engine.py, 'Model pools', or the file "
                 "CHAT_POOLS_FILE names).",
                 id="chat.E001",
             )

@@ -119,7 +119,7 @@ class EngineProtocol(Protocol):
 class VllmEngine:
     """An in-process vLLM ``AsyncLLM`` for one model folder.
 
-    Settings used (``chatsite/settings/base.py``): ``CHAT_MODEL_PATH`` (HF model folder),
+    Settings used (``chatsite/settings/engine.py``): ``CHAT_MODEL_PATH`` (HF model folder),
     ``CHAT_MAX_MODEL_LEN`` (tokens of context), ``CHAT_KV_CACHE_BYTES`` (explicit KV cache size:
     on the CPU backend the default, a fraction of a NUMA node's RAM, fails to start here),
     ``CHAT_MAX_NUM_SEQS`` (continuous-batching width), and the ``CHAT_ENGINE_*`` speed levers

@@ -15,7 +15,7 @@ conversation's turns land on one node whose prefix cache holds its history's KV 
 going down moves only its own conversations, and coming back takes them back. The home node is
 skipped when its waiting count (``vllm:num_requests_waiting`` from its ``/metrics``,
 inference/remote.py ``load``) exceeds the least-loaded up node's by more than
-K = ``settings.CHAT_NODE_SPILL_WAITING`` (default 2, the reason is in chatsite/settings/base.py);
+K = ``settings.CHAT_NODE_SPILL_WAITING`` (default 2, the reason is in chatsite/settings/engine.py);
 the request then goes to the least-loaded node (ties: the best score).
 
 **Readiness.** A background task checks every node (``GET /v1/models``, the model listed) every

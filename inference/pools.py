@@ -7,7 +7,7 @@ first), its context and answer ceilings in tokens, an optional system preamble, 
 per 1M tokens and the tiers that may use it.
 
 Pools come from ``settings.CHAT_POOLS_FILE`` (a YAML list) when set, else ``settings.CHAT_POOLS``
-(a list of dicts); both have the same fields (``chatsite/settings/base.py``, "Model pools").
+(a list of dicts); both have the same fields (``chatsite/settings/engine.py``, "Model pools").
 :func:`pools_load` validates them (pydantic for field types, then rules across fields and pools)
 and raises :class:`PoolConfigError` naming the pool and the field; the system check in
 ``inference/checks.py`` runs it at start, so ``manage.py check`` and the server refuse a bad file.

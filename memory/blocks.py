@@ -30,7 +30,7 @@ memory: no query embedding, no vector search.
 - **Read by a turn** (:func:`memory_block_current`): the stored block when it is current;
   otherwise (a change not rebuilt yet, or no row) built inline from the facts (one query, no
   embedding), so a deleted fact is gone from the very next turn.
-- **Where**: the user's home region's database, like their facts (conversations/regions.py
+- **Where**: the user's home region's database, like their facts (conversations/user_regions.py
   ``user_db``); the raw SQL here runs on that connection.
 - **Warmed** (conversations/prefix_warm.py): after each rebuild, a 1-token request at
   background priority puts the new prefix into the engine's prefix cache.
@@ -48,9 +48,10 @@ from django.contrib.auth import get_user_model
 from django.db import connections, transaction
 from django.utils import timezone
 
-from conversations import regions
+from conversations import regions, user_regions
 from memory.models import MemoryBlock, UserMemory
 from memory.selectors import memory_fact_sanitise
+from memory.signals import memory_facts_changed
 from memory.statements import PINNED_SLOTS
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def block_tokens(text: str) -> int:
         return -(-len(text) // 4)
 
 
-@regions.for_user
+@user_regions.for_user
 def memory_block_build(
     *, user_id, count_tokens: Callable[[str], int] | None = None, budget: int | None = None
 ) -> BuiltBlock:
@@ -125,14 +126,14 @@ def memory_block_build(
 def memory_block_touch(*, user_id) -> None:
     """Record that user ``user_id``'s facts (or memory switch) changed: bump their block's
     version in the caller's transaction and queue ``memory.memory_block_rebuild`` after it
-    commits (never if it rolls back, PF-J2). Call inside the writing transaction."""
-    from memory.tasks import memory_block_rebuild as rebuild_task  # noqa: PLC0415 - tasks import this
-
-    with regions.user_pinned(user_id=user_id) as db:
+    commits (never if it rolls back, PF-J2): the commit sends ``memory.signals.memory_facts_changed``,
+    whose receiver in memory/tasks.py queues the task (this module imports no task). Call inside
+    the writing transaction."""
+    with user_regions.user_pinned(user_id=user_id) as db:
         with connections[db].cursor() as cursor:
             cursor.execute(_TOUCH_SQL, [user_id])
         # On the transaction that holds the bump (the user's region's): queued once it commits.
-        transaction.on_commit(lambda: rebuild_task.delay(str(user_id)), using=db)
+        transaction.on_commit(lambda: memory_facts_changed.send(sender=None, user_id=user_id), using=db)
 
 
 def memory_block_rebuild(*, user_id, count_tokens: Callable[[str], int] | None = None) -> tuple[MemoryBlock, bool] | None:
@@ -145,7 +146,7 @@ def memory_block_rebuild(*, user_id, count_tokens: Callable[[str], int] | None =
     One transaction on the user's home region's database."""
     if not get_user_model().objects.filter(pk=user_id).exists():
         return None
-    with regions.user_pinned(user_id=user_id, atomic=True) as db:
+    with user_regions.user_pinned(user_id=user_id, atomic=True) as db:
         return _rebuild(db, user_id=user_id, count_tokens=count_tokens)
 
 
@@ -172,7 +173,7 @@ def _is_current(block: MemoryBlock | None) -> bool:
     )
 
 
-@regions.for_user
+@user_regions.for_user
 def memory_block_current(*, user_id) -> BuiltBlock:
     """The memory block a turn of user ``user_id`` uses now: the stored one when it is current
     (one primary-key read), else built inline from the facts (:func:`memory_block_build`, one
@@ -198,7 +199,7 @@ async def amemory_block_needs_query(*, user_id) -> bool:
     current, not overflow, and they have no facts outside it or per-turn retrieval is off
     (``CHAT_MEMORY_RELEVANT_K`` 0); then nothing is embedded. One primary-key
     read (and, with several region databases, the user's and their membership's to find it)."""
-    db = await sync_to_async(regions.user_db)(user_id=user_id)
+    db = await sync_to_async(user_regions.user_db)(user_id=user_id)
     block = await regions.manager(MemoryBlock, db, user_id=int(user_id)).filter(user_id=user_id).afirst()
     relevant_on = int(getattr(settings, "CHAT_MEMORY_RELEVANT_K", 3)) > 0  # 0: no per-turn retrieval
     return not _is_current(block) or block.overflow or (block.retrievable > 0 and relevant_on)

@@ -19,7 +19,7 @@
 Exactly once per idle period. Celery here acknowledges late and the Redis broker redelivers a
 task still unacknowledged after its visibility timeout, so two copies of one task may run, one
 after the other or at the same time. A row per conversation (:class:`ExtractionMarker`, in the
-conversation's database; the facts go to the owner's home region's, conversations/regions.py
+conversation's database; the facts go to the owner's home region's, conversations/user_regions.py
 ``user_db``, usually the same one) settles it:
 
 - ``extracted_through`` is the ``last_turn_at`` the last extraction covered. A run for a
@@ -38,6 +38,7 @@ Any other error releases the lease (the next sweep tries again).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -224,18 +225,19 @@ def _requeue_after_s() -> float:
     )
 
 
-def memory_sweep(*, now: datetime | None = None, limit: int | None = None) -> list[UUID]:
-    """Queue ``memory.memory_extract`` for conversations due an extraction at ``now``: last turn
-    at least ``CHAT_MEMORY_IDLE_S`` ago and within ``CHAT_MEMORY_SWEEP_LOOKBACK_S`` (default 7
-    days) before that, not covered by their marker, not leased, not queued in the last
+def memory_sweep(
+    *, queue: Callable[[str], object], now: datetime | None = None, limit: int | None = None
+) -> list[UUID]:
+    """Queue ``memory.memory_extract`` (by calling ``queue`` with the conversation id as a
+    string: the beat task passes memory/tasks.py ``memory_extract.delay``, so this module
+    imports no task) for conversations due an extraction at ``now``: last turn at least
+    ``CHAT_MEMORY_IDLE_S`` ago and within ``CHAT_MEMORY_SWEEP_LOOKBACK_S`` (default 7 days)
+    before that, not covered by their marker, not leased, not queued in the last
     ``CHAT_MEMORY_REQUEUE_AFTER_S`` (default: the larger of the lease and the broker's
     visibility timeout), owner with memory on, outside zero-retention organisations and not a
-    temporary chat; at most
-    ``limit`` (``CHAT_MEMORY_SWEEP_LIMIT``, default 500) per region database, oldest first.
-    Returns the conversation ids queued. A failure to queue one is logged (the next sweep
-    retries it)."""
-    from memory.tasks import memory_extract  # noqa: PLC0415 - tasks imports this module
-
+    temporary chat; at most ``limit`` (``CHAT_MEMORY_SWEEP_LIMIT``, default 500) per region
+    database, oldest first. Returns the conversation ids queued. A failure to queue one is
+    logged (the next sweep retries it)."""
     if not settings.CHAT_MEMORY_ENABLED:
         return []
     now = now or timezone.now()
@@ -279,7 +281,7 @@ def memory_sweep(*, now: datetime | None = None, limit: int | None = None) -> li
         )
         for conversation_id, _ in due:
             try:
-                memory_extract.delay(str(conversation_id))
+                queue(str(conversation_id))
             except Exception:  # noqa: BLE001 - the next sweep queues it again
                 logger.exception("could not queue the memory extraction of %s", conversation_id)
                 continue

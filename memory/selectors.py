@@ -16,7 +16,7 @@ The search is an *exact* scan over one user's rows, not an HNSW index scan:
 The query computes the distances inside a ``MATERIALIZED`` CTE that selects the user's rows, so
 the planner cannot pick the HNSW index for the ``ORDER BY ... LIMIT`` (a plan that would drop
 results) whatever its statistics say. Facts live in their user's home region's database
-(conversations/regions.py ``user_db``); every selector here reads there (``regions.for_user``). tests/test_memory.py checks the plan. The HNSW index
+(conversations/user_regions.py ``user_db``); every selector here reads there (``user_regions.for_user``). tests/test_memory.py checks the plan. The HNSW index
 (memory/models.py) serves table-wide similarity queries (operators, analysis), not a turn.
 The query's embedding (memory/embeddings.py, ~10 ms on one CPU thread) is most of the cost;
 users with no facts (or memory off) skip it.
@@ -30,7 +30,7 @@ from concurrent.futures import Future
 
 from django.conf import settings
 
-from conversations import regions
+from conversations import user_regions
 from memory.embeddings import embed_one
 from memory.models import UserMemory
 
@@ -56,13 +56,13 @@ def memory_enabled_for(user) -> bool:
     return bool(getattr(settings, "CHAT_MEMORY_ENABLED", True) and getattr(user, "memory_enabled", False))
 
 
-@regions.for_user
+@user_regions.for_user
 def memory_list(*, user) -> list[UserMemory]:
     """The user's facts, newest first (the embeddings are not loaded)."""
     return list(UserMemory.objects.filter(user=user).defer("embedding").order_by("-created_at", "fact_id"))
 
 
-@regions.for_user
+@user_regions.for_user
 def memory_nearest(*, user, vector: list[float], k: int) -> list[tuple[UserMemory, float]]:
     """The user's ``k`` facts nearest to ``vector`` (a normalised embedding), with their cosine
     similarity (1 - cosine distance, -1..1), most similar first; one query, an exact scan over
@@ -71,7 +71,7 @@ def memory_nearest(*, user, vector: list[float], k: int) -> list[tuple[UserMemor
     return [(fact, 1.0 - float(fact.distance)) for fact in facts]
 
 
-@regions.for_user
+@user_regions.for_user
 def memory_search(
     *,
     user,

@@ -2,7 +2,7 @@
 
 The reads (memory_list, memory_search, memory_block) live in memory/selectors.py and are
 re-exported here for callers that import the whole API from one place. Every write goes to the
-user's home region's database (conversations/regions.py ``user_db``), in one transaction there.
+user's home region's database (conversations/user_regions.py ``user_db``), in one transaction there.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 
-from conversations import regions
+from conversations import user_regions
 from memory.blocks import memory_block_touch
 from memory.embeddings import embed
 from memory.models import UserMemory
@@ -141,7 +141,7 @@ def memory_facts_store(
     vectors = embed([text for text, _ in cleaned])
     threshold = settings.CHAT_MEMORY_DEDUP_SIMILARITY
     cap = settings.CHAT_MEMORY_MAX_FACTS_PER_USER
-    with regions.user_pinned(user=user, atomic=True) as db:
+    with user_regions.user_pinned(user=user, atomic=True) as db:
         with connections[db].cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_LOCK_CLASS, user.pk])
         kept: list[UserMemory] = []
@@ -183,7 +183,7 @@ def memory_facts_store(
         return MemoryChange(stored, removed)
 
 
-@regions.atomic_for_user
+@user_regions.atomic_for_user
 def memory_remove(*, user, fact_ids: list[UUID]) -> int:
     """Delete the user's facts among ``fact_ids`` (ids of other users' facts, or unknown ones,
     are ignored); returns how many were deleted. They are gone from the very next turn: the
@@ -197,7 +197,7 @@ def memory_remove(*, user, fact_ids: list[UUID]) -> int:
     return deleted
 
 
-@regions.atomic_for_user
+@user_regions.atomic_for_user
 def memory_clear(*, user) -> int:
     """Delete all of the user's facts; returns how many (gone from the next turn, as for
     :func:`memory_remove`)."""
@@ -208,7 +208,7 @@ def memory_clear(*, user) -> int:
 
 
 @transaction.atomic
-@regions.atomic_for_user
+@user_regions.atomic_for_user
 def memory_set_enabled(*, user, enabled: bool) -> None:
     """Switch the user's memory on or off (``User.memory_enabled``). Off: nothing is extracted
     from their conversations and nothing is retrieved into their prompts; stored facts are kept

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from conversations import regions
+from conversations import user_regions
 from memory.blocks import memory_block_touch
 from memory.commands import commands_parse, forget_words, remembered_fact
 from memory.embeddings import embed
@@ -44,7 +44,7 @@ def _forget(user, clause: str) -> list[dict]:
     return [fact_snapshot(f) for f in doomed]
 
 
-@regions.atomic_for_user
+@user_regions.atomic_for_user
 def memory_commands_apply(*, user, conversation_id: UUID, turn) -> MemoryUpdate | None:
     """Apply the memory commands in ``turn`` (a stored user Turn of ``user``'s conversation
     ``conversation_id``); returns the MemoryUpdate recorded, or None when the message has no
@@ -82,7 +82,7 @@ def memory_commands_apply(*, user, conversation_id: UUID, turn) -> MemoryUpdate 
     )  # fmt: skip
 
 
-@regions.atomic_for_user
+@user_regions.atomic_for_user
 def memory_update_undo(*, user, update_id: UUID) -> MemoryUpdate:
     """Undo one of ``user``'s memory updates: delete the facts it added and put back the facts
     it removed (same text, slot, source and span; embedded again). Idempotent: an update already
@@ -106,7 +106,7 @@ def memory_update_undo(*, user, update_id: UUID) -> MemoryUpdate:
     return update
 
 
-@regions.for_user
+@user_regions.for_user
 def memory_updates_for_turns(*, user, turn_ids) -> dict:
     """``user``'s memory updates asked for by the given user turns, by turn id (one query)."""
     return {u.turn_id: u for u in MemoryUpdate.objects.filter(user=user, turn_id__in=list(turn_ids))}

@@ -6,14 +6,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from conversations.admin import (
-    ModelVersionFilter,
-    PoolFilter,
-    RegionalAdmin,
-    RegionFilter,
-    TurnAdminBase,
-    excerpt,
-)
+from conversations.admin import ModelVersionFilter, PoolFilter, TurnAdminBase, excerpt
+from conversations.regional_admin import RegionalAdmin, RegionFilter
 from moderation import services as moderation_services
 from moderation.models import ModeratedTurn, WithdrawnAnswer
 from moderation.verdicts import CATEGORIES

@@ -34,7 +34,7 @@ from moderation.harm_data import harm_examples
 C = 1.0  # contextual head: chosen by 5-fold cross-validation grouped by intent on the training set (issue 28)
 STATIC_C = 4.0  # static head (the screen): sharper, so everyday windows stay under SCREEN_THRESHOLD
 INJECTION_C = 16.0  # injection head: chosen by 5-fold cross-validated accuracy on its training files (1: 0.846, 4: 0.860, 16: 0.873)
-REPORT_THRESHOLD = 0.9  # the default "high confidence" threshold (chatsite/settings/base.py)
+REPORT_THRESHOLD = 0.9  # the default "high confidence" threshold (chatsite/settings/moderation.py)
 NOTE_THRESHOLD = 0.5  # moderation/verdicts.py NOTE_THRESHOLD: a score noted, not acted on
 
 

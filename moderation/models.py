@@ -19,7 +19,7 @@ class ModeratedTurn(Turn):
 
     A proxy (no table): its rows are turns, in their conversation's region database. The app
     label is ``moderation``, which is not in ``settings.CHAT_REGIONAL_APPS``, so every query of
-    it names its database explicitly (``conversations.admin.RegionalAdmin``) and loads the
+    it names its database explicitly (``conversations.regional_admin.RegionalAdmin``) and loads the
     conversation in the same query (``select_related``)."""
 
     class Meta:

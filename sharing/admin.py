@@ -1,12 +1,12 @@
 """Share links in the admin: read-only (owners make and revoke them through their pages), one
-region's database at a time (conversations.admin.RegionalAdmin), with a revoke action."""
+region's database at a time (conversations.regional_admin.RegionalAdmin), with a revoke action."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.utils import timezone
 
-from conversations.admin import RegionalAdmin, RegionFilter
+from conversations.regional_admin import RegionalAdmin, RegionFilter
 from sharing.models import ShareLink
 
 

@@ -51,6 +51,7 @@ from projects.models import ProjectFile
 from sharing.services import share_link_create, share_link_revoke
 from tests.conftest import PASSWORD
 from workspaces import selectors as workspace_selectors
+from workspaces import invitations as workspace_invitations
 from workspaces import services as workspace_services
 
 SECRET_TITLE = "quokka-ALICE-TITLE"
@@ -187,9 +188,9 @@ def build_world() -> World:
     alice_session = UserSession.objects.create(
         user=alice, session_key=f"alice-{uuid.uuid4().hex[:24]}", user_agent="Firefox"
     )
-    invitation = workspace_services.invitation_create(seat=alice_seat)
-    withdrawn = workspace_services.invitation_create(seat=alice_seat)
-    workspace_services.invitation_revoke(seat=alice_seat, invitation=withdrawn.invitation)
+    invitation = workspace_invitations.invitation_create(seat=alice_seat)
+    withdrawn = workspace_invitations.invitation_create(seat=alice_seat)
+    workspace_invitations.invitation_revoke(seat=alice_seat, invitation=withdrawn.invitation)
     bob_conversation = conversation_services.conversation_create(
         owner=bob, org=globex, title="Bob's"
     )

@@ -25,7 +25,7 @@ from django.contrib.auth.models import Group
 from django.core.files.uploadedfile import SimpleUploadedFile
 from sharing.services import share_link_create
 from workspaces.selectors import seat_get
-from workspaces.services import invitation_create
+from workspaces.invitations import invitation_create
 from accounts.models import ApiKey, Membership, Organisation
 from conversations import services
 from conversations.admin import ConversationAdmin, TurnInline

@@ -22,7 +22,7 @@ from audit.models import AppendOnly, AuditDetail, AuditEntry
 from audit.services import audit_record, with_region_details
 from conversations import services as conversation_services
 from sharing.services import share_link_create, share_link_revoke
-from workspaces import selectors, services
+from workspaces import invitations, selectors, services
 
 pytestmark = pytest.mark.django_db
 
@@ -208,10 +208,10 @@ def test_a_member_removal_is_recorded(acme):
 
 
 def test_an_invitation_and_its_withdrawal_are_recorded_without_the_address(acme):
-    issued = services.invitation_create(
+    issued = invitations.invitation_create(
         seat=seat(acme), role="member", email="new.person@example.com"
     )
-    services.invitation_revoke(seat=seat(acme), invitation=issued.invitation)
+    invitations.invitation_revoke(seat=seat(acme), invitation=issued.invitation)
 
     (created,) = entries("org.invitation_create")
     (revoked,) = entries("org.invitation_revoke")
@@ -221,10 +221,10 @@ def test_an_invitation_and_its_withdrawal_are_recorded_without_the_address(acme)
 
 
 def test_accepting_an_invitation_is_recorded(acme, make_user):
-    issued = services.invitation_create(seat=seat(acme), role="member")
+    issued = invitations.invitation_create(seat=seat(acme), role="member")
     newcomer = make_user("nina")
 
-    services.invitation_accept(token=issued.token, user=newcomer)
+    invitations.invitation_accept(token=issued.token, user=newcomer)
 
     (entry,) = entries("org.invitation_accept")
     assert (entry.actor_id, entry.org_id) == (newcomer.pk, acme["org"].pk)

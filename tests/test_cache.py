@@ -16,7 +16,7 @@ from django.utils import timezone
 from api import idempotency
 from core import metrics
 from core import redis_guard
-from conversations import cache, services, turnlog
+from conversations import answer_lock, cache, services
 from conversations.models import Turn
 from tests.redis_server import RedisServer
 
@@ -333,13 +333,13 @@ def test_generating_lock_fails_open_and_is_released_after_recovery(own_redis):
     conversation_id, answer_id, next_answer = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
     async def scenario():
-        taken = await turnlog.conversation_lock(conversation_id, answer_id)
+        taken = await answer_lock.conversation_lock(conversation_id, answer_id)
         redis_guard.breaker.record_failure(redis.exceptions.ConnectionError("simulated"))
-        open_lock = await turnlog.conversation_lock(conversation_id, uuid.uuid4())
-        await turnlog.conversation_unlock(conversation_id, answer_id)  # fails: remembered
+        open_lock = await answer_lock.conversation_lock(conversation_id, uuid.uuid4())
+        await answer_lock.conversation_unlock(conversation_id, answer_id)  # fails: remembered
         redis_guard.breaker.reset()
-        relocked = await turnlog.conversation_lock(conversation_id, next_answer)
-        holder = await turnlog.conversation_holder(conversation_id)
+        relocked = await answer_lock.conversation_lock(conversation_id, next_answer)
+        holder = await answer_lock.conversation_holder(conversation_id)
         return taken, open_lock, relocked, holder
 
     taken, open_lock, relocked, holder = async_to_sync(scenario)()

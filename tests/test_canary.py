@@ -22,7 +22,7 @@ from tests.test_views import signed_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-STABLE = "smollm2-135m-1"  # the default pools' version (chatsite/settings/base.py)
+STABLE = "smollm2-135m-1"  # the default pools' version (chatsite/settings/engine.py)
 
 
 # --- histogram quantiles (pure) ---------------------------------------------------------------

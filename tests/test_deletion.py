@@ -27,7 +27,9 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts import services as account_services
-from conversations import cache, deletion, held, retention, services, tombstones, turnlog, turnstream, writeback
+from conversations import (
+    answer_lock, cache, cancels, deletion, held, retention, services, tombstones, turnlog, turnstream, writeback,
+)
 from conversations.models import Conversation, Turn
 from privacy import services as privacy_services
 from tests.test_api import api_client, new_conversation, post_json
@@ -49,15 +51,15 @@ class Elsewhere:
 @contextlib.contextmanager
 def generating_elsewhere(conversation: Conversation, question: Turn) -> Iterator[Elsewhere]:
     """Another process writes an answer in ``conversation``: it holds the generating lock and
-    has an event log; on its cancel (turnlog's pub/sub) it does what a server process's turn
+    has an event log; on its cancel (conversations/cancels.py pub/sub) it does what a server process's turn
     does: holds the cancelled answer for write-back, ends its log with ``done`` and unlocks."""
     remote = Elsewhere(answer_id=uuid.uuid4())
     redis = plain_redis()
     log = turnlog.stream_key(remote.answer_id)
-    redis.set(turnlog.busy_key(conversation.pk), str(remote.answer_id), ex=60)
+    redis.set(answer_lock.busy_key(conversation.pk), str(remote.answer_id), ex=60)
     redis.xadd(log, {"e": "token", "d": json.dumps({"text": "par"})}, id="0-1")
     pubsub = redis.pubsub()
-    pubsub.subscribe(turnlog.CANCEL_CHANNEL)
+    pubsub.subscribe(cancels.CANCEL_CHANNEL)
     assert pubsub.get_message(timeout=2)["type"] == "subscribe"
     stop = threading.Event()
 
@@ -72,7 +74,7 @@ def generating_elsewhere(conversation: Conversation, question: Turn) -> Iterator
                 )  # fmt: skip
                 held.hold(record, ttl_s=600, due=True)
                 redis.xadd(log, {"e": "done", "d": json.dumps({"status": "cancelled"})}, id="0-2")
-                redis.delete(turnlog.busy_key(conversation.pk))
+                redis.delete(answer_lock.busy_key(conversation.pk))
                 remote.held.set()
                 return
 
@@ -84,7 +86,7 @@ def generating_elsewhere(conversation: Conversation, question: Turn) -> Iterator
         stop.set()
         thread.join(5)
         pubsub.close()
-        redis.delete(turnlog.busy_key(conversation.pk), log)
+        redis.delete(answer_lock.busy_key(conversation.pk), log)
 
 
 # --- every entrypoint goes through the one service ------------------------------------------------
@@ -215,24 +217,24 @@ def test_a_deletion_that_rolls_back_stops_nothing_and_drops_nothing(make_user):
 
 
 def test_cancel_publish_tells_the_lock_holders_only(make_user):
-    """``turnlog.cancel_publish`` (sync) publishes the answer holding each conversation's lock
+    """``cancels.cancel_publish`` (sync) publishes the answer holding each conversation's lock
     on the cancel channel, where a subscriber sees it, and names them; a conversation that
     generates nothing publishes nothing."""
     busy, idle = uuid.uuid4(), uuid.uuid4()
     answer_id = uuid.uuid4()
-    plain_redis().set(turnlog.busy_key(busy), str(answer_id), ex=60)
+    plain_redis().set(answer_lock.busy_key(busy), str(answer_id), ex=60)
     pubsub = plain_redis().pubsub()
-    pubsub.subscribe(turnlog.CANCEL_CHANNEL)
+    pubsub.subscribe(cancels.CANCEL_CHANNEL)
     assert pubsub.get_message(timeout=2)["type"] == "subscribe"
     try:
-        assert turnlog.cancel_publish([busy, idle]) == [answer_id]
+        assert cancels.cancel_publish([busy, idle]) == [answer_id]
         message = pubsub.get_message(timeout=2)
         assert (message["type"], message["data"]) == ("message", str(answer_id))
-        assert turnlog.cancel_publish([idle]) == []
+        assert cancels.cancel_publish([idle]) == []
         assert pubsub.get_message(timeout=0.3) is None
     finally:
         pubsub.close()
-        plain_redis().delete(turnlog.busy_key(busy))
+        plain_redis().delete(answer_lock.busy_key(busy))
 
 
 # --- an answer generating in this process ---------------------------------------------------------

@@ -119,9 +119,9 @@ def test_a_gateway_without_an_engine_must_name_the_engine_and_its_key():
 
 
 def test_the_nginx_site_gets_one_upstream_server_per_gateway():
-    """render-site (chatsite/prodstack.py) fills deploy/nginx.conf's placeholders and repeats
+    """render-site (chatsite/nginx_files.py) fills deploy/nginx.conf's placeholders and repeats
     the upstream's server line once per gateway; nothing is left unfilled outside comments."""
-    from chatsite.prodstack import render_site  # noqa: PLC0415
+    from chatsite.nginx_files import render_site  # noqa: PLC0415
 
     site = render_site(
         listen="80",
@@ -137,7 +137,7 @@ def test_the_nginx_site_gets_one_upstream_server_per_gateway():
 
 
 def test_rendering_refuses_a_placeholder_without_a_value():
-    from chatsite.prodstack import render_template  # noqa: PLC0415
+    from chatsite.nginx_files import render_template  # noqa: PLC0415
 
     with pytest.raises(ValueError, match="no value"):
         render_template("listen {{LISTEN}};\nssl_certificate {{TLS_CERT}};\n", {"LISTEN": "443"})

@@ -37,7 +37,7 @@ def test_defaults_are_the_measured_winners(settings):
     kwargs = engine_kwargs()
     # Then: the winners of the measured levers (docs/engine-tuning.md): eager (start in ~30 s),
     # the dtype this CPU computes fastest in, prefix caching, vLLM's blocks; n-gram speculation
-    # stays opt-in until the real-engine suite has run with it (settings/base.py)
+    # stays opt-in until the real-engine suite has run with it (settings/engine.py)
     assert kwargs["enforce_eager"] is True
     assert kwargs["dtype"] in ("bfloat16", "float32")
     assert "speculative_config" not in kwargs

@@ -287,7 +287,7 @@ def test_an_owner_with_memory_off_is_never_mined(talk, settings):
 
     assert extract(conversation, idle_after(conversation, settings)).status == "disabled"
     assert facts_of(user) == []
-    assert extraction.memory_sweep(now=idle_after(conversation, settings)) == []
+    assert extraction.memory_sweep(queue=tasks.memory_extract.delay, now=idle_after(conversation, settings)) == []
 
 
 def test_memory_off_for_the_deployment_mines_nothing(talk, settings):
@@ -295,7 +295,7 @@ def test_memory_off_for_the_deployment_mines_nothing(talk, settings):
     settings.CHAT_MEMORY_ENABLED = False
 
     assert extract(conversation, idle_after(conversation, settings)).status == "disabled"
-    assert extraction.memory_sweep(now=idle_after(conversation, settings)) == []
+    assert extraction.memory_sweep(queue=tasks.memory_extract.delay, now=idle_after(conversation, settings)) == []
     assert facts_of(user) == []
 
 
@@ -306,7 +306,7 @@ def test_zero_retention_conversations_are_never_mined(talk, settings):
     Conversation.objects.filter(pk=conversation.pk).update(org=org)
 
     assert extract(conversation, idle_after(conversation, settings)).status == "zero_retention"
-    assert extraction.memory_sweep(now=idle_after(conversation, settings)) == []
+    assert extraction.memory_sweep(queue=tasks.memory_extract.delay, now=idle_after(conversation, settings)) == []
     assert facts_of(user) == []
 
 
@@ -330,7 +330,7 @@ def test_a_conversation_stating_nothing_closes_the_period_with_no_facts(make_use
     now = idle_after(conversation, settings)
 
     assert extract(conversation, now) == extraction.Extraction("stored", 0)
-    assert facts_of(user) == [] and extraction.memory_sweep(now=now) == []
+    assert facts_of(user) == [] and extraction.memory_sweep(queue=tasks.memory_extract.delay, now=now) == []
 
 
 def test_facts_already_known_are_not_stored_twice(talk, settings):
@@ -360,7 +360,7 @@ def test_a_failing_store_frees_the_conversation_for_the_next_sweep(talk, setting
 
     marker = ExtractionMarker.objects.get(pk=conversation.pk)
     assert marker.extracted_through is None and marker.claimed_until is None
-    assert extraction.memory_sweep(now=now) == [conversation.pk]
+    assert extraction.memory_sweep(queue=tasks.memory_extract.delay, now=now) == [conversation.pk]
 
 
 # --- the sweep -----------------------------------------------------------------------------------
@@ -386,11 +386,11 @@ def test_the_sweep_queues_idle_conversations_not_yet_mined_once(make_user, setti
     mined.refresh_from_db()
     ExtractionMarker.objects.create(conversation_id=mined.pk, user=user, extracted_through=mined.last_turn_at)
 
-    assert extraction.memory_sweep(now=now) == [idle.pk]
+    assert extraction.memory_sweep(queue=tasks.memory_extract.delay, now=now) == [idle.pk]
     assert queued == [str(idle.pk)]
-    assert extraction.memory_sweep(now=now + timedelta(seconds=settings.CHAT_MEMORY_SWEEP_S)) == []
+    assert extraction.memory_sweep(queue=tasks.memory_extract.delay, now=now + timedelta(seconds=settings.CHAT_MEMORY_SWEEP_S)) == []
     settings.CHAT_MEMORY_REQUEUE_AFTER_S = 120
-    assert extraction.memory_sweep(now=now + timedelta(seconds=121)) == [idle.pk]
+    assert extraction.memory_sweep(queue=tasks.memory_extract.delay, now=now + timedelta(seconds=121)) == [idle.pk]
 
 
 def test_the_sweep_task_queues_through_the_broker_and_the_extraction_runs(talk, settings):

@@ -1,7 +1,7 @@
 """Operating moderation: an organisation's moderation page (who may see it, validation, saving),
 the organisation admin's checks of the same fields, and the Turn admin's moderation filter.
 
-Defaults are the deployment's (chatsite/settings/base.py CHAT_MODERATION_THRESHOLDS).
+Defaults are the deployment's (chatsite/settings/moderation.py CHAT_MODERATION_THRESHOLDS).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from sharing.models import ShareLink
 from tests.conftest import PASSWORD
 from tests.test_privacy import account_with_data, conversation_with_data
 from usage.models import UsageRecord
+from workspaces import invitations as workspace_invitations
 from workspaces import services as workspace_services
 from workspaces.models import Invitation
 
@@ -203,8 +204,8 @@ def test_invitations_accepted_lose_the_address(make_user):
     olga, nina = make_user("olga"), make_user("nina", email="nina@example.com")
     org = workspace_services.organisation_create(creator=olga, name="Acme", slug="acme")
     seat = workspace_services.Seat(org=org, membership=Membership.objects.get(user=olga))
-    issued = workspace_services.invitation_create(seat=seat, email="nina@example.com")
-    workspace_services.invitation_accept(token=issued.token, user=nina)
+    issued = workspace_invitations.invitation_create(seat=seat, email="nina@example.com")
+    workspace_invitations.invitation_accept(token=issued.token, user=nina)
 
     delete(signed_in(nina))
 

@@ -299,7 +299,7 @@ def _drive() -> dict:
         None
     )  # queue nothing: the marker is the point
     out["una_conversation"] = str(conversation.pk)
-    out["swept"] = [str(c) for c in extraction.memory_sweep()]
+    out["swept"] = [str(c) for c in extraction.memory_sweep(queue=tasks.memory_extract.delay)]
 
     privacy_services.account_close(user=ula)
     out["ula_deleted_counts"] = privacy_services.account_deletion_run(user_id=ula.pk)

@@ -15,7 +15,7 @@ import uuid
 import pytest
 import redis
 
-from conversations import cache, held, regions, tombstones, turnlog, writeback
+from conversations import answer_lock, cache, held, regions, tombstones, turnfollow, turnlog, writeback
 from core import redis_guard
 from tests.redis_server import RedisServer
 
@@ -115,14 +115,14 @@ def test_event_log_and_lock_of_a_turn_are_on_its_regions_server(servers):
     question_id, answer_id = uuid.uuid4(), regions.new_turn_id(conversation_id)
 
     async def scenario():
-        assert await turnlog.conversation_lock(conversation_id, answer_id)
+        assert await answer_lock.conversation_lock(conversation_id, answer_id)
         writer = turnlog.TurnLogWriter(answer_id, question_id, conversation_id)
         writer.append(1, "token", {"text": "hello from us-east"})
         writer.append(2, "done", {"turn_id": str(answer_id)})
         writer.close()
         await writer.wait_flushed()
         found = await turnlog.answer_for_question(question_id, conversation_id=conversation_id)
-        events = [item async for item in turnlog.follow(answer_id) if item is not None]
+        events = [item async for item in turnfollow.follow(answer_id) if item is not None]
         return found, events
 
     found, events = asyncio.run(scenario())

@@ -18,7 +18,7 @@ from django.test import Client
 
 from conversations import retention, selectors, services
 from conversations.models import Conversation, Turn
-from memory import extraction
+from memory import extraction, tasks
 from sharing import services as sharing_services
 from accounts import services as account_services
 from tests.test_api import BearerClient
@@ -139,7 +139,7 @@ def test_a_temporary_chat_is_never_mined_for_memory(make_user, engine_double, se
     Conversation.objects.filter(pk=conversation.pk).update(temporary=True)
     conversation.refresh_from_db()
     assert extract(conversation, idle_after(conversation, settings)).status == "zero_retention"
-    assert extraction.memory_sweep(now=idle_after(conversation, settings)) == []
+    assert extraction.memory_sweep(queue=tasks.memory_extract.delay, now=idle_after(conversation, settings)) == []
     assert engine_double.requests == [] and facts_of(user) == []
 
 

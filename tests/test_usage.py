@@ -1,7 +1,7 @@
 """Usage and cost: the ledger (usage.services), daily and per-member totals (usage.selectors),
 the /usage/, /orgs/<slug>/usage/ and /settings/ pages, and the read-only admin.
 
-Prices are the default pools' (chatsite/settings/base.py CHAT_POOLS, the design brief's):
+Prices are the default pools' (chatsite/settings/engine.py CHAT_POOLS, the design brief's):
 mini $0.75 / $0.075 / $4.50 and frontier $5.00 / $0.50 / $30.00 per 1M input / cached input /
 output tokens.
 """

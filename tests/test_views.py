@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient, Client
 
-from conversations import services, turnlog, turnstream
+from conversations import answer_lock, cancels, presence, services, turnfollow, turnlog, turnstream
 from conversations.models import Conversation, Turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -431,7 +431,7 @@ async def test_generation_nobody_reads_is_aborted(make_user, engine_double, sett
 
 async def test_a_reader_in_another_process_keeps_an_answer_nobody_reads_here(make_user, engine_double, settings):
     """Given an answer whose events request a load balancer sent to another process, so nobody
-    reads it here; when that reader's mark is in Redis (turnlog.reading: what
+    reads it here; when that reader's mark is in Redis (presence.reading: what
     follow_remote_sse holds); then the answer is not aborted after the attach timeout and
     completes."""
     settings.CHAT_STREAM_ATTACH_TIMEOUT_S = 0.2
@@ -439,8 +439,8 @@ async def test_a_reader_in_another_process_keeps_an_answer_nobody_reads_here(mak
     client, _ = await signed_in(make_user)
     await post_message(client, "hello?")
     stream = next(iter(turnstream._streams.values()))
-    async with turnlog.reading(stream.answer_id):
-        await wait_for_async(lambda: turnlog.reader_present(stream.answer_id), True)
+    async with presence.reading(stream.answer_id):
+        await wait_for_async(lambda: presence.reader_present(stream.answer_id), True)
         await wait_for(lambda: stream.finished, timeout=5)
     assert engine_double.aborted == {}
     await wait_for(lambda: not turnstream._busy)
@@ -456,7 +456,7 @@ async def test_an_answer_still_queued_in_another_process_is_followed_not_answere
     user = await sync_to_async(make_user)("quinn")
     conversation = await sync_to_async(services.conversation_create)(owner=user)
     answer_id, question_id = uuid.uuid4(), uuid.uuid4()
-    assert await turnlog.conversation_lock(conversation.pk, answer_id)
+    assert await answer_lock.conversation_lock(conversation.pk, answer_id)
     writer = turnlog.TurnLogWriter(answer_id, question_id, conversation.pk)
     await wait_for_async(lambda: turnlog.answer_for_question(question_id), answer_id)
 
@@ -473,7 +473,7 @@ async def test_an_answer_still_queued_in_another_process_is_followed_not_answere
 
     reader = asyncio.ensure_future(read())
     await asyncio.sleep(0.3)
-    assert await turnlog.reader_present(answer_id)  # the writer's process sees a reader
+    assert await presence.reader_present(answer_id)  # the writer's process sees a reader
     writer.append(1, "token", {"text": "late"})
     writer.append(2, "done", {"status": "complete"})
     writer.close()
@@ -491,7 +491,7 @@ async def test_a_withdrawn_answers_log_ends_its_remote_readers_and_a_cancel_of_i
     user = await sync_to_async(make_user)("wanda")
     conversation = await sync_to_async(services.conversation_create)(owner=user)
     answer_id = uuid.uuid4()
-    assert await turnlog.conversation_lock(conversation.pk, answer_id)
+    assert await answer_lock.conversation_lock(conversation.pk, answer_id)
     writer = turnlog.TurnLogWriter(answer_id, uuid.uuid4(), conversation.pk)
     writer.append(1, "token", {"text": "one"})
     writer.append(2, "moderation", {"retract": True, "categories": ["blocked_term"], "finish_reason": "moderation"})
@@ -499,12 +499,12 @@ async def test_a_withdrawn_answers_log_ends_its_remote_readers_and_a_cancel_of_i
     loop = asyncio.get_running_loop()
 
     started = loop.time()
-    events = [item async for item in turnlog.follow(answer_id) if item is not None]
+    events = [item async for item in turnfollow.follow(answer_id) if item is not None]
     assert [event for _, event, _ in events] == ["token", "moderation"]
     assert loop.time() - started < 1.0
 
     started = loop.time()
-    await turnlog.cancel_elsewhere(answer_id)
+    await cancels.cancel_elsewhere(answer_id)
     assert loop.time() - started < 1.0
     writer.close()
     await writer.wait_flushed()
@@ -521,7 +521,7 @@ async def test_answering_an_unanswered_question_waits_for_another_process_holdin
     await client.aforce_login(user)
     conversation = await sync_to_async(services.conversation_create)(owner=user)
     question = await sync_to_async(services.turn_append_user)(conversation=conversation, content="hello?")
-    assert await turnlog.conversation_lock(conversation.pk, uuid.uuid4())
+    assert await answer_lock.conversation_lock(conversation.pk, uuid.uuid4())
     response = await client.get(f"/c/{conversation.pk}/turns/{question.turn_id}/events")
     events = parse_sse(await read_stream(response))
     assert [name for name, _, _ in events] == ["error"], events

@@ -17,7 +17,7 @@ from django.test import Client
 from accounts.models import Membership, Organisation
 from conversations import services as conversation_services
 from conversations.models import Conversation
-from workspaces import selectors, services
+from workspaces import invitations, selectors, services
 from workspaces.models import Invitation
 
 pytestmark = pytest.mark.django_db
@@ -127,7 +127,7 @@ def test_who_may_invite(acme, who, expected):
 
 @pytest.mark.parametrize(("who", "expected"), by_person(303, 303, 403, 404, 404, 302))
 def test_who_may_withdraw_an_invitation(acme, who, expected):
-    issued = services.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
+    issued = invitations.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
     path = f"/orgs/acme/invitations/{issued.invitation.pk}/revoke"
     check(client_for(acme, who).post(path), expected)
     issued.invitation.refresh_from_db()
@@ -443,8 +443,8 @@ def test_rejoining_restores_access(acme):
     conversation again."""
     rita = acme["removed"]
     assert client_for(acme, "removed").get(f"/c/{acme['shared'].pk}/").status_code == 404
-    issued = services.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
-    services.invitation_accept(token=issued.token, user=rita)
+    issued = invitations.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
+    invitations.invitation_accept(token=issued.token, user=rita)
     assert client_for(acme, "removed").get(f"/c/{acme['shared'].pk}/").status_code == 200
 
 
@@ -468,8 +468,8 @@ def test_removing_a_member_revokes_their_links_to_the_organisations_conversation
 
     assert anyone.get(f"/s/{link.token}/").status_code == 404
     assert ShareLink.objects.get(pk=link.pk).revoked_at is not None
-    issued = services.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
-    services.invitation_accept(token=issued.token, user=acme["max"])
+    issued = invitations.invitation_create(seat=selectors.seat_get(slug="acme", user=acme["owner"]))
+    invitations.invitation_accept(token=issued.token, user=acme["max"])
     assert anyone.get(f"/s/{link.token}/").status_code == 404
 
 

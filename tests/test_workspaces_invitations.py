@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from accounts.models import Membership, Organisation
 from tests.test_workspaces import acme, client_for  # noqa: F401 - the fixture
-from workspaces import selectors, services
+from workspaces import invitations, selectors, services
 from workspaces.models import Invitation
 
 pytestmark = pytest.mark.django_db
@@ -71,7 +71,7 @@ def test_the_link_is_shown_once_and_only_its_hash_is_stored(acme):
     token = path.split("/")[2]
     invitation = Invitation.objects.get()
     assert (
-        invitation.token_hash == services.token_hash(token) and token not in invitation.token_hash
+        invitation.token_hash == invitations.token_hash(token) and token not in invitation.token_hash
     )
     listing = client_for(acme, "owner").get("/orgs/acme/invitations/").content.decode()
     assert token not in listing
@@ -237,7 +237,7 @@ def test_a_member_opening_an_invitation_is_told_and_it_stays_unused(acme):
 
 def test_an_invitation_of_another_organisation_cannot_be_withdrawn_from_this_one(acme):
     globex_seat = selectors.seat_get(slug="globex", user=acme["other_org"])
-    theirs = services.invitation_create(seat=globex_seat)
+    theirs = invitations.invitation_create(seat=globex_seat)
     response = client_for(acme, "owner").post(
         f"/orgs/acme/invitations/{theirs.invitation.pk}/revoke"
     )
@@ -264,9 +264,9 @@ def test_a_removed_members_old_invitations_still_work_for_whom_they_were_meant(a
 
 def test_the_admin_lists_invitations_by_state_and_withdraws_them(acme, django_user_model):
     seat = selectors.seat_get(slug="acme", user=acme["owner"])
-    pending = services.invitation_create(seat=seat, email="nina@example.com").invitation
-    used = services.invitation_create(seat=seat)
-    services.invitation_accept(token=used.token, user=django_user_model.objects.create_user("ned"))
+    pending = invitations.invitation_create(seat=seat, email="nina@example.com").invitation
+    used = invitations.invitation_create(seat=seat)
+    invitations.invitation_accept(token=used.token, user=django_user_model.objects.create_user("ned"))
     staff = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
     client = signed_in(staff)
 

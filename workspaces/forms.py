@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from accounts.models import Organisation
 from conversations import regions, retention
 from inference.pools import pool_set
-from workspaces import services
+from workspaces import invitations, services
 from workspaces.selectors import Seat
 
 MAX_RETENTION_DAYS = 36_500  # 100 years: beyond it, "keep" (blank on a kept tier) says it better
@@ -84,7 +84,7 @@ class InvitationForm(forms.Form):
         self.fields["role"].choices = seat.invitable_roles()
 
     def clean_email(self) -> str:
-        return services.email_clean(self.cleaned_data["email"])
+        return invitations.email_clean(self.cleaned_data["email"])
 
 
 def org_tier_limits(org: Organisation) -> dict[str, int | None]:

@@ -19,7 +19,7 @@ class Invitation(models.Model):
     The secret is 256 random bits, shown once (in the link the inviter copies, or in the email)
     and stored only as its SHA-256 (``token_hash``), like API keys (accounts.models.ApiKey): a
     leaked database holds no working invitation. An invitation is usable while it is neither
-    accepted, revoked nor past ``expires_at`` (workspaces/services.py ``invitation_accept``).
+    accepted, revoked nor past ``expires_at`` (workspaces/invitations.py ``invitation_accept``).
     """
 
     organisation = models.ForeignKey(

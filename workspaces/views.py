@@ -25,7 +25,7 @@ from conversations import retention
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
-from workspaces import selectors, services
+from workspaces import invitations, selectors, services
 from workspaces.forms import InvitationForm, OrganisationCreateForm, PolicyForm, org_tier_limits
 
 
@@ -221,12 +221,12 @@ def org_invitations(request: HttpRequest, slug: str) -> HttpResponse:
     if request.method == "POST":
         form = InvitationForm(request.POST, seat=seat)
         if form.is_valid():
-            issued = services.invitation_create(
+            issued = invitations.invitation_create(
                 seat=seat, role=form.cleaned_data["role"], email=form.cleaned_data["email"]
             )
             link = _accept_url(request, issued.token)
             if issued.invitation.email:
-                emailed = services.invitation_email_send(issued=issued, accept_url=link)
+                emailed = invitations.invitation_email_send(issued=issued, accept_url=link)
             form = InvitationForm(seat=seat)
             status = 201
         else:
@@ -254,7 +254,7 @@ def invitation_revoke(request: HttpRequest, slug: str, invitation_id: int) -> Ht
     members; 404 for non-members and for another organisation's invitation."""
     seat = selectors.seat_get_managing_members(slug=slug, user=request.user)
     invitation = selectors.invitation_get_for_org(org=seat.org, invitation_id=invitation_id)
-    services.invitation_revoke(seat=seat, invitation=invitation)
+    invitations.invitation_revoke(seat=seat, invitation=invitation)
     messages.success(request, "The invitation is withdrawn; its link no longer works.")
     return _see_other(reverse("org-invitations", args=[seat.org.slug]))
 
@@ -268,18 +268,18 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
     to do: 404 unknown link; 410 withdrawn, used or expired; 403 an invitation for another
     email address; 409 already a member."""
     try:
-        invitation = services.invitation_find(token=token)
+        invitation = invitations.invitation_find(token=token)
         if request.method == "POST":
-            membership = services.invitation_accept(token=token, user=request.user)
+            membership = invitations.invitation_accept(token=token, user=request.user)
             messages.success(
                 request,
                 f"Welcome to {membership.organisation.name}. You joined as {membership.role}.",
             )
             return _see_other(reverse("org-overview", args=[membership.organisation.slug]))
-        problem = services.invitation_problem(invitation=invitation, user=request.user)
+        problem = invitations.invitation_problem(invitation=invitation, user=request.user)
         if problem is not None:
             raise problem
-    except services.InvitationRefused as exc:
+    except invitations.InvitationRefused as exc:
         response = _message_page(request, "Invitation", exc.message, exc.status)
         response["Cache-Control"] = "no-store"
         return response

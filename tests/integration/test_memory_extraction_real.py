@@ -13,7 +13,7 @@ from django.db.models import F
 from accounts.services import api_key_create
 from conversations import services
 from conversations.models import Conversation, Turn
-from memory import extraction
+from memory import extraction, tasks
 from memory.extraction_models import ExtractionMarker
 from memory.models import MemoryUpdate, UserMemory
 from chatsite.celery import app
@@ -52,7 +52,7 @@ def test_requests_apply_at_once_and_a_real_worker_extracts_only_what_the_user_sa
     app.conf.task_always_eager = False  # from here tasks go through the broker to the worker
     try:
         with celery_worker_process(tmp_path, {"CHAT_INTERNAL_API_URL": live.url}) as worker:
-            assert extraction.memory_sweep() == [conversation.pk]
+            assert extraction.memory_sweep(queue=tasks.memory_extract.delay) == [conversation.pk]
             wait_until(
                 lambda: ExtractionMarker.objects.filter(pk=conversation.pk, extracted_through__isnull=False).exists(),
                 120, f"the worker's extraction (log: {worker.log_path})",

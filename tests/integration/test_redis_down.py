@@ -22,7 +22,7 @@ import redis.asyncio
 
 from accounts.services import api_key_create
 from core import redis_guard
-from conversations import turnlog
+from conversations import cancels
 from conversations.models import Turn
 from tests.processes import server_process
 from tests.redis_server import RedisServer
@@ -181,12 +181,12 @@ def test_cancel_listener_reconnects_after_redis_comes_back(redis_server, setting
     before, after = uuid.uuid4(), uuid.uuid4()
 
     async def scenario():
-        turnlog.ensure_cancel_listener(received.append)
-        listener = turnlog._listeners[asyncio.get_running_loop()][None]  # the global server's
+        cancels.ensure_cancel_listener(received.append)
+        listener = cancels._listeners[asyncio.get_running_loop()][None]  # the global server's
         publisher = redis.asyncio.Redis.from_url(redis_server.url)
         try:
             for _ in range(50):  # until subscribed
-                await publisher.publish(turnlog.CANCEL_CHANNEL, str(before))
+                await publisher.publish(cancels.CANCEL_CHANNEL, str(before))
                 if before in received:
                     break
                 await asyncio.sleep(0.1)
@@ -195,7 +195,7 @@ def test_cancel_listener_reconnects_after_redis_comes_back(redis_server, setting
             redis_server.start()
             publisher = redis.asyncio.Redis.from_url(redis_server.url)
             for _ in range(100):
-                await publisher.publish(turnlog.CANCEL_CHANNEL, str(after))
+                await publisher.publish(cancels.CANCEL_CHANNEL, str(after))
                 if after in received:
                     break
                 await asyncio.sleep(0.1)
