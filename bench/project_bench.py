@@ -92,7 +92,7 @@ def retrieval(split: str) -> dict:
 
     from accounts.models import User  # noqa: PLC0415
     from chatsite.celery import app  # noqa: PLC0415
-    from projects.ingest import project_file_add  # noqa: PLC0415
+    from projects.uploads import project_file_add  # noqa: PLC0415
     from projects.models import Project, ProjectFile, ProjectPassage  # noqa: PLC0415
     from projects.retrieval import passages_retrieve  # noqa: PLC0415
 

@@ -214,10 +214,11 @@ class EngineTuning:
 
 
 def cpu_kernels_resolved(value, bad=None) -> bool:
-    """``CHAT_ENGINE_CPU_KERNELS`` as a bool: ``auto`` -> whether the CPU has AVX-512
-    (``avx512f`` in /proc/cpuinfo: vLLM's CPU kernels convert to bf16 rounding to nearest
-    there, as PyTorch does; their AVX2 path truncates, so on AVX2-only CPUs the native norms
-    stay); a bool, or "1"/"0"/"true"/"false"/"on"/"off", as given. Raises ``bad(...)``'s
+    """``CHAT_ENGINE_CPU_KERNELS`` as a bool: ``auto`` -> whether the CPU converts to bf16 in
+    hardware (``avx512_bf16`` in /proc/cpuinfo: vLLM's CPU kernels then round to nearest, as
+    PyTorch does; without it - AVX2-only CPUs, and AVX-512 CPUs without BF16 such as the Intel
+    Xeon (Ice Lake class) measured on 2026-12-07 - they truncate toward zero, so the native
+    norms stay); a bool, or "1"/"0"/"true"/"false"/"on"/"off", as given. Raises ``bad(...)``'s
     error (ImproperlyConfigured) for anything else."""
     if isinstance(value, bool):
         return value
@@ -225,7 +226,7 @@ def cpu_kernels_resolved(value, bad=None) -> bool:
     if text == "auto":
         from inference.quantize import cpu_flags  # noqa: PLC0415 - reads /proc/cpuinfo
 
-        return "avx512f" in cpu_flags()
+        return "avx512_bf16" in cpu_flags()
     if text in {"1", "true", "yes", "on"}:
         return True
     if text in {"0", "false", "no", "off", ""}:

@@ -29,7 +29,7 @@ from django.http.multipartparser import MultiPartParserError
 
 from core.errors import ApiError
 from core.http import api_view
-from projects import ingest, selectors
+from projects import ingest, selectors, uploads
 from projects.models import Project, ProjectFile
 
 FIELD = "file"
@@ -113,9 +113,9 @@ async def project_files(request: HttpRequest, project_id: UUID) -> HttpResponse:
         project = await sync_to_async(_project_for)(project_id=project_id, user=user, edit=False)
         return JsonResponse({"files": await sync_to_async(_files)(project)})
     project = await sync_to_async(_project_for)(project_id=project_id, user=user, edit=True)
-    await sync_to_async(ingest.upload_admit)(project=project, user=user)  # RPM, before the body
+    await sync_to_async(uploads.upload_admit)(project=project, user=user)  # RPM, before the body
     upload = await sync_to_async(_upload_of, thread_sensitive=False)(request)
-    added = await sync_to_async(ingest.project_file_add)(project=project, user=user, upload=upload)
+    added = await sync_to_async(uploads.project_file_add)(project=project, user=user, upload=upload)
     return JsonResponse(file_json(added, passages=0), status=201)
 
 

@@ -141,7 +141,7 @@ def project_files_add(request: HttpRequest, project_id: UUID) -> HttpResponse:
     (400 when every file was), or the page (303). The request counts against the user's RPM
     first (``upload_admit``: 429 with the list and why). 403 / 404 as :func:`project_rename`."""
     project = selectors.project_get_for_editing(project_id=project_id, user=request.user)
-    from projects.ingest import project_file_add, upload_admit  # noqa: PLC0415 - reads files only on upload
+    from projects.uploads import project_file_add, upload_admit  # noqa: PLC0415 - reads files only on upload
 
     try:
         upload_admit(project=project, user=request.user)  # before the body is read

@@ -88,7 +88,8 @@ async def test_create_conversation_returns_201_with_id_and_region(make_user):
     response = await post_json(client, "/v1/conversations", {"system_prompt": "Answer in French."})
     assert response.status_code == 201
     body = response.json()
-    assert set(body) == {"conversation_id", "region"}
+    assert set(body) == {"conversation_id", "region", "project_id"}
+    assert body["project_id"] is None  # not in a project
     assert body["region"] == "us-east"
     conversation = await Conversation.objects.aget(pk=body["conversation_id"])
     assert conversation.system_prompt == "Answer in French."

@@ -20,7 +20,8 @@ from chatsite.celery import app
 from projects import files as project_files
 from projects.chunking import chunk_text
 from projects.files import FileRefused, kind_detect, text_extract
-from projects.ingest import file_ingest, project_file_add, project_file_delete
+from projects.ingest import file_ingest, project_file_delete
+from projects.uploads import project_file_add
 from projects.models import Project, ProjectFile, ProjectPassage
 from projects.retrieval import passages_retrieve
 from tests.processes import celery_worker_process

@@ -73,10 +73,10 @@ def test_fused_add_rms_norm_kernel_matches_native(ir, tokens):
     impl = ir.ops.fused_add_rms_norm.impls[vllm_plugin.PROVIDER]
     out, summed = impl.func_impl_fn(x, residual, weight, 1e-5)
     # Then: the same normalised sum and the same residual sum: exactly where the kernels round
-    # bf16 to nearest like native (AVX-512, where `auto` turns them on), else within one unit
-    # in the last place (AVX2 truncates: why `auto` leaves them off there); the caller's tensors
-    # untouched
-    if "avx512f" in cpu_flags():
+    # bf16 to nearest like native (AVX-512 BF16, where `auto` turns them on), else within one
+    # unit in the last place (without hardware bf16 conversion - AVX2, or AVX-512 without BF16 -
+    # they truncate: why `auto` leaves them off there); the caller's tensors untouched
+    if "avx512_bf16" in cpu_flags():
         assert torch.equal(summed, native_sum)
     else:
         assert torch.allclose(summed.float(), native_sum.float(), rtol=2**-7, atol=2**-7)
@@ -99,9 +99,10 @@ def test_kernels_refuse_what_they_cannot_compute(ir):
 
 
 @pytest.mark.parametrize(
-    ("flags", "expected"), [({"avx2", "avx512f", "avx512_bf16"}, True), ({"avx2", "fma"}, False)]
+    ("flags", "expected"),
+    [({"avx2", "avx512f", "avx512_bf16"}, True), ({"avx2", "avx512f"}, False), ({"avx2", "fma"}, False)],
 )
-def test_auto_turns_the_kernels_on_only_with_avx512(monkeypatch, flags, expected):
+def test_auto_turns_the_kernels_on_only_with_avx512_bf16(monkeypatch, flags, expected):
     monkeypatch.setattr("inference.quantize.cpu_flags", lambda: flags)
     assert cpu_kernels_resolved("auto") is expected
     assert cpu_kernels_resolved("1") is True and cpu_kernels_resolved("0") is False

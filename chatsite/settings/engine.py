@@ -234,7 +234,7 @@ CHAT_ENGINE_QUANTIZATION = os.environ.get("CHAT_ENGINE_QUANTIZATION", "")
 CHAT_ENGINE_PREFIX_CACHING = env_bool("CHAT_ENGINE_PREFIX_CACHING", True)
 # vLLM's own C kernels for RMSNorm on the CPU (inference/vllm_plugin.py; vLLM 0.32 registers them
 # for GPUs only and runs ~8 PyTorch ops per norm on the CPU instead). "auto" (the default): on
-# where the CPU has AVX-512 (the kernels round bf16 to nearest there, as native does), off on
-# AVX2-only CPUs, where their bf16 conversion truncates (a quarter of the residual sums land one
-# unit lower: tests/test_vllm_plugin.py); "1" / "0" force it.
+# where the CPU has AVX-512 BF16 (the kernels round bf16 to nearest there, as native does), off
+# on AVX2-only CPUs and AVX-512 CPUs without BF16, where their bf16 conversion truncates (a
+# quarter of the residual sums land one unit lower: tests/test_vllm_plugin.py); "1" / "0" force it.
 CHAT_ENGINE_CPU_KERNELS = os.environ.get("CHAT_ENGINE_CPU_KERNELS", "auto")

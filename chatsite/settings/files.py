@@ -99,3 +99,7 @@ CHAT_PROJECT_EMBED_HEADINGS = env_bool("CHAT_PROJECT_EMBED_HEADINGS", False)
 CHAT_PROJECT_TOP_K = env_int("CHAT_PROJECT_TOP_K", 5)
 CHAT_PROJECT_MIN_SIMILARITY = float(os.environ.get("CHAT_PROJECT_MIN_SIMILARITY", "0.3"))
 CHAT_PROJECT_RETRIEVAL_TOKENS = env_int("CHAT_PROJECT_RETRIEVAL_TOKENS", 800)
+# Files one project may hold (projects/ingest.py project_file_add: 413 too_many_files past it). A
+# project's passages are scanned exactly per turn (projects/retrieval.py); 100 files of the
+# labelled set's size keep that scan within a few ms.
+CHAT_PROJECT_MAX_FILES = env_int("CHAT_PROJECT_MAX_FILES", 100)
