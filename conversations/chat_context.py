@@ -23,7 +23,7 @@ from django.urls import Resolver404, resolve
 from django.utils import timezone
 
 from accounts.callers import caller_for
-from conversations import selectors, services, sidebar, turnlog
+from conversations import page_selectors, selectors, services, sidebar, turnlog
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from gateway import gate
@@ -83,14 +83,14 @@ def exchanges_context(
     conversation: Conversation | None, *, streaming: dict | None = None, before: UUID | None = None
 ) -> tuple[list[dict], UUID | None]:
     """The template contexts of a page of the exchanges of the branch shown (templates/chat/
-    _messages.html; selectors.exchange_page: the newest EXCHANGES_PAGE above ``before``), and
+    _messages.html; page_selectors.exchange_page: the newest EXCHANGES_PAGE above ``before``), and
     the cursor of the page before them (None: they start the conversation). ``streaming``:
     question turn id -> the id its answer being written will have (its actions appear when it
-    is done). Raises selectors.BadCursor for a ``before`` not on the branch shown."""
+    is done). Raises page_selectors.BadCursor for a ``before`` not on the branch shown."""
     if conversation is None:
         return [], None
     streaming = streaming or {}
-    page = selectors.exchange_page(conversation=conversation, before=before)
+    page = page_selectors.exchange_page(conversation=conversation, before=before)
     contexts = []
     for x in page.exchanges:
         answer_id = streaming.get(x.question.turn_id)

@@ -18,7 +18,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from conversations import deletion, selectors, services, sidebar
+from conversations import deletion, search_selectors, selectors, services, sidebar
 from conversations.chat_context import (
     current_conversation_id,
     is_htmx,
@@ -90,16 +90,16 @@ SIDEBAR_SEARCH_LIMIT = 50
 @login_required
 def conversation_search(request: HttpRequest) -> HttpResponse:
     """``GET ?q=``: the sidebar's conversation list, filtered by a full-text search over the
-    user's own conversations (selectors.conversation_search); a blank ``q``: all of them.
+    user's own conversations (search_selectors.conversation_search); a blank ``q``: all of them.
     htmx gets the list fragment; a plain request the chat page with the filtered sidebar.
     400 (the list fragment with the message) for a bad ``q`` (over 200 characters, NUL)."""
     q = request.GET.get("q", "")
     context = {"q": q, "current_id": current_conversation_id(request)}
     try:
-        text = selectors.search_query_clean(q)
+        text = search_selectors.search_query_clean(q)
         if text:
-            found = selectors.conversation_search(user=request.user, q=q, limit=SIDEBAR_SEARCH_LIMIT)
-            snippets = selectors.search_snippets(conversations=found, q=q)
+            found = search_selectors.conversation_search(user=request.user, q=q, limit=SIDEBAR_SEARCH_LIMIT)
+            snippets = search_selectors.search_snippets(conversations=found, q=q)
             context.update(searching=True, results=[_search_result(c, snippets, text) for c in found])
         else:
             context.update(sidebar_context(request.user, request.COOKIES, current_id=context["current_id"]))

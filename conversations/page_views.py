@@ -15,7 +15,7 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_GET
 
-from conversations import selectors
+from conversations import page_selectors, selectors
 from conversations.chat_context import exchanges_context, page_context
 
 
@@ -45,7 +45,7 @@ def conversation_detail(request: HttpRequest, conversation_id: UUID) -> HttpResp
 @login_required
 def conversation_earlier(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     """``GET ?before=<question turn id>``: the page of exchanges of the branch shown above that
-    question (selectors.exchange_page), as the fragment that takes the place of the page's top
+    question (page_selectors.exchange_page), as the fragment that takes the place of the page's top
     sentinel (templates/chat/_earlier.html: the sentinel of the page before it, unless this page
     starts the conversation, then the exchanges, oldest first). The cursor is the oldest
     question the page shows (the sentinel carries it). 400 with a message for a missing or
@@ -61,7 +61,7 @@ def conversation_earlier(request: HttpRequest, conversation_id: UUID) -> HttpRes
         return _earlier_refused(request, "'before' must be the id of a message on this page.")
     try:
         exchanges, earlier = exchanges_context(conversation, before=before)
-    except selectors.BadCursor as exc:
+    except page_selectors.BadCursor as exc:
         return _earlier_refused(request, str(exc))
     context = {
         "conversation": conversation,

@@ -17,7 +17,7 @@ from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods, require_POST
 
-from conversations import locks, selectors, services, submit
+from conversations import locks, page_selectors, selectors, services, submit
 from conversations.chat_context import error_response, exchange_context, is_htmx, messages_response
 from conversations.rendering import markdown_to_safe_html
 from gateway import gate
@@ -135,6 +135,6 @@ def answer_version(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -
         services.answer_select(conversation=conversation, question_id=answer.reply_to_id, answer_id=answer.turn_id)
     exchange = selectors.Exchange(
         question=None, answer=answer, answers=tuple(answers),
-        tool_uses=tuple(selectors.answer_tool_uses(answer=answer)),
+        tool_uses=tuple(page_selectors.answer_tool_uses(answer=answer)),
     )  # fmt: skip
     return render(request, "chat/_answer.html", exchange_context(conversation, exchange))
