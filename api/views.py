@@ -18,7 +18,18 @@ from attachments.api import attachment_json
 from attachments.selectors import attachments_by_turn
 from attachments.services import turn_attachments
 from core import redis_guard
-from conversations import deletion, locks, plan, selectors, services, submit, toolrounds, turnstream
+from conversations import (
+    deletion,
+    locks,
+    page_selectors,
+    plan,
+    search_selectors,
+    selectors,
+    services,
+    submit,
+    toolrounds,
+    turnstream,
+)
 from conversations.models import Conversation, Turn
 from core.db import release_db_connection
 from core.sse import last_event_id, sse_response
@@ -96,7 +107,7 @@ async def conversations(request: HttpRequest) -> HttpResponse:
     ``GET``: the caller's conversations, newest first, keyset-paginated
     (``?before=<cursor>&limit=1..100``) -> ``{"conversations": [...], "next_cursor"}``.
     ``GET ?q=<words>``: full-text search over the caller's conversations (titles and turn
-    text; selectors.conversation_search), most recently active first, at most ``limit``, in
+    text; search_selectors.conversation_search), most recently active first, at most ``limit``, in
     one page (``next_cursor`` null; ``before`` is refused). 400 for a ``q`` over 200 characters."""
     user = request.api_user
     if request.method == "POST":
@@ -124,7 +135,7 @@ async def conversations(request: HttpRequest) -> HttpResponse:
         )
     limit = query_int(request, "limit", 20, 1, PAGE_MAX)
     try:
-        search = selectors.search_query_clean(request.GET.get("q", ""))
+        search = search_selectors.search_query_clean(request.GET.get("q", ""))
     except ValidationError as exc:
         raise ApiError(400, "invalid_request", f"'q': {exc.messages[0]}") from None
     if search:
@@ -132,10 +143,10 @@ async def conversations(request: HttpRequest) -> HttpResponse:
             raise ApiError(
                 400, "invalid_request", "'before' cannot be combined with 'q': a search is one page."
             )
-        found = await sync_to_async(selectors.conversation_search)(user=user, q=search, limit=limit)
+        found = await sync_to_async(search_selectors.conversation_search)(user=user, q=search, limit=limit)
         return JsonResponse({"conversations": [_conversation_json(c) for c in found], "next_cursor": None})
     before = _cursor_load("conversations", request.GET.get("before"))
-    page, more = await sync_to_async(selectors.conversation_page)(
+    page, more = await sync_to_async(page_selectors.conversation_page)(
         user=user, before=before, limit=limit
     )
     last = page[-1] if page else None
@@ -177,7 +188,7 @@ async def conversation_detail(request: HttpRequest, conversation_id: UUID) -> Ht
     else:
         limit = query_int(request, "limit", 50, 1, PAGE_MAX)
         before = _cursor_load("turns", request.GET.get("before"))
-        turns, more = await sync_to_async(selectors.turn_page)(
+        turns, more = await sync_to_async(page_selectors.turn_page)(
             conversation=conversation, before=before, limit=limit
         )
     files = await sync_to_async(attachments_by_turn)(conversation=conversation, turn_ids=[t.turn_id for t in turns])

@@ -1,6 +1,6 @@
 """Attachments routes; included at the site root by chatsite/urls.py: ``path("", include("attachments.urls"))``.
 
-Files are uploaded with the message in the chat page (conversations/views.py ``turn_create``,
+Files are uploaded with the message in the chat page (conversations/turn_views.py ``turn_create``,
 multipart), or through ``/v1`` before the turn that sends them."""
 
 from django.urls import path

@@ -13,7 +13,7 @@ read-your-writes window (0.5 s here) over. The Redis hot cache is off (``CHAT_HO
 this measures the PostgreSQL reads it falls through to.
 
 Measured: N threads each read history pages as fast as they can for S seconds:
-``selectors.conversation_get_for_user`` then ``selectors.turn_page(limit=50)`` (what
+``selectors.conversation_get_for_user`` then ``page_selectors.turn_page(limit=50)`` (what
 ``GET /v1/conversations/{id}`` does), on a random conversation. Two modes, alternated twice:
 
 - *replica*: the router as configured: conversation reads go to the replica;
@@ -77,7 +77,7 @@ def _seed(conversations: int, turns: int) -> list[tuple]:
 def _reader(pairs, deadline: float, latencies: list[float], errors: list[str]) -> None:
     from django.db import connections  # noqa: PLC0415
 
-    from conversations import selectors  # noqa: PLC0415
+    from conversations import page_selectors, selectors  # noqa: PLC0415
 
     rng = random.Random()
     try:
@@ -85,7 +85,7 @@ def _reader(pairs, deadline: float, latencies: list[float], errors: list[str]) -
             user, conversation_id = rng.choice(pairs)
             started = time.perf_counter()
             conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
-            page, _ = selectors.turn_page(conversation=conversation, before=None, limit=50)
+            page, _ = page_selectors.turn_page(conversation=conversation, before=None, limit=50)
             latencies.append(time.perf_counter() - started)
             assert len(page) == 50
             connections.close_all()  # back to the pool, as at the end of a request

@@ -21,7 +21,7 @@ Sections (each a function ``section_*(bench) -> dict``, run in order by ``SECTIO
    log.
 2. History page of 50 turns deep in the long conversation (cursor at a random depth in its
    older half), interleaved: keyset SQL on the partitioned log (with turn_page's created_at
-   bounds, so PostgreSQL prunes partitions); the real selector ``selectors.turn_page``; keyset on
+   bounds, so PostgreSQL prunes partitions); the real selector ``page_selectors.turn_page``; keyset on
    ``turn_flat`` (pagination without partitioning); OFFSET on ``turn_flat`` (the naive baseline).
 3. The first history page (newest 50 turns) from the Redis hot cache ``conv:{id}`` vs the same
    page read from PostgreSQL, and the real selector on a warm entry vs right after eviction
@@ -116,12 +116,12 @@ def section_history_postgres(bench: Bench) -> dict:
     from django.db import connection  # noqa: PLC0415
     from django.test.utils import CaptureQueriesContext  # noqa: PLC0415
 
-    from conversations import selectors  # noqa: PLC0415
+    from conversations import page_selectors  # noqa: PLC0415
     from conversations.models import Conversation  # noqa: PLC0415
 
     rng = random.Random(2)
     conversation = Conversation.objects.get(pk=LONG_ID)
-    lowest, highest = selectors._turn_time_range(conversation)
+    lowest, highest = page_selectors._turn_time_range(conversation)
     keyset = (
         "SELECT {columns} FROM {table} WHERE conversation_id = %s {bounds} "
         "AND (created_at, turn_id) < (%s, %s) "
@@ -152,7 +152,7 @@ def section_history_postgres(bench: Bench) -> dict:
                     rows = cursor.fetchall()
                     first = rows[0][0]
                 elif variant == "selector_partitioned":
-                    page, _ = selectors.turn_page(
+                    page, _ = page_selectors.turn_page(
                         conversation=conversation, before=(cursor_at, cursor_id), limit=PAGE
                     )
                     first = page[-1].turn_id
@@ -182,7 +182,7 @@ def section_history_postgres(bench: Bench) -> dict:
         (plan,) = cursor.fetchone()[0]
         # The selector's own SQL for that page, as it ran (client-side bound by psycopg).
         with CaptureQueriesContext(connection) as queries:
-            selectors.turn_page(conversation=conversation, before=(cursor_at, cursor_id), limit=PAGE)
+            page_selectors.turn_page(conversation=conversation, before=(cursor_at, cursor_id), limit=PAGE)
         (selector_sql,) = [q["sql"] for q in queries.captured_queries if '"conversations_turn"' in q["sql"]]
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + selector_sql)
         (selector_plan,) = cursor.fetchone()[0]
@@ -225,7 +225,7 @@ def section_history_cache(bench: Bench) -> dict:
     - ``cache_hit``: ``cache.history`` on a warm entry (HGETALL + EXPIRE, 50 turns decoded);
     - ``postgres``: ``cache.history_load``, the same History read from PostgreSQL (the
       conversation row + its newest 51 turns from the partitioned log): the no-cache baseline;
-    - ``selector_hit``: ``selectors.turn_page(before=None)`` with the entry warm (what
+    - ``selector_hit``: ``page_selectors.turn_page(before=None)`` with the entry warm (what
       ``GET /v1/conversations/{id}`` runs, held answers merged);
     - ``selector_miss``: the same right after ``DEL conv:{id}`` (PostgreSQL + refill).
 
@@ -234,7 +234,7 @@ def section_history_cache(bench: Bench) -> dict:
     import redis  # noqa: PLC0415
     from django.conf import settings  # noqa: PLC0415
 
-    from conversations import cache, selectors  # noqa: PLC0415
+    from conversations import cache, page_selectors  # noqa: PLC0415
     from conversations.models import Conversation  # noqa: PLC0415
 
     rng = random.Random(3)
@@ -266,7 +266,7 @@ def section_history_cache(bench: Bench) -> dict:
                     page = history.newest(PAGE)[0]
                     source = history.source
                 else:
-                    page = selectors.turn_page(conversation=conversation, before=None, limit=PAGE)[0]
+                    page = page_selectors.turn_page(conversation=conversation, before=None, limit=PAGE)[0]
                     page = page[::-1]
                     source = None
                 timings[variant].append(time.perf_counter() - start)

@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from conversations import deletion
 from conversations.models import Conversation, Turn
 from conversations.regional_admin import RegionalAdmin, RegionFilter, UserTierFilter, uuid_or_none
-from conversations.selectors import SEARCH_CONFIG
+from conversations.search_selectors import SEARCH_CONFIG
 
 # Turns shown inline on a conversation's page (the newest; the turn list has them all).
 INLINE_TURNS = 50
@@ -212,7 +212,7 @@ class TurnAdminBase(RegionalAdmin):
 
     Search: a UUID finds the turn or the conversation with that id; other words search the turn
     text with the full-text index (``turn_content_fts``, the same expression as
-    ``conversations.selectors.conversation_search``)."""
+    ``conversations.search_selectors.conversation_search``)."""
 
     list_display = (
         "turn_id", "conversation", "role", "status", "pool", "model_version", "token_count",

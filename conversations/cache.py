@@ -288,7 +288,7 @@ def history_load(conversation_id: UUID) -> History | None:
     limit = int(settings.CHAT_HOT_CACHE_TURNS)
     rows: list[Turn] = []
     if limit > 0:
-        # Bounded by the conversation's lifetime, as selectors.turn_page is, so PostgreSQL
+        # Bounded by the conversation's lifetime, as page_selectors.turn_page is, so PostgreSQL
         # prunes the monthly partitions the conversation does not span.
         rows = list(
             Turn.objects.filter(

@@ -202,7 +202,7 @@ class Turn(models.Model):
         indexes = [
             # Keyset history pages: one conversation, newest first (migration 0004).
             models.Index(fields=["conversation", "created_at", "turn_id"], name="turn_conv_keyset"),
-            # Full-text search over turn text (selectors.conversation_search, migration 0005);
+            # Full-text search over turn text (search_selectors.conversation_search, migration 0005);
             # the query must use this very expression for the index to serve it.
             GinIndex(SearchVector("content", config="english"), name="turn_content_fts"),
         ]

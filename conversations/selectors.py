@@ -1,20 +1,25 @@
-"""Every read of conversations and turns, permission-checked."""
+"""Reads of conversations and turns, permission-checked: access (the user's own conversation,
+or one shared with a workspace they are in; the zero-retention decision), turns and answers by
+id, the exchanges and turn tree of the branch shown with their versions, and the history a
+prompt is assembled from.
+
+Pages (of exchanges, turns, conversations) are in conversations/page_selectors.py; full-text
+search in conversations/search_selectors.py. Both build on the helpers here
+(:func:`with_held`, :func:`turn_order`, :func:`member_org_ids`); this module imports neither.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
-from django.contrib.postgres.search import SearchHeadline, SearchQuery, SearchVector
-from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, Organisation, User
-from conversations import cache, held, partitions, regions, toolrounds, versions
+from conversations import cache, held, regions, toolrounds, versions
 from conversations.models import Conversation, Turn
 
 
@@ -42,7 +47,7 @@ def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
     return regions.merged(
         [
             objects.filter(owner=user, temporary=False, project__isnull=True)
-            .filter(Q(org__isnull=True) | Q(org_id__in=_member_org_ids(user)))
+            .filter(Q(org__isnull=True) | Q(org_id__in=member_org_ids(user)))
             .order_by("-last_turn_at", "-created_at")
             for objects in regions.managers(Conversation, user=user)
         ],
@@ -73,7 +78,7 @@ def _is_member(user: User, org_id: int) -> bool:
     return Membership.objects.filter(organisation_id=org_id, user_id=user.pk).exists()
 
 
-def _member_org_ids(user: User) -> list[int]:
+def member_org_ids(user: User) -> list[int]:
     # Evaluated here: the list goes into queries on region databases (no cross-database join).
     return list(Membership.objects.filter(user_id=user.pk).values_list("organisation_id", flat=True))
 
@@ -123,11 +128,11 @@ def conversation_shared_with(*, conversation: Conversation, user: User) -> bool:
     return set(members) == people
 
 
-def _turn_order(turn: Turn) -> tuple:
+def turn_order(turn: Turn) -> tuple:
     return turn.created_at, str(turn.turn_id)  # the database's order (UUIDs compare as hex)
 
 
-def _with_held(conversation_id: UUID, turns: list[Turn], keep=None) -> list[Turn]:
+def with_held(conversation_id: UUID, turns: list[Turn], keep=None) -> list[Turn]:
     """``turns`` (read from PostgreSQL, oldest first) plus the conversation's turns held in Redis
     and not among them (conversations/held.py: answers awaiting write-back, zero-retention
     turns), oldest first. ``keep(turn)`` filters the held ones to the caller's range."""
@@ -137,7 +142,7 @@ def _with_held(conversation_id: UUID, turns: list[Turn], keep=None) -> list[Turn
         for t in held.held_turns(conversation_id)
         if t.turn_id not in known and (keep is None or keep(t))
     ]
-    return sorted(turns + extra, key=_turn_order) if extra else turns
+    return sorted(turns + extra, key=turn_order) if extra else turns
 
 
 def turn_list(*, conversation: Conversation) -> list[Turn]:
@@ -148,7 +153,7 @@ def turn_list(*, conversation: Conversation) -> list[Turn]:
         turns = list(history.turns)
     else:
         turns = list(conversation.turns.order_by("created_at", "turn_id"))
-    return _with_held(conversation.conversation_id, turns)
+    return with_held(conversation.conversation_id, turns)
 
 
 def _turn_get(conversation: Conversation, turn_id: UUID, role: str, missing: str) -> Turn:
@@ -182,7 +187,7 @@ def reply_get(*, turn: Turn) -> Turn | None:
     )
     pending = [t for t in held.held_turns(turn.conversation_id) if t.reply_to_id == turn.turn_id]
     candidates = ([stored] if stored is not None else []) + pending
-    return max(candidates, key=_turn_order) if candidates else None
+    return max(candidates, key=turn_order) if candidates else None
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,7 @@ class Exchange:
     tree, ``question`` among them), oldest first; empty when unknown (conversations/versions.py).
     ``tool_uses``: the calls and results of the tool rounds the answer shown was written after
     (conversations/toolrounds.py ``tool_uses``); empty when it follows none or they were not
-    read (:func:`exchange_page` reads them)."""
+    read (:func:`conversations.page_selectors.exchange_page` reads them)."""
 
     question: Turn
     answer: Turn | None
@@ -216,139 +221,6 @@ def exchange_list(*, conversation: Conversation) -> list[Exchange]:
         )
         for p in positions
     ]
-
-
-# Exchanges the chat page shows at once, and per earlier page as the reader scrolls up (issue
-# 29: a 3,000-turn conversation opens as fast as a short one). 30 fill a desktop window a few
-# times over, so the reader rarely waits for a page at the top.
-EXCHANGES_PAGE = 30
-
-# What the turn tree is built from (conversations/versions.py reads no text): every turn of a
-# long conversation, cheaply, before the text of the page's few is read.
-_SKELETON_FIELDS = (
-    "turn_id", "conversation_id", "role", "status", "reply_to_id", "replaces_id", "parent_id",
-    "continues_id", "created_at",
-)  # fmt: skip
-
-
-class BadCursor(ValueError):
-    """An ``exchange_page`` cursor that names no question on the branch shown (a turn of
-    another conversation or branch, an answer, or no turn at all)."""
-
-
-@dataclass(frozen=True)
-class ExchangePage:
-    """A page of the branch shown: ``exchanges`` oldest first; ``earlier``: the cursor of the
-    page before it (the id of its oldest question, for ``exchange_page(before=...)``), None
-    when this page starts the conversation."""
-
-    exchanges: list[Exchange]
-    earlier: UUID | None
-
-
-def _skeleton(conversation: Conversation) -> list[Turn]:
-    """Every turn of ``conversation`` without its text (``content`` and the rest deferred: do
-    not read them), held ones included, oldest first: one index scan of its partitions."""
-    lowest, highest = _turn_time_range(conversation)
-    turns = list(
-        Turn.objects.filter(
-            conversation_id=conversation.conversation_id, created_at__gte=lowest, created_at__lte=highest
-        )
-        .order_by("created_at", "turn_id")
-        .only(*_SKELETON_FIELDS)
-    )
-    return _with_held(conversation.conversation_id, turns)
-
-
-def _with_text(conversation: Conversation, turns: list[Turn]) -> dict[UUID, Turn]:
-    """``turns`` (skeletons) as whole rows, by id, in one query over their span of created_at
-    (so the partitions outside it are pruned). Held turns come whole from Redis already."""
-    wanted = [t for t in turns if "content" in t.get_deferred_fields()]
-    whole = {t.turn_id: t for t in turns if "content" not in t.get_deferred_fields()}
-    if wanted:
-        rows = Turn.objects.filter(
-            conversation_id=conversation.conversation_id,
-            created_at__gte=min(t.created_at for t in wanted),
-            created_at__lte=max(t.created_at for t in wanted),
-            turn_id__in=[t.turn_id for t in wanted],
-        )
-        whole.update((t.turn_id, t) for t in rows)
-    return whole
-
-
-@regions.routed
-def exchange_page(
-    *, conversation: Conversation, before: UUID | None = None, limit: int = EXCHANGES_PAGE
-) -> ExchangePage:
-    """The newest ``limit`` exchanges of the branch shown (what :func:`exchange_list` gives,
-    its last ``limit``) strictly above the question ``before`` (None: the newest), oldest first.
-
-    The cursor is a question's turn id, as the history API's is a turn's (api/views.py), but on
-    the selected path rather than the log: the oldest question a page showed. Two queries
-    whatever the conversation's length: the turn tree without text (:func:`_skeleton`, ~100
-    bytes a turn), then the text of the page's questions and answers shown. Raises
-    :class:`BadCursor` when ``before`` is not a question on the branch shown (another
-    conversation's, an answer, a branch switched away from since).
-    """
-    skeleton = _skeleton(conversation)
-    tree = versions.tree_build(skeleton)
-    path = tree.path(conversation.branch_choices)
-    end = len(path)
-    if before is not None:
-        end = next((i for i, q in enumerate(path) if q.turn_id == before), None)
-        if end is None:
-            raise BadCursor("That message is not on the branch shown; reload the conversation.")
-    start = max(0, end - limit)
-    positions = [tree.position(q, conversation.answer_choices) for q in path[start:end]]
-    answers = [p.answer for p in positions if p.answer is not None]
-    shown = [p.question for p in positions] + answers
-    # The tool rounds of the answers shown come in the same read as their text (no query more).
-    rounds = tool_round_turns(skeleton, answers)
-    whole = _with_text(conversation, shown + rounds)
-    results = toolrounds.results_by_call_turn(whole[t.turn_id] for t in rounds if t.turn_id in whole)
-    exchanges = []
-    for p in positions:
-        answer = whole.get(p.answer.turn_id, p.answer) if p.answer is not None else None
-        exchanges.append(
-            Exchange(
-                question=whole.get(p.question.turn_id, p.question),
-                answer=answer,
-                answers=tuple(p.answers),
-                questions=tuple(p.questions),
-                tool_uses=tuple(toolrounds.tool_uses(answer, whole, results)) if answer is not None else (),
-            )
-        )
-    return ExchangePage(exchanges=exchanges, earlier=path[start].turn_id if start > 0 else None)
-
-
-def tool_round_turns(turns: list[Turn], answers: list[Turn]) -> list[Turn]:
-    """Among ``turns`` (a conversation's, text not needed), the calling answers and tool
-    results of the tool rounds each of ``answers`` was written after (conversations/
-    toolrounds.py), so a page reads their text with its own, in the same query. Pure."""
-    by_id = {t.turn_id: t for t in turns}
-    results = toolrounds.results_by_call_turn(turns)
-    wanted = {i for answer in answers for i in toolrounds.round_turn_ids(answer, by_id, results)}
-    return [t for t in turns if t.turn_id in wanted]
-
-
-@regions.routed
-def answer_tool_uses(*, answer: Turn) -> list[toolrounds.ToolUse]:
-    """The calls and results of the tool rounds ``answer`` (an assistant turn, already
-    permission-checked) was written after, for one answer shown alone (a version flipped to).
-    No query for an answer that continues nothing; else one, bounded to its question's answers
-    and their results, written up to it."""
-    if getattr(answer, "continues_id", None) is None:
-        return []
-    siblings = Turn.objects.filter(
-        conversation_id=answer.conversation_id, role=Turn.Role.ASSISTANT, reply_to_id=answer.reply_to_id,
-        created_at__lte=answer.created_at,
-    )  # fmt: skip
-    rows = Turn.objects.filter(conversation_id=answer.conversation_id, created_at__lte=answer.created_at).filter(
-        Q(pk__in=siblings.values("turn_id")) | Q(role=Turn.Role.TOOL, reply_to_id__in=siblings.values("turn_id"))
-    )
-    turns = _with_held(answer.conversation_id, list(rows.order_by("created_at", "turn_id")))
-    by_id = {t.turn_id: t for t in turns}
-    return toolrounds.tool_uses(answer, by_id, toolrounds.results_by_call_turn(turns))
 
 
 def conversation_tree(*, conversation: Conversation) -> versions.Tree:
@@ -394,7 +266,7 @@ def answer_versions(*, answer: Turn) -> list[Turn]:
             role=Turn.Role.ASSISTANT,
         ).order_by("created_at", "turn_id")
     )
-    return versions.answer_versions(_with_held(answer.conversation_id, stored), answer)
+    return versions.answer_versions(with_held(answer.conversation_id, stored), answer)
 
 
 @dataclass(frozen=True)
@@ -420,7 +292,7 @@ def _turns_after(conversation_id: UUID, after) -> list[Turn]:
             "replaces_id", "parent_id", "continues_id", "created_at", "tool_calls", "tool_call_id",
         )
     )  # fmt: skip
-    return _with_held(conversation_id, turns, keep=lambda t: after is None or t.created_at > after)
+    return with_held(conversation_id, turns, keep=lambda t: after is None or t.created_at > after)
 
 
 @regions.routed
@@ -471,7 +343,7 @@ def prompt_context(
     through = history.summary_through if history.summary else None
     for after in ([through, None] if through is not None else [None]):
         if history.covers_after(after):
-            turns = _with_held(
+            turns = with_held(
                 conversation_id,
                 history.turns_after(after),
                 keep=lambda t, after=after: after is None or t.created_at > after,
@@ -511,197 +383,3 @@ def _summary_continues(first: Turn, through) -> bool:
     return written == through
 
 
-def _keyset_before(field: str, pk_field: str, before) -> Q:
-    created_at, pk = before
-    return Q(**{f"{field}__lt": created_at}) | Q(**{field: created_at, f"{pk_field}__lt": pk})
-
-
-def conversation_page(
-    *, user: User, before: tuple | None, limit: int
-) -> tuple[list[Conversation], bool]:
-    """A page of the user's conversations, newest created first, strictly before the keyset
-    ``before`` = (created_at, conversation_id). Returns (page, whether more follow). No OFFSET:
-    the cost does not grow with the page number, and appends never shift a page. With several
-    regional databases each gives its first ``limit + 1`` and the pages are merged. Temporary
-    chats are not listed (as in :func:`conversation_list`)."""
-    pieces = []
-    for objects in regions.managers(Conversation, user=user):
-        query = objects.filter(owner=user, temporary=False)
-        if before is not None:
-            query = query.filter(_keyset_before("created_at", "conversation_id", before))
-        pieces.append(query.order_by("-created_at", "-conversation_id")[: limit + 1])
-    rows = regions.merged(pieces, key=lambda c: (c.created_at, c.conversation_id), reverse=True)
-    rows = list(rows)[: limit + 1]
-    return rows[:limit], len(rows) > limit
-
-
-def _turn_time_range(conversation: Conversation) -> tuple[datetime, datetime]:
-    """The span of ``created_at`` the conversation's stored turns can have, for partition
-    pruning (the turn log is partitioned by month on created_at, migration 0004):
-    partitions.turn_created_range with ``last_turn_at`` read afresh from the row."""
-    last = (
-        Conversation.objects.filter(pk=conversation.pk)
-        .values_list("last_turn_at", flat=True)
-        .first()
-    )
-    last = max(last or conversation.last_turn_at, conversation.last_turn_at)
-    return partitions.turn_created_range(created_at=conversation.created_at, last_turn_at=last)
-
-
-def _first_page_cached(conversation: Conversation, limit: int) -> tuple[list[Turn], bool] | None:
-    """:func:`turn_page`'s first page from the hot cache (conversations/cache.py), held answers
-    merged; None when the cache cannot serve it (a longer page than the entry holds)."""
-    history = cache.history(conversation.conversation_id, last_turn_at=conversation.last_turn_at)
-    newest = history.newest(limit) if history is not None else None
-    if newest is None:
-        return None
-    rows, older = newest  # newest first
-    rows = _with_held(conversation.conversation_id, rows[::-1])[::-1][: limit + 1]
-    page = rows[:limit]
-    page.reverse()
-    return page, len(rows) > limit or older
-
-
-@regions.routed
-def turn_page(*, conversation: Conversation, before: tuple | None, limit: int) -> tuple[list[Turn], bool]:
-    """The newest ``limit`` turns strictly before the keyset ``before`` = (created_at, turn_id),
-    returned oldest first, and whether older ones remain. Stable under concurrent appends
-    (new turns are newer than any cursor).
-
-    One index range scan (``turn_conv_keyset``) whatever the page's depth, and only the monthly
-    partitions the page can lie in: created_at is bounded below by the conversation's creation
-    and above by its last turn or the cursor (:func:`_turn_time_range`), so PostgreSQL prunes
-    the others, DEFAULT included, when planning (tests/integration/test_partition_pruning.py).
-    """
-    if before is None:
-        cached = _first_page_cached(conversation, limit)
-        if cached is not None:
-            return cached
-    lowest, highest = _turn_time_range(conversation)
-    if before is not None:
-        highest = min(highest, before[0])
-    query = Turn.objects.filter(
-        conversation=conversation, created_at__gte=lowest, created_at__lte=highest
-    )
-    if before is not None:
-        query = query.filter(_keyset_before("created_at", "turn_id", before))
-    rows = list(query.order_by("-created_at", "-turn_id")[: limit + 1])
-    cursor = (before[0], str(before[1])) if before is not None else None
-    rows = _with_held(
-        conversation.conversation_id,
-        rows[::-1],
-        keep=lambda t: cursor is None or _turn_order(t) < cursor,
-    )[::-1][: limit + 1]
-    page = rows[:limit]
-    page.reverse()
-    return page, len(rows) > limit
-
-
-# Full-text search: the text search configuration of the GIN index turn_content_fts (migration
-# 0005); the query must use the same expression, SearchVector("content", config=...), for the
-# index to serve it.
-SEARCH_CONFIG = "english"
-SEARCH_MAX_CHARS = 200
-
-
-def search_query_clean(q: str) -> str:
-    """A search query with runs of whitespace collapsed ("" for a blank one). Raises
-    ValidationError (code ``too_long`` over SEARCH_MAX_CHARS characters, ``nul`` for U+0000,
-    which PostgreSQL text cannot hold)."""
-    if len(q) > SEARCH_MAX_CHARS:
-        raise ValidationError(
-            f"A search can be at most {SEARCH_MAX_CHARS} characters long.", code="too_long"
-        )
-    if "\x00" in q:
-        raise ValidationError("A search cannot contain the NUL character (U+0000).", code="nul")
-    return " ".join(q.split())
-
-
-def conversation_search(*, user: User, q: str, limit: int = 20) -> list[Conversation]:
-    """The user's conversations whose title or any stored turn's text matches ``q``, most
-    recently active first, at most ``limit``. Never another user's: only conversations the user
-    owns are searched.
-
-    ``q`` is web-search syntax (PostgreSQL ``websearch_to_tsquery``: words, "quoted phrases",
-    ``or``, ``-word``), matched with English stemming ("running" finds "runs"); a title also
-    matches if it contains ``q`` as typed (case-insensitive), so partly typed words find titles.
-    Temporary chats are never found (they are in no history, and store no text to match).
-    Turn text is matched through the GIN index turn_content_fts on every partition. A blank
-    ``q`` matches nothing ([]). Raises ValidationError for a bad ``q`` (see
-    :func:`search_query_clean`).
-    """
-    text = search_query_clean(q)
-    if not text:
-        return []
-    query = SearchQuery(text, search_type="websearch", config=SEARCH_CONFIG)
-    # The user's turns that match, as one uncorrelated subquery: PostgreSQL picks the GIN index
-    # (few matches overall) or the user's conversations' turns (a common word), and hashes it.
-    matching_turns = (
-        Turn.objects.filter(conversation__owner=user)
-        .annotate(document=SearchVector("content", config=SEARCH_CONFIG))
-        .filter(document=query)
-        .values("conversation_id")
-    )
-    # In each regional database (the subquery runs where its outer query does), then merged.
-    orgs = _member_org_ids(user)
-    found = regions.merged(
-        [
-            objects.filter(owner=user, temporary=False)
-            .filter(Q(org__isnull=True) | Q(org_id__in=orgs))
-            .annotate(title_document=SearchVector("title", config=SEARCH_CONFIG))
-            .filter(
-                Q(title_document=query)
-                | Q(title__icontains=text)
-                | Q(conversation_id__in=matching_turns)
-            )
-            .order_by("-last_turn_at", "-created_at")[:limit]
-            for objects in regions.managers(Conversation, user=user)
-        ],
-        key=lambda c: (c.last_turn_at, c.created_at),
-        reverse=True,
-    )
-    return list(found)[:limit]
-
-
-# A search result's snippet: ts_headline's fragment around the match, about this many words.
-SNIPPET_MAX_WORDS = 16
-SNIPPET_MIN_WORDS = 6
-
-
-def search_snippets(*, conversations: list[Conversation], q: str) -> dict[UUID, str]:
-    """For each of ``conversations`` (already the user's: :func:`conversation_search`'s result)
-    whose stored text matches ``q``: conversation id -> a fragment of its latest matching turn,
-    about SNIPPET_MAX_WORDS words, each match between ``sidebar.MATCH_START`` and
-    ``sidebar.MATCH_STOP`` (PostgreSQL ``ts_headline``; the text is raw, not HTML: render it
-    with ``sidebar.snippet_html``, which escapes it). A conversation matched by its title only
-    is absent. One query per regional database holding any of them. Withdrawn answers (the
-    output gate blocked them) are never quoted. Raises ValidationError for a bad ``q``."""
-    from conversations.sidebar import MATCH_START, MATCH_STOP  # noqa: PLC0415 - sidebar imports models only
-
-    text = search_query_clean(q)
-    if not text or not conversations:
-        return {}
-    query = SearchQuery(text, search_type="websearch", config=SEARCH_CONFIG)
-    by_db: dict[str, list[UUID]] = {}
-    for conversation in conversations:
-        by_db.setdefault(regions.conversation_db(conversation), []).append(conversation.pk)
-    snippets: dict[UUID, str] = {}
-    for db, ids in by_db.items():
-        rows = (
-            regions.manager(Turn, db)
-            .filter(conversation_id__in=ids, role__in=(Turn.Role.USER, Turn.Role.ASSISTANT))
-            .exclude(role=Turn.Role.ASSISTANT, status=Turn.Status.BLOCKED)
-            .annotate(document=SearchVector("content", config=SEARCH_CONFIG))
-            .filter(document=query)
-            .annotate(
-                headline=SearchHeadline(
-                    "content", query, config=SEARCH_CONFIG, start_sel=MATCH_START,
-                    stop_sel=MATCH_STOP, max_words=SNIPPET_MAX_WORDS, min_words=SNIPPET_MIN_WORDS,
-                )
-            )  # fmt: skip
-            .order_by("conversation_id", "-created_at")
-            .distinct("conversation_id")
-            .values_list("conversation_id", "headline")
-        )
-        snippets.update(rows)
-    return snippets

@@ -45,7 +45,7 @@ MONTHS = (
 )  # fmt: skip
 # Fixed names (not the server's locale): the page is in English.
 
-# The markers put around each match in a search headline (selectors.search_snippets), outside
+# The markers put around each match in a search headline (search_selectors.search_snippets), outside
 # text as typed (control characters), turned into <mark> after escaping; a turn that holds one
 # at worst marks a stretch of its own escaped text.
 MATCH_START = "\x02"

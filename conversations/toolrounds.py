@@ -159,7 +159,7 @@ def calls_uses(calls: Iterable[Turn], results: Mapping[UUID, list[Turn]]) -> lis
 
 def round_turn_ids(answer: Turn, by_id: Mapping[UUID, Turn], tool_turns: Mapping[UUID, list[Turn]]) -> list[UUID]:
     """The ids of the turns :func:`tool_uses` reads for ``answer``, found from turns *without
-    text* (conversations/selectors.py's skeleton: roles and links only, ``tool_calls`` not
+    text* (conversations/page_selectors.py's skeleton: roles and links only, ``tool_calls`` not
     loaded): each answer of its ``continues`` chain that has results among ``tool_turns``
     (tool turns by the answer they reply to), and those results. [] for an answer that follows
     no round."""

@@ -2,8 +2,8 @@
 
 One place spells how a turn becomes data and back, so adding a field to Turn needs no edit
 anywhere else: the hot cache's entries (conversations/cache.py), the held-answer records of
-the write-back (conversations/writeback.py) and the personal-data export (privacy/export.py)
-all go through here.
+the write-back (conversations/writeback.py) and the personal-data export (privacy/
+export_sections.py) all go through here.
 
 ``turn_data`` keys are the concrete fields' attribute names (``conversation_id``,
 ``reply_to_id``, ...). Values are JSON-safe: UUIDs and Decimals as strings (a Decimal as its

@@ -1,7 +1,7 @@
 """One conversation as a download, from the conversation's menu (issue 18, part 11).
 
-Two files, both built by the account export's code (privacy/export.py, privacy/markdown.py), so
-a turn is serialised one way whatever the export:
+Two files, both built by the account export's code (privacy/export_sections.py,
+privacy/markdown.py), so a turn is serialised one way whatever the export:
 
 - Markdown (``.md``): the branch the chat page shows (the selected path of the turn tree,
   conversations/versions.py); the file says so and how many other branches there are.
@@ -26,7 +26,8 @@ from attachments.models import Attachment
 from conversations.models import Conversation
 from feedback.models import Feedback
 from privacy.archive import ExportEncoder
-from privacy.export import FORMAT, VERSION, conversation_json, conversation_turns
+from privacy.export import FORMAT, VERSION
+from privacy.export_sections import conversation_json, conversation_turns
 from privacy.markdown import conversation_markdown
 from projects.export import answer_sources
 
@@ -64,8 +65,8 @@ def conversation_export_markdown(*, conversation: Conversation) -> str:
 def conversation_export_json(*, conversation: Conversation) -> str:
     """The JSON document of ``conversation``'s whole tree: ``{"format", "version", "kind":
     "conversation", "scope": "tree", "exported_at", "conversation": {...}}`` (the conversation
-    as privacy/export.py ``conversation_json`` writes it, share links left out: a link is a
-    credential), indented, UTF-8 text."""
+    as privacy/export_sections.py ``conversation_json`` writes it, share links left out: a link
+    is a credential), indented, UTF-8 text."""
     db = _db(conversation)
     attachments = list(
         Attachment.objects.using(db).filter(conversation_id=conversation.pk).defer("text").order_by("created_at")

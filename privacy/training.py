@@ -30,10 +30,10 @@ not part of the conversation and are never exported.
 whose last turn is older are not read at all). ``region``: only that region's conversations;
 without it, every region's database in turn (conversations/regions.py ``region_dbs``).
 
-**Memory.** Streamed: conversations are read in batches of ``privacy.export.BATCH`` per region
-database (keyset on ``(created_at, conversation_id)``), each batch's turns with one query
-through a server-side cursor, one conversation's turns held at a time, and each line is yielded
-as soon as it is built.
+**Memory.** Streamed: conversations are read in batches of ``privacy.export_sections.BATCH``
+per region database (keyset on ``(created_at, conversation_id)``), each batch's turns with one
+query through a server-side cursor, one conversation's turns held at a time, and each line is
+yielded as soon as it is built.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from datetime import datetime
 from conversations import regions
 from conversations.models import Conversation, Turn
 from conversations.versions import positions_build
-from privacy.export import conversation_batches
+from privacy.export_sections import conversation_batches
 
 TURN_FIELDS = (
     "turn_id", "conversation_id", "role", "content", "status", "reply_to_id", "replaces_id",

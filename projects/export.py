@@ -2,8 +2,8 @@
 each project they own, with its instructions and its files' names, states and extracted text
 (the passages in order; the original bytes stay out, as the archive's README says of nothing
 else: they are what the person uploaded). Their chats in a project carry its ``project_id``
-(privacy/export.py ``conversation_json``), and each answer its sources (:func:`answer_sources`:
-the file's name and the passage's text, as the page shows them)."""
+(privacy/export_sections.py ``conversation_json``), and each answer its sources
+(:func:`answer_sources`: the file's name and the passage's text, as the page shows them)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 composer that starts a chat in it), and the htmx fragments that change it.
 
 Thin: parse, call a selector (permissions: projects/selectors.py) or a service, render. A new
-chat in a project is started by the chat's own endpoint (conversations.views.turn_create with
-``project``), so a project's turn takes the one turn pipeline.
+chat in a project is started by the chat's own endpoint (conversations.turn_views.turn_create
+with ``project``), so a project's turn takes the one turn pipeline.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from conversations.views import sidebar_context
+from conversations.chat_context import sidebar_context
 from gateway.gate import Refused
 from projects import selectors, services
 from projects.models import ProjectFile

@@ -51,7 +51,7 @@ class Snapshot:
 
 
 def _turn_key(turn: Turn) -> tuple:
-    return (turn.created_at, str(turn.turn_id))  # the turn log's order (selectors._turn_order)
+    return (turn.created_at, str(turn.turn_id))  # the turn log's order (selectors.turn_order)
 
 
 def snapshot_exchanges(

@@ -404,10 +404,10 @@ def op_turn_append_assistant(conversation_id: str, reply_to_id: str, content: st
 
 def op_history(username: str, conversation_id: str, limit: int = 100) -> list[str]:
     """The ids of a conversation's newest turns (the /v1 history page's selector)."""
-    from conversations import selectors  # noqa: PLC0415
+    from conversations import page_selectors, selectors  # noqa: PLC0415
 
     conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=_user(username))
-    turns, _ = selectors.turn_page(conversation=conversation, before=None, limit=limit)
+    turns, _ = page_selectors.turn_page(conversation=conversation, before=None, limit=limit)
     return [str(t.turn_id) for t in turns]
 
 
@@ -418,9 +418,9 @@ def op_conversation_list(username: str) -> list[str]:
 
 
 def op_conversation_page(username: str, limit: int) -> list[str]:
-    from conversations import selectors  # noqa: PLC0415
+    from conversations import page_selectors  # noqa: PLC0415
 
-    page, _ = selectors.conversation_page(user=_user(username), before=None, limit=limit)
+    page, _ = page_selectors.conversation_page(user=_user(username), before=None, limit=limit)
     return [str(c.pk) for c in page]
 
 

@@ -399,9 +399,9 @@ def test_the_next_prompt_sees_a_written_through_answer_before_postgres_has_it(ma
 def test_the_first_history_page_comes_from_the_cache_and_falls_back_when_evicted(
     make_user, test_redis
 ):
-    """GET /v1/conversations/{id}'s first page (selectors.turn_page) is served from conv:{id};
+    """GET /v1/conversations/{id}'s first page (page_selectors.turn_page) is served from conv:{id};
     with the key evicted it is read from PostgreSQL."""
-    from conversations import selectors  # noqa: PLC0415
+    from conversations import page_selectors  # noqa: PLC0415
 
     conversation = conversation_with_turns(make_user, exchanges=1)
     question = services.turn_append_user(conversation=conversation, content="question 1")
@@ -410,9 +410,9 @@ def test_the_first_history_page_comes_from_the_cache_and_falls_back_when_evicted
     answer = unsaved_answer(conversation, question, "cached only")
     async_to_sync(cache.aturn_cached)(answer, after=question.created_at)
 
-    cached_page, cached_more = selectors.turn_page(conversation=conversation, before=None, limit=2)
+    cached_page, cached_more = page_selectors.turn_page(conversation=conversation, before=None, limit=2)
     test_redis.delete(cache.cache_key(conversation.pk))
-    pg_page, _ = selectors.turn_page(conversation=conversation, before=None, limit=2)
+    pg_page, _ = page_selectors.turn_page(conversation=conversation, before=None, limit=2)
 
     assert [t.content for t in cached_page] == ["question 1", "cached only"]
     assert cached_more is True

@@ -59,7 +59,8 @@ def test_the_gateway_imports_no_feature_app_but_moderation():
 
 STORAGE = [
     "conversations.services", "conversations.writeback", "conversations.held", "conversations.cache",
-    "conversations.selectors", "conversations.retention", "conversations.deletion",
+    "conversations.selectors", "conversations.page_selectors", "conversations.search_selectors",
+    "conversations.retention", "conversations.deletion",
     "conversations.tombstones", "conversations.turndata", "conversations.partitions",
     "conversations.regions", "attachments.services",
 ]  # fmt: skip

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from conversations import services
 from conversations.models import Turn
-from conversations.selectors import EXCHANGES_PAGE
+from conversations.page_selectors import EXCHANGES_PAGE
 from tests.long_conversation import long_conversation_seed, question_text
 
 pytestmark = pytest.mark.django_db

@@ -275,7 +275,7 @@ def test_two_concurrent_writes_of_one_answer_store_it_once(make_user):
 @pytest.mark.django_db
 def test_every_append_keeps_last_turn_at_at_or_after_its_turns(make_user):
     """History pages bound created_at by the conversation's last_turn_at to prune partitions
-    (selectors.turn_page); that is only sound while every append raises last_turn_at to at
+    (page_selectors.turn_page); that is only sound while every append raises last_turn_at to at
     least the new turn's created_at, including an answer written back late."""
     conversation = services.conversation_create(owner=make_user())
     question = services.turn_append_user(conversation=conversation, content="hi")

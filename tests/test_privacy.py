@@ -33,7 +33,7 @@ from feedback.services import feedback_set
 from memory.embeddings import embedding_dimension
 from memory.models import UserMemory
 from moderation.services import withdrawn_answer_keep
-from privacy import export
+from privacy import export_sections
 from sharing.services import share_link_create
 from usage.models import UsageRecord
 from workspaces import services as workspace_services
@@ -284,7 +284,7 @@ def test_credentials_are_left_out(alice):
 
 def test_conversations_beyond_one_batch_are_all_exported(make_user, monkeypatch):
     """Given 5 conversations read 2 at a time (keyset pages), then all 5 are exported once."""
-    monkeypatch.setattr(export, "BATCH", 2)
+    monkeypatch.setattr(export_sections, "BATCH", 2)
     user = make_user("carol")
     made = {str(services.conversation_create(owner=user, title=f"c{i}").pk) for i in range(5)}
 

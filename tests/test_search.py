@@ -10,7 +10,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from conversations import selectors, services
+from conversations import search_selectors, services
 from conversations.models import Conversation
 from tests.test_api import api_client, assert_error
 
@@ -25,7 +25,7 @@ def conversation_with(user, title: str, *messages: str) -> Conversation:
 
 
 def found(user, q: str, limit: int = 20) -> list[str]:
-    return [c.title for c in selectors.conversation_search(user=user, q=q, limit=limit)]
+    return [c.title for c in search_selectors.conversation_search(user=user, q=q, limit=limit)]
 
 
 # --- the selector ------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_a_blank_query_matches_nothing_and_an_over_long_one_is_refused(make_user
     assert found(alice, "   ") == []
     assert found(alice, "x" * 200) == []  # at the limit: a query, no match
     with pytest.raises(ValidationError) as refused:
-        selectors.conversation_search(user=alice, q="x" * 201, limit=5)
+        search_selectors.conversation_search(user=alice, q="x" * 201, limit=5)
     assert refused.value.code == "too_long"
 
 
@@ -104,7 +104,7 @@ def test_the_turn_text_match_can_use_the_gin_index_on_every_partition(make_user)
     alice = make_user()
     conversation_with(alice, "t", "sourdough")
     with CaptureQueriesContext(connection) as queries:
-        selectors.conversation_search(user=alice, q="sourdough", limit=5)
+        search_selectors.conversation_search(user=alice, q="sourdough", limit=5)
     (sql,) = [q["sql"] for q in queries.captured_queries if "websearch_to_tsquery" in q["sql"]]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -260,4 +260,4 @@ def test_search_limits_are_the_documented_ones():
         p for p in build_document()["paths"]["/v1/conversations"]["get"]["parameters"]
         if p["name"] == "q"
     ]  # fmt: skip
-    assert q["schema"]["maxLength"] == selectors.SEARCH_MAX_CHARS == 200
+    assert q["schema"]["maxLength"] == search_selectors.SEARCH_MAX_CHARS == 200

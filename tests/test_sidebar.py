@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.test import Client
 
-from conversations import sidebar, views
+from conversations import chat_context, sidebar
 from conversations.models import Conversation
 from tests.test_search import conversation_with
 
@@ -241,7 +241,7 @@ def test_the_page_groups_by_the_browsers_time_zone_cookie(make_user, monkeypatch
     alice = make_user()
     conversation = conversation_with(alice, "Late", "hello")
     Conversation.objects.filter(pk=conversation.pk).update(last_turn_at=at(2026, 11, 19, 23, 30))
-    monkeypatch.setattr(views, "timezone", SimpleNamespace(now=lambda: at(2026, 11, 20, 0, 30)))
+    monkeypatch.setattr(chat_context, "timezone", SimpleNamespace(now=lambda: at(2026, 11, 20, 0, 30)))
     client = signed_in(alice)
 
     assert group_labels(client.get("/").content.decode()) == ["Yesterday"]

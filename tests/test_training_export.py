@@ -23,7 +23,7 @@ from accounts.models import Membership, Organisation
 from accounts.services import user_training_opt_out_set
 from conversations import services
 from conversations.models import Conversation, Turn
-from privacy import export, training
+from privacy import export_sections, training
 from workspaces import services as workspace_services
 
 pytestmark = pytest.mark.django_db
@@ -256,7 +256,7 @@ def test_a_missing_output_folder_is_a_command_error(tmp_path):
 def test_records_are_read_batch_by_batch_as_they_are_asked_for(make_user, monkeypatch):
     """Streaming: with batches of 2 conversations, the first record costs one batch of
     conversations and one query of its turns, not all five conversations."""
-    monkeypatch.setattr(export, "BATCH", 2)
+    monkeypatch.setattr(export_sections, "BATCH", 2)
     for n in range(5):
         ask(services.conversation_create(owner=make_user(f"u{n}")), f"q{n}", f"a{n}")
 

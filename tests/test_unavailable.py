@@ -80,7 +80,7 @@ def test_a_v1_request_whose_database_is_unreachable_gets_the_json_503(make_user,
 
     user = make_user("bo")
     key = api_key_create(user=user, name="t").raw
-    monkeypatch.setattr("conversations.selectors.conversation_page", _failing(POOL_TIMEOUT))
+    monkeypatch.setattr("conversations.page_selectors.conversation_page", _failing(POOL_TIMEOUT))
 
     response = Client(raise_request_exception=False).get(
         "/v1/conversations", headers={"Authorization": f"Bearer {key}"}

@@ -353,7 +353,7 @@ def shared_conversation_page(request: HttpRequest, conversation: Conversation) -
     """A conversation shared with a workspace, as another member reads it: every exchange
     (newest version of each message and answer), no message box, no edit, regenerate or stop.
     ``conversation`` comes from ``conversations.selectors.conversation_view_for_user``
-    (called by ``conversations.views.conversation_detail`` for non-owners)."""
+    (called by ``conversations.page_views.conversation_detail`` for non-owners)."""
     exchanges = [
         {
             "question": x.question,

@@ -1,4 +1,4 @@
-"""A GIN index for full-text search over turn text (selectors.conversation_search).
+"""A GIN index for full-text search over turn text (search_selectors.conversation_search).
 
 Created on the partitioned parent, so PostgreSQL builds one on every partition and on every
 partition created later. The expression is Django's ``SearchVector("content", config="english")``

@@ -1,6 +1,6 @@
 """A 3,000-turn conversation in a real browser (issue 29): headless Debian Chromium at its
 default 1280x720 against the shared server (``live``). The page opens with one page of
-exchanges (selectors.EXCHANGES_PAGE) and a ready message box, loads earlier pages as the reader
+exchanges (page_selectors.EXCHANGES_PAGE) and a ready message box, loads earlier pages as the reader
 scrolls up until the first message, and keeps the exchange the reader looks at in place while
 a page goes in above it (static/chat/follow.js). Conversations come from
 tests/long_conversation.py; fixtures and helpers from test_chat_ui.py."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from conversations.selectors import EXCHANGES_PAGE
+from conversations.page_selectors import EXCHANGES_PAGE
 from tests.browser.test_chat_ui import COMPOSER_BOX, browser, new_page, ui_login  # noqa: F401
 from tests.long_conversation import long_conversation_seed, question_text
 

@@ -17,7 +17,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts.models import User
-from conversations import selectors
+from conversations import page_selectors
 from conversations.models import Conversation, Turn
 from conversations.partitions import DEFAULT_PARTITION, turn_partitions_ensure
 
@@ -82,7 +82,7 @@ def page_and_plan(conversation: Conversation, before) -> tuple[list[Turn], bool,
     """turn_page's result, and the tables its turn query scans per EXPLAIN of the very SQL it
     ran (captured from the connection)."""
     with CaptureQueriesContext(connection) as queries:
-        page, more = selectors.turn_page(conversation=conversation, before=before, limit=50)
+        page, more = page_selectors.turn_page(conversation=conversation, before=before, limit=50)
     (sql,) = [q["sql"] for q in queries.captured_queries if '"conversations_turn"' in q["sql"]]
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (FORMAT JSON) " + sql)
@@ -169,7 +169,7 @@ def test_following_cursors_walks_to_the_first_turn_without_gaps(turn_log):
     seen: list[int] = []
     before = None
     while True:
-        page, more = selectors.turn_page(conversation=conversation, before=before, limit=50)
+        page, more = page_selectors.turn_page(conversation=conversation, before=before, limit=50)
         seen = turn_numbers(page) + seen
         if not more:
             break
