@@ -25,11 +25,11 @@ test: install model browser nginx etcd node-tools
 test-fast: install
 	$(PY) -m chatsite.devstack exec -- $(PY) -m pytest -m "not real_engine and not browser" $(PYTEST_ARGS)
 
-# PNGs of the main pages at 390x844 and 1280x800, light and dark, into docs/screenshots/ (real
-# Chromium, the scripted engine double; tests/browser/test_layout_ui.py::test_write_screenshots).
+# PNGs of the main pages, a project and a tool round at 390x844 and 1280x800, light and dark, into
+# docs/screenshots/ (real Chromium, the scripted engine double; the tests marked ``screenshots``).
 screenshots: install model browser
 	CHAT_SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(PY) -m chatsite.devstack exec -- \
-	  $(PY) -m pytest tests/browser/test_layout_ui.py -k write_screenshots -q -p no:cacheprovider
+	  $(PY) -m pytest tests/browser -m screenshots -q -p no:cacheprovider
 
 # Streaming benchmark (full HTTP/SSE stack vs the bare engine, same run), the resume benchmark
 # (resume latency, concurrent open SSE streams per server process), the state tier (turn append,

@@ -43,15 +43,13 @@ def question_select(request: HttpRequest, conversation_id: UUID, turn_id: UUID) 
     return messages_response(request, conversation)
 
 
-@require_POST
-@login_required
-async def answer_regenerate(
-    request: HttpRequest, conversation_id: UUID, turn_id: UUID
-) -> HttpResponse:
-    """Regenerate answer ``turn_id``: a new assistant turn that replaces it, with the same
-    question (append-only). Responds with the streaming answer fragment (htmx: in place of the
-    old answer; ``< n/n >`` once done) or redirects. 404 for an answer or conversation that is
-    not the user's, 409 while an answer is still being written."""
+async def _answer_restart(request: HttpRequest, conversation_id: UUID, turn_id: UUID, start) -> HttpResponse:
+    """What regenerate and continue share: the user's answer ``turn_id``, its earlier versions,
+    ``start(conversation=..., answer=...)`` (conversations/submit.py: -> (question, stream)), its
+    refusals as error responses (409 busy, the gate's status), a redirect without htmx; with htmx
+    the streaming answer fragment, whose ``< i/n >`` lists the new answer last among the versions
+    (a continuation takes the place of the answer it continues) and, for a continuation, the
+    text so far before the new text. 404 for an answer or conversation that is not the user's."""
     user = await request.auser()
     conversation = await selectors.aconversation_get_for_user(
         conversation_id=conversation_id, user=user
@@ -59,25 +57,36 @@ async def answer_regenerate(
     answer = await sync_to_async(selectors.answer_get)(conversation=conversation, turn_id=turn_id)
     earlier = await sync_to_async(selectors.answer_versions)(answer=answer)
     try:
-        question, stream = await submit.answer_regenerate(conversation=conversation, answer=answer)
+        question, stream = await start(conversation=conversation, answer=answer)
     except locks.ConversationBusy as exc:
         return error_response(request, str(exc), 409)
     except gate.Refused as exc:
         return error_response(request, exc.message, exc.status, exc.headers)
     if not is_htmx(request):
         return redirect("conversation", conversation_id=conversation.conversation_id)
-    total = len(earlier) + 1
-    context = {
-        **exchange_context(
-            conversation,
-            selectors.Exchange(question=question, answer=None),
-            answer_id=stream.answer_id,
-            versions={"index": total, "total": total, "prev": earlier[-1].turn_id, "next": None},
-        ),
-    }
+    continuing = start is submit.answer_continue
+    ids = [a.turn_id for a in earlier if not (continuing and a.turn_id == answer.turn_id)] + [stream.answer_id]
+    context = exchange_context(
+        conversation,
+        selectors.Exchange(question=question, answer=None),
+        answer_id=stream.answer_id,
+        versions={"index": len(ids), "total": len(ids), "prev": ids[-2] if len(ids) > 1 else None, "next": None},
+    )  # fmt: skip
+    if continuing:
+        context = {**context, "prefix": answer.content, "prefix_html": markdown_to_safe_html(answer.content)}
     return HttpResponse(
         await sync_to_async(render_to_string)("chat/_answer_streaming.html", context, request=request)
     )
+
+
+@require_POST
+@login_required
+async def answer_regenerate(request: HttpRequest, conversation_id: UUID, turn_id: UUID) -> HttpResponse:
+    """Regenerate answer ``turn_id``: a new assistant turn that replaces it, with the same
+    question (append-only). Responds with the streaming answer fragment (htmx: in place of the
+    old answer; ``< n/n >`` once done) or redirects. 404 for an answer or conversation that is
+    not the user's, 409 while an answer is still being written."""
+    return await _answer_restart(request, conversation_id, turn_id, submit.answer_regenerate)
 
 
 @require_POST
@@ -88,35 +97,7 @@ async def answer_continue(request: HttpRequest, conversation_id: UUID, turn_id: 
     answer fragment holding the text so far (htmx: in place of the cut-off answer; the new text
     streams after it) or redirects. 400 for an answer that was not cut off, 404 for an answer or
     conversation that is not the user's, 409 while an answer is still being written."""
-    user = await request.auser()
-    conversation = await selectors.aconversation_get_for_user(
-        conversation_id=conversation_id, user=user
-    )
-    answer = await sync_to_async(selectors.answer_get)(conversation=conversation, turn_id=turn_id)
-    earlier = await sync_to_async(selectors.answer_versions)(answer=answer)
-    try:
-        question, stream = await submit.answer_continue(conversation=conversation, answer=answer)
-    except locks.ConversationBusy as exc:
-        return error_response(request, str(exc), 409)
-    except gate.Refused as exc:
-        return error_response(request, exc.message, exc.status, exc.headers)
-    if not is_htmx(request):
-        return redirect("conversation", conversation_id=conversation.conversation_id)
-    # The continuation takes the cut-off answer's place among the versions (the newest).
-    ids = [a.turn_id for a in earlier if a.turn_id != answer.turn_id] + [stream.answer_id]
-    context = {
-        **exchange_context(
-            conversation,
-            selectors.Exchange(question=question, answer=None),
-            answer_id=stream.answer_id,
-            versions={"index": len(ids), "total": len(ids), "prev": ids[-2] if len(ids) > 1 else None, "next": None},
-        ),
-        "prefix": answer.content,
-        "prefix_html": markdown_to_safe_html(answer.content),
-    }
-    return HttpResponse(
-        await sync_to_async(render_to_string)("chat/_answer_streaming.html", context, request=request)
-    )
+    return await _answer_restart(request, conversation_id, turn_id, submit.answer_continue)
 
 
 @require_http_methods(["GET", "POST"])

@@ -115,10 +115,10 @@ def test_a_pinned_chat_is_listed_first_and_stays_first_after_a_reload(
         page.click(f"#row-menu-button-{oldest.pk}")
         page.locator(f"#row-menu-{oldest.pk}").get_by_role("menuitem", name="Pin").click()
 
-        expect(page.locator("#sidebar .group-heading").first).to_have_text("Pinned")
+        expect(page.locator("#sidebar .conversation-group .group-heading").first).to_have_text("Pinned")
         expect(page.locator(f"{ROWS} .row-title").first).to_have_text("Oldest")
         page.reload()
-        expect(page.locator("#sidebar .group-heading").first).to_have_text("Pinned")
+        expect(page.locator("#sidebar .conversation-group .group-heading").first).to_have_text("Pinned")
         assert row_titles(page) == ["Oldest", "Newest", "Middle"]
         page.click(f"#row-menu-button-{oldest.pk}")
         expect(page.locator(f"#row-menu-{oldest.pk}").get_by_role("menuitem", name="Unpin")).to_be_visible()
@@ -140,7 +140,7 @@ def test_the_date_groups_have_headings(live, engine_double, make_user, browser):
         page.goto(f"{live.url}/")  # sets the tz cookie (UTC here) for the next load
         page.reload()
         month = timezone.now() - timedelta(days=60)
-        expect(page.locator("#sidebar .group-heading")).to_have_text(
+        expect(page.locator("#sidebar .conversation-group .group-heading")).to_have_text(
             ["Today", "Yesterday", "Previous 7 days", f"{MONTHS[month.month - 1]} {month.year}"]
         )
     finally:
