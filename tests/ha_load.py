@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tests import pgcluster
+from tests import pgcluster_ops
 
 
 def op_append_loop(
@@ -39,7 +39,7 @@ def op_append_loop(
     from conversations import regions, selectors, services  # noqa: PLC0415
     from conversations.models import Turn  # noqa: PLC0415
 
-    user = pgcluster._user(username)
+    user = pgcluster_ops._user(username)
     conversation = selectors.conversation_get_for_user(conversation_id=conversation_id, user=user)
     db = regions.conversation_db(conversation)
     close_old_connections()
@@ -65,7 +65,7 @@ def op_append_loop(
             time.sleep(delay)
         t0 = time.time()
         try:
-            # The owner's row goes with the write, as tests/pgcluster.py's op does: the training
+            # The owner's row goes with the write, as tests/pgcluster_ops.py's op does: the training
             # flag is then read from it, not from the global database's replica alias.
             turn = services.turn_append_user(conversation=conversation, content=f"seq {n}", owner=user)
             acked.append([n, str(turn.turn_id), t0, time.time()])
@@ -125,7 +125,7 @@ def op_api(username: str, method: str, path: str, body: dict | None = None) -> d
 
     if username not in _keys:
         _keys[username] = account_services.api_key_create(
-            user=pgcluster._user(username), name="ha"
+            user=pgcluster_ops._user(username), name="ha"
         ).raw
     response = Client().generic(
         method, path, json.dumps(body) if body is not None else "", content_type="application/json",
@@ -205,4 +205,4 @@ def probe_loop(
 
 
 if __name__ == "__main__":
-    pgcluster._serve({**pgcluster.OPS, "append_loop": op_append_loop, "api": op_api})
+    pgcluster_ops._serve({**pgcluster_ops.OPS, "append_loop": op_append_loop, "api": op_api})
