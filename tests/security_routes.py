@@ -1,156 +1,45 @@
 """The security table (issue 10): every URL of the site, how to fill its parameters with alice's
 objects (tests/security_world.py), the methods it accepts, the body that would do harm if the
-check were missing, and what each kind of caller must get.
+check were missing, and what each kind of caller must get (tests/security_outcomes.py).
 
-``tests/test_security_matrix.py`` walks the URL resolver and fails for a route this table does
-not cover, so a new endpoint cannot ship without saying who may use it. Routes under ``admin/``
-are covered by one rule (:data:`ADMIN`: Django's admin lets in active staff only); every other
-route has a row here. Public routes (:data:`PUBLIC`) carry the reason they are public.
+``tests/test_security_matrix.py`` walks the URL resolver (tests/security_resolver.py) and fails
+for a route this table does not cover, so a new endpoint cannot ship without saying who may use
+it. Routes under ``admin/`` are covered by one rule (:data:`ADMIN`: Django's admin lets in
+active staff only); every other route has a row here. Public routes (:data:`PUBLIC`) carry the
+reason they are public.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.apps import apps
-from django.contrib.contenttypes.models import ContentType
-from django.core.files.uploadedfile import SimpleUploadedFile
-from django.db import DEFAULT_DB_ALIAS
-from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
-from conversations.models import Conversation
 from tests.conftest import PASSWORD
-from tests.security_world import World, body_text
-
-# --- what a caller gets -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """``status`` and, for a redirect, where it must point (the start of its Location)."""
-
-    status: int
-    location: str = ""
-    label: str = ""
-
-    def __str__(self) -> str:
-        return self.label or str(self.status)
-
-
-LOGIN = Outcome(302, "/accounts/login/?next=", "sign-in")
-ADMIN_LOGIN = Outcome(302, "/admin/login/?next=", "admin sign-in")
-NOT_FOUND = Outcome(404)
-FORBIDDEN = Outcome(403)
-GONE = Outcome(410)
-UNAUTHORIZED = Outcome(401)  # /v1: the JSON error shape and WWW-Authenticate
-# Not a refusal: the caller may use the route (their own data, or read access by design).
-ALLOWED = Outcome(0, label="allowed")
-
-
-HTML_ACTORS = ("anonymous", "bob", "carol", "dave")
-API_ACTORS = (
-    "anonymous", "alice_session", "alice_session_csrf", "alice_revoked", "mallory_revoked",
-    "bob_key", "carol_key", "dave_key",
-)  # fmt: skip
-ADMIN_ACTORS = ("anonymous", "alice", "bob")
-
-
-def _access(anonymous: Outcome, bob: Outcome, carol: Outcome, dave: Outcome) -> dict:
-    return {"anonymous": anonymous, "bob": bob, "carol": carol, "dave": dave}
-
-
-# Alice's own objects: nobody else's business, and an id never tells that it exists.
-OWN = _access(LOGIN, NOT_FOUND, NOT_FOUND, NOT_FOUND)
-# Read by the members of the workspace it is shared with (dave; carol no longer).
-WORKSPACE_READ = _access(LOGIN, NOT_FOUND, NOT_FOUND, ALLOWED)
-# An organisation's pages for any member; others (bob, an owner elsewhere; carol) 404.
-ORG_MEMBERS = _access(LOGIN, NOT_FOUND, NOT_FOUND, ALLOWED)
-# Owners' and admins' pages that do not even tell a plain member they exist (usage, moderation).
-ORG_ADMINS_HIDDEN = _access(LOGIN, NOT_FOUND, NOT_FOUND, NOT_FOUND)
-# Owners' (and admins') pages: a plain member is told they lack the role (403, deliberate).
-ORG_ROLE = _access(LOGIN, NOT_FOUND, NOT_FOUND, FORBIDDEN)
-# The caller's own account: anonymous visitors sign in; anyone else sees only their own.
-SELF = _access(LOGIN, ALLOWED, ALLOWED, ALLOWED)
-# A revoked share link: 404 for everyone, signed in or not, its owner too.
-REVOKED_LINK = {**_access(NOT_FOUND, NOT_FOUND, NOT_FOUND, NOT_FOUND), "alice": NOT_FOUND}
-# A withdrawn invitation: sign in first; then 410 for everyone.
-WITHDRAWN_INVITATION = _access(LOGIN, GONE, GONE, GONE)
-PUBLIC = {actor: ALLOWED for actor in HTML_ACTORS}
-
-_API_REFUSED = {
-    "anonymous": UNAUTHORIZED,
-    # The API never acts on a session cookie, with or without a CSRF token (bearer only).
-    "alice_session": UNAUTHORIZED,
-    "alice_session_csrf": UNAUTHORIZED,
-    "alice_revoked": UNAUTHORIZED,
-    "mallory_revoked": UNAUTHORIZED,
-}
-API_OWN = {**_API_REFUSED, "bob_key": NOT_FOUND, "carol_key": NOT_FOUND, "dave_key": NOT_FOUND}
-# A workspace's project over /v1: dave (a member) may open it, only its owner and acme's
-# owners/admins change it.
-API_ORG_MEMBERS = {**_API_REFUSED, "bob_key": NOT_FOUND, "carol_key": NOT_FOUND, "dave_key": ALLOWED}
-API_ORG_ROLE = {**_API_REFUSED, "bob_key": NOT_FOUND, "carol_key": NOT_FOUND, "dave_key": FORBIDDEN}
-API_SELF = {**_API_REFUSED, "bob_key": ALLOWED, "carol_key": ALLOWED, "dave_key": ALLOWED}
-API_PUBLIC = {actor: ALLOWED for actor in API_ACTORS}
-ADMIN = {actor: ADMIN_LOGIN for actor in ADMIN_ACTORS}
-
-
-def assert_outcome(response, expected: Outcome, *, api: bool) -> None:
-    assert response.status_code == expected.status, (
-        f"expected {expected}, got {response.status_code}: {body_text(response)[:300]}"
-    )
-    if expected.location:
-        assert response["Location"].startswith(expected.location), response["Location"]
-    if api:
-        error = response.json()["error"]
-        assert error["message"]
-        assert error["type"] == {401: "authentication", 403: "permission_denied", 404: "not_found"}[expected.status]
-    if api and expected is UNAUTHORIZED:
-        assert response["WWW-Authenticate"].startswith("Bearer")
-
-
-# --- request bodies ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Body:
-    """A request body: ``kind`` "form" (urlencoded/multipart form fields), "json" or "file"
-    (multipart with one file in ``field``)."""
-
-    kind: str
-    data: dict
-
-    def send(self, client, method: str, path: str):
-        if self.kind == "json":
-            return client.generic(
-                method, path, json.dumps(self.data), content_type="application/json"
-            )
-        if self.kind == "file":
-            upload = SimpleUploadedFile("pwned.txt", b"pwned\n", content_type="text/plain")
-            return client.post(path, {self.data["field"]: upload})
-        assert method == "POST", "form bodies are POSTed"
-        return client.post(path, self.data)
-
-
-def form(**fields) -> Callable[[World], Body]:
-    return lambda w: Body("form", {k: v(w) if callable(v) else v for k, v in fields.items()})
-
-
-def js(**fields) -> Callable[[World], Body]:
-    return lambda w: Body("json", {k: v(w) if callable(v) else v for k, v in fields.items()})
-
-
-def send(client, method: str, path: str, body: Body | None):
-    """Send one request; ``body`` None: none (GET, DELETE, a bare POST)."""
-    if body is not None:
-        return body.send(client, method, path)
-    return client.generic(method, path)
-
+from tests.security_outcomes import (
+    API_ORG_MEMBERS,
+    API_ORG_ROLE,
+    API_OWN,
+    API_PUBLIC,
+    API_SELF,
+    ORG_ADMINS_HIDDEN,
+    ORG_MEMBERS,
+    ORG_ROLE,
+    OWN,
+    PUBLIC,
+    REVOKED_LINK,
+    SELF,
+    WITHDRAWN_INVITATION,
+    WORKSPACE_READ,
+    Body,
+    Outcome,
+    form,
+    js,
+)
+from tests.security_world import World
 
 # --- the rows ---------------------------------------------------------------------------------
 
@@ -561,67 +450,6 @@ OPTIONAL_PUBLIC = {
 }
 
 BY_NAME = {r.name: r for r in ROUTES}
-
-
-# --- the resolver -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SiteRoute:
-    """A URL pattern as the resolver has it: the whole pattern text and its namespaced name."""
-
-    pattern: str
-    name: str | None
-
-
-def site_routes(patterns=None, prefix: str = "", namespace: str = "") -> list[SiteRoute]:
-    """Every URL pattern under ``patterns`` (default: the site's), walked recursively."""
-    found = []
-    for entry in get_resolver().url_patterns if patterns is None else patterns:
-        if isinstance(entry, URLResolver):
-            inner = ":".join(n for n in (namespace, entry.namespace) if n)
-            found += site_routes(entry.url_patterns, prefix + str(entry.pattern), inner)
-        elif isinstance(entry, URLPattern):
-            name = ":".join(n for n in (namespace, entry.name) if n) if entry.name else None
-            found.append(SiteRoute(prefix + str(entry.pattern), name))
-    return found
-
-
-def is_admin(route: SiteRoute) -> bool:
-    return route.pattern.startswith("admin/")
-
-
-def uncovered(routes: list[SiteRoute]) -> list[SiteRoute]:
-    """The routes the security table says nothing about: not a row, not an optional public
-    route, and not under ``admin/`` (the ADMIN rule covers those)."""
-    covered = {*BY_NAME, *OPTIONAL_PUBLIC}
-    return [
-        r for r in routes if r.name not in covered and not (is_admin(r) and r.name != "admin:login")
-    ]
-
-
-def admin_path(route: SiteRoute, world) -> str:
-    """A concrete path for an admin pattern: object ids of a real row of the route's model."""
-    text = route.pattern.replace("^", "").replace("$", "")
-    text = re.sub(r"\(\?P<app_label>[^)]*\)", "conversations", text)
-    text = re.sub(r"\(\?P<url>\.\*\)", "no-such-page/", text)
-
-    def value(match: re.Match) -> str:
-        param = match.group(1)
-        if param == "content_type_id":
-            return str(ContentType.objects.get_for_model(Conversation).pk)
-        if param == "id":
-            return str(world.alice.pk)
-        if text.startswith("admin/r/"):  # "view on site": a conversation
-            return str(world.conversation.pk)
-        model = apps.get_model(*re.match(r"admin/(\w+)/(\w+)/", text).groups())
-        row = model._base_manager.using(DEFAULT_DB_ALIAS).order_by("pk").first()
-        return str(row.pk if row is not None else 1)
-
-    return "/" + re.sub(r"<(?:\w+:)?(\w+)>", value, text)
-
-
-ADMIN_ROUTES = [r for r in site_routes() if is_admin(r) and r.name != "admin:login"]
 
 
 def _uid(user) -> str:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-from tests.security_routes import ADMIN_ROUTES, API_PUBLIC, PUBLIC, ROUTES, Route, admin_path, send
+from tests.security_outcomes import API_PUBLIC, PUBLIC, send
+from tests.security_resolver import ADMIN_ROUTES, admin_path
+from tests.security_routes import ROUTES, Route
 from tests.security_world import (
     body_text,
     changes,

@@ -20,19 +20,17 @@ from dataclasses import dataclass
 import pytest
 
 from conversations import regions
-from tests.security_routes import (
+from tests.security_outcomes import (
     API_OWN,
-    BY_NAME,
     ORG_ADMINS_HIDDEN,
     ORG_MEMBERS,
     ORG_ROLE,
     OWN,
-    ROUTES,
     WORKSPACE_READ,
     Body,
-    Route,
     send,
 )
+from tests.security_routes import BY_NAME, ROUTES, Route
 from tests.security_world import (
     World,
     alice_fingerprint,

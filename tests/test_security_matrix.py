@@ -16,29 +16,21 @@ import pytest
 from django.http import HttpResponse
 from django.urls import get_resolver, path
 
-from tests.security_routes import (
+from tests.security_outcomes import (
     ADMIN,
-    ADMIN_ROUTES,
     ALLOWED,
-    ANY,
     API_PUBLIC,
     API_SELF,
-    BY_NAME,
     PUBLIC,
     REVOKED_LINK,
-    ROUTES,
     SELF,
     WITHDRAWN_INVITATION,
     Outcome,
-    Route,
-    SiteRoute,
-    admin_path,
     assert_outcome,
-    no_params,
     send,
-    site_routes,
-    uncovered,
 )
+from tests.security_resolver import ADMIN_ROUTES, SiteRoute, admin_path, site_routes, uncovered
+from tests.security_routes import ANY, BY_NAME, ROUTES, Route, no_params
 from tests.security_world import (
     ORG_NAME,
     SECRET_ANSWER,
