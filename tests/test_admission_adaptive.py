@@ -15,7 +15,7 @@ from inference.engine import GenerationOptions
 from inference.pools import pool_set
 from inference.router import Overloaded, Route, shed
 from inference.serving import pool_generate
-from tests.test_api import api_client, assert_error, new_conversation, post_json
+from tests.api_support import api_client, assert_error, new_conversation, post_json
 
 
 @pytest.fixture

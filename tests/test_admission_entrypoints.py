@@ -24,9 +24,9 @@ from conversations.models import Turn
 from gateway import admission, gate
 from inference import serving
 from inference.pools import pool_set
-from tests.test_api import BearerClient, post_json
-from tests.test_versions import read_answer
-from tests.test_views import HTMX, parse_sse, read_stream
+from tests.api_support import BearerClient, post_json
+from tests.chat_support import HTMX, parse_sse, read_stream
+from tests.versions_support import read_answer
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from memory import embeddings
-from tests.test_api import api_client, assert_error, post_json
+from tests.api_support import api_client, assert_error, post_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,7 +19,7 @@ MODEL = "all-MiniLM-L6-v2"
 
 
 def error_message(response, status: int, type_: str) -> str:
-    """The error's message, after checking its status and type (tests/test_api.py)."""
+    """The error's message, after checking its status and type (tests/api_support.py)."""
     assert_error(response, status, type_)
     return response.json()["error"]["message"]
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from api import schemas, tools
-from tests.test_api import api_client, assert_error, post_json
+from tests.api_support import api_client, assert_error, post_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

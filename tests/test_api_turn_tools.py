@@ -16,9 +16,9 @@ from inference import tool_format
 from conversations import turnstream
 from conversations.models import Conversation, Turn
 from privacy.conversation_export import conversation_export_json
-from tests.test_api import api_client, assert_error, new_conversation, post_json
+from tests.api_support import api_client, assert_error, new_conversation, post_json
 from tests.test_api_tools import WEATHER
-from tests.test_views import parse_sse, read_stream, wait_for
+from tests.chat_support import parse_sse, read_stream, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

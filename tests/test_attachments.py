@@ -19,7 +19,7 @@ from attachments.models import Attachment
 from attachments.services import attachment_storage
 from conversations import deletion, retention, services
 from conversations.models import Conversation
-from tests.test_api import api_client, assert_error, new_conversation
+from tests.api_support import api_client, assert_error, new_conversation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,9 +15,9 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from attachments.models import Attachment
 from conversations import services, turnstream
 from conversations.models import Conversation, Turn
-from tests.test_api import api_client, assert_error, new_conversation, post_json
+from tests.api_support import api_client, assert_error, new_conversation, post_json
+from tests.chat_support import HTMX, events_url_of, read_stream, signed_in
 from tests.test_attachments import PNG, media, pdf_bytes, stored_files, upload  # noqa: F401 - fixture
-from tests.test_views import HTMX, events_url_of, read_stream, signed_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

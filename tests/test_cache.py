@@ -423,7 +423,7 @@ def test_the_first_history_page_comes_from_the_cache_and_falls_back_when_evicted
 async def test_a_resume_that_needs_redis_gets_503_while_it_is_down(make_user, own_redis):
     """Answers cannot be resumed while Redis is down: a resume of a turn this process does not
     hold gets a clear 503 with Retry-After (not a 404, not a 500); with Redis up it is 404."""
-    from tests.test_api import api_client, new_conversation  # noqa: PLC0415
+    from tests.api_support import api_client, new_conversation  # noqa: PLC0415
 
     client, _ = await api_client(make_user)
     conversation_id = await new_conversation(client)

@@ -25,8 +25,8 @@ from conversations import summaries
 from gateway.gate import Caller
 from gateway.tenancy import cache_salt_for
 from inference.engine import GenerationOptions, VllmEngine
+from tests.api_support import BearerClient, assert_error, post_json
 from tests.test_admission_entrypoints import ENTRYPOINTS, person, send
-from tests.test_api import BearerClient, assert_error, post_json
 from tests.test_memory_block import FACTS, add_pinned, endpoint, words  # noqa: F401 - fixtures
 from tests.test_remote import engine as remote_engine
 from tests.test_remote import server, sse  # noqa: F401 - the fixture

@@ -17,8 +17,8 @@ from conversations import services
 from conversations.models import Turn
 from feedback.models import Feedback
 from feedback.selectors import histogram_quantile, version_health
-from tests.test_versions import answered
-from tests.test_views import signed_in
+from tests.chat_support import signed_in
+from tests.versions_support import answered
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from conversations import versions
 from conversations.models import Turn
-from tests.test_versions import answered, make_turn, read_answer, spy_prompts
-from tests.test_views import HTMX, signed_in
+from tests.chat_support import HTMX, signed_in
+from tests.versions_support import answered, make_turn, read_answer, spy_prompts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ from django.test import Client
 
 from accounts.models import Organisation
 from conversations import services
-from tests.test_api import branched_conversation
+from tests.api_support import branched_conversation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,8 +25,8 @@ from inference.prompts import (
     chat_messages,
     system_message,
 )
-from tests.test_api import api_client, new_conversation, post_json
-from tests.test_views import read_stream
+from tests.api_support import api_client, new_conversation, post_json
+from tests.chat_support import read_stream
 
 SITE = "You are a helpful, concise assistant."
 PREAMBLE = "Think step by step."

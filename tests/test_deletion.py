@@ -32,8 +32,8 @@ from conversations import (
 )
 from conversations.models import Conversation, Turn
 from privacy import services as privacy_services
-from tests.test_api import api_client, new_conversation, post_json
-from tests.test_views import HTMX, parse_sse, post_message, read_stream, signed_in, wait_for
+from tests.api_support import api_client, new_conversation, post_json
+from tests.chat_support import HTMX, parse_sse, post_message, read_stream, signed_in, wait_for
 from tests.test_writeback import a_held_answer, plain_redis, redis_down  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)

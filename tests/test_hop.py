@@ -17,7 +17,7 @@ from inference import serving
 from inference.admission import admission_for
 from inference.engine import GenerationOptions
 from inference.remote import EngineLoad, OpenAIRemoteEngine, load_parse
-from tests.test_api import BearerClient, api_client, assert_error, post_json
+from tests.api_support import BearerClient, api_client, assert_error, post_json
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,7 +17,7 @@ from accounts.services import api_key_create
 from conversations import selectors, versions
 from conversations.models import Conversation, Turn
 from imports.formats import ImportFormatError, chats_read
-from tests.test_api import branched_conversation
+from tests.api_support import branched_conversation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,8 +24,8 @@ from inference.prompts import CONVERSATION_PROMPT_HEADING, MEMORY_HEADING
 from memory import blocks, tasks
 from memory import services as memory_services
 from memory.models import MemoryBlock
-from tests.test_api import api_client, new_conversation, post_json
-from tests.test_views import read_stream
+from tests.api_support import api_client, new_conversation, post_json
+from tests.chat_support import read_stream
 
 FACTS = ["The user prefers metric units.", "The user is learning Rust.", "The user lives in Lyon."]
 

@@ -157,8 +157,8 @@ def test_a_conversation_not_idle_yet_is_left_for_later(talk, settings):
 
 async def test_a_turn_never_queues_or_waits_for_an_extraction(make_user, engine_double, monkeypatch):
     """The turn path does not touch memory extraction: the sweep finds idle conversations."""
-    from tests.test_versions import answered
-    from tests.test_views import signed_in
+    from tests.chat_support import signed_in
+    from tests.versions_support import answered
 
     queued = []
     monkeypatch.setattr(tasks.memory_extract, "delay", lambda *a, **k: queued.append(a))

@@ -158,8 +158,8 @@ async def test_remember_then_forget_vegetarian_leaves_no_fact_and_shows_memory_u
     """Given the chat page, when the user sends "remember that I'm vegetarian" and then "forget
     that I'm vegetarian", then each is applied as it is sent (no idle wait), no vegetarian fact
     is left, and the conversation shows "Memory updated" under both answers."""
-    from tests.test_versions import answered
-    from tests.test_views import signed_in
+    from tests.chat_support import signed_in
+    from tests.versions_support import answered
 
     client, user = await signed_in(make_user)
     conversation_id, _ = await answered(client, "Remember that I'm vegetarian.")
@@ -216,8 +216,8 @@ def test_a_forgotten_fact_is_not_extracted_again_at_idle(make_user, settings):
 async def test_a_request_in_a_temporary_chat_changes_no_memory(make_user, engine_double):
     """Nothing of a temporary chat is kept: "remember that ..." there stores nothing."""
     from conversations.models import Conversation
-    from tests.test_versions import answered
-    from tests.test_views import signed_in
+    from tests.chat_support import signed_in
+    from tests.versions_support import answered
 
     client, user = await signed_in(make_user)
     conversation = await Conversation.objects.acreate(owner=user, model="m", region="eu-west", temporary=True)

@@ -12,8 +12,8 @@ from asgiref.sync import sync_to_async
 
 from inference.prompts import MEMORY_HEADING
 from memory import services as memory_services
-from tests.test_api import api_client, new_conversation, post_json
-from tests.test_views import read_stream
+from tests.api_support import api_client, new_conversation, post_json
+from tests.chat_support import read_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,8 +22,8 @@ from core import metrics
 from conversations import events as stream_events
 from conversations.models import Turn
 from moderation import base as moderation_base
-from tests.test_api import api_client, assert_error, new_conversation, post_json
-from tests.test_views import HTMX, parse_sse, read_stream, signed_in
+from tests.api_support import api_client, assert_error, new_conversation, post_json
+from tests.chat_support import HTMX, parse_sse, read_stream, signed_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -497,7 +497,7 @@ async def test_a_blocked_first_message_never_names_the_conversation(make_user, e
 
 async def test_background_jobs_are_labelled_background_in_metrics_and_the_ledger(make_user, engine_double, settings):
     from accounts.services import service_api_key  # noqa: PLC0415
-    from tests.test_api import BearerClient  # noqa: PLC0415
+    from tests.api_support import BearerClient  # noqa: PLC0415
     from usage.models import UsageRecord  # noqa: PLC0415
 
     job = BearerClient(await sync_to_async(service_api_key)())

@@ -16,9 +16,9 @@ from core import metrics
 from conversations import deletion
 from conversations.models import Conversation, Turn
 from moderation.models import WithdrawnAnswer
-from tests.test_api import api_client, new_conversation
+from tests.api_support import api_client, new_conversation
 from tests.test_moderation_gates import WEAPONS_ANSWER, ask
-from tests.test_views import parse_sse, read_stream
+from tests.chat_support import parse_sse, read_stream
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -27,8 +27,8 @@ from projects.prompt import passage_block, passages_fitted
 from projects.sources import sources_by_answer
 from projects.retrieval import Retrieved
 from tests.projects_support import ingest, passage_file_add, retrieval  # noqa: F401 - fixtures
-from tests.test_api import api_client, post_json
-from tests.test_views import HTMX, events_url_of, read_stream
+from tests.api_support import api_client, post_json
+from tests.chat_support import HTMX, events_url_of, read_stream
 from workspaces import services as workspace_services
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from conversations import search_selectors, services
 from conversations.models import Conversation
-from tests.test_api import api_client, assert_error
+from tests.api_support import api_client, assert_error
 
 HTMX = {"HX-Request": "true"}
 

@@ -21,8 +21,8 @@ from accounts.services import api_key_authenticate, service_api_key, user_is_ser
 from conversations import selectors, services, summaries
 from conversations.models import Conversation, Turn
 from inference import service_client
-from tests.test_versions import answered, spy_prompts
-from tests.test_views import signed_in
+from tests.chat_support import signed_in
+from tests.versions_support import answered, spy_prompts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -316,7 +316,7 @@ async def test_background_jobs_run_at_the_lowest_engine_priority(make_user, engi
     from asgiref.sync import sync_to_async
 
     from accounts.services import api_key_create
-    from tests.test_api import BearerClient, post_json
+    from tests.api_support import BearerClient, post_json
 
     settings.CHAT_BACKGROUND_PRIORITY = 7
     engine_double.scripts = [["job"], ["user"]]

@@ -21,9 +21,9 @@ from conversations.models import Conversation, Turn
 from memory import extraction, tasks
 from sharing import services as sharing_services
 from accounts import services as account_services
-from tests.test_api import BearerClient
+from tests.api_support import BearerClient
 from tests.test_memory_extraction import extract, facts_of, idle_after, seed
-from tests.test_views import HTMX, events_url_of, parse_sse, read_stream, signed_in
+from tests.chat_support import HTMX, events_url_of, parse_sse, read_stream, signed_in
 from tests.test_zero_retention import redis_copies
 
 def secret() -> str:

@@ -20,8 +20,8 @@ from core import metrics
 from conversations.models import Conversation, Turn
 from inference import serving
 from inference.pools import pool_set
-from tests.test_api import BearerClient, api_client, assert_error, new_conversation, post_json
-from tests.test_views import HTMX, parse_sse, read_stream, signed_in
+from tests.api_support import BearerClient, api_client, assert_error, new_conversation, post_json
+from tests.chat_support import HTMX, parse_sse, read_stream, signed_in
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,8 +20,8 @@ from accounts.models import Membership, Organisation, User
 from audit.models import AuditEntry
 from conversations import services as conversation_services
 from conversations.models import Turn
-from tests.test_api import api_client, new_conversation, post_json
-from tests.test_views import read_stream
+from tests.api_support import api_client, new_conversation, post_json
+from tests.chat_support import read_stream
 from workspaces import services as workspace_services
 
 pytestmark = pytest.mark.django_db

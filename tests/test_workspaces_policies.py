@@ -15,8 +15,8 @@ from django.test import AsyncClient
 
 from accounts.models import Membership, Organisation
 from conversations.models import Conversation, Turn
-from tests.test_api import api_client, assert_error, new_conversation, post_json
-from tests.test_views import parse_sse, read_stream
+from tests.api_support import api_client, assert_error, new_conversation, post_json
+from tests.chat_support import parse_sse, read_stream
 from workspaces import services
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -28,8 +28,8 @@ from chatsite.celery import app
 from conversations import deletion, held, selectors, services, writeback
 from conversations.models import Conversation, Turn
 from tests.processes import database_url
-from tests.test_api import api_client, new_conversation, post_json
-from tests.test_views import parse_sse, read_stream
+from tests.api_support import api_client, new_conversation, post_json
+from tests.chat_support import parse_sse, read_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

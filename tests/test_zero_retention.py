@@ -12,8 +12,8 @@ from asgiref.sync import sync_to_async
 from accounts.models import Membership, Organisation
 from conversations import services, turnstream
 from conversations.models import Conversation, Turn
-from tests.test_api import api_client, new_conversation, post_json
-from tests.test_views import events_url_of, parse_sse, post_message, read_stream, signed_in
+from tests.api_support import api_client, new_conversation, post_json
+from tests.chat_support import events_url_of, parse_sse, post_message, read_stream, signed_in
 from tests.test_writeback import plain_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
