@@ -4,7 +4,7 @@ run it): PF-M1, a blocked phrase is caught whole, split across deltas, or in one
 
 The real local moderator throughout (moderation/local.py); the gate's checks go through
 ``acheck`` on its worker threads as in production. The gate inside a whole turn (abort,
-retract, stored verdict) is in test_moderation_gates.py.
+retract, stored verdict) is in test_moderation_gates_output.py.
 """
 
 from __future__ import annotations

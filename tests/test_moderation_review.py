@@ -17,8 +17,8 @@ from conversations import deletion
 from conversations.models import Conversation, Turn
 from moderation.models import WithdrawnAnswer
 from tests.api_support import api_client, new_conversation
-from tests.test_moderation_gates import WEAPONS_ANSWER, ask
 from tests.chat_support import parse_sse, read_stream
+from tests.moderation_support import WEAPONS_ANSWER, ask
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
