@@ -24,7 +24,7 @@ from inference.nodes import NodeSet, hrw_order, node_choose
 from inference.pools import pool_engine, pool_set_reset, pools_load
 from inference.remote import OpenAIRemoteEngine
 from inference.router import Route
-from tests.test_pools import entry, frontier, load_error, remote
+from tests.pools_support import entry, frontier, load_error, remote
 
 urlpatterns = [
     path("readyz", health.readyz, name="readyz"),

@@ -22,7 +22,7 @@ from inference.router import (
     routing_config_errors,
     shed,
 )
-from tests.test_pools import entry, frontier, remote
+from tests.pools_support import entry, frontier, remote
 
 EXPERIMENT = {
     "name": "mini-vs-frontier",
