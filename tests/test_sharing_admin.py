@@ -14,7 +14,7 @@ from audit.models import AuditDetail, AuditEntry
 from audit.services import with_region_details
 from conversations.models import Conversation
 from sharing.models import ShareLink
-from tests.test_sharing_access import client_for, converse, share, shared_url
+from tests.sharing_support import client_for, converse, share, shared_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

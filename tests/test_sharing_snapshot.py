@@ -24,7 +24,7 @@ from sharing import services
 from sharing.models import ShareLink
 from tests.conftest import PASSWORD
 from tests.html_checks import dangerous_markup
-from tests.test_sharing_access import (
+from tests.sharing_support import (
     answer,
     client_for,
     continue_url,

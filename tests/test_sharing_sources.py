@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.projects_support import project_chat_with_sources
-from tests.test_sharing_access import share, shared_url
+from tests.sharing_support import share, shared_url
 from tests.test_sharing_snapshot import page, snapshot_of
 from tests.tool_rounds import conversation_with_round, tool_round_seed
 
