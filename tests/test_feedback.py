@@ -1,6 +1,7 @@
 """Feedback on answers (issue 8): thumbs up / down with an optional comment, one rating per user
-and answer, only by the conversation's owner, counted per pool and model version, and exported
-as ``chat_feedback_total``.
+and answer, only by the conversation's owner, on the page and through ``/v1``. The buttons:
+test_feedback_buttons.py; counts per pool and model version and ``chat_feedback_total``:
+test_feedback_counts.py.
 
 Who may rate: the conversation's owner only. Anyone else gets 404, whether or not they can read
 the conversation (a workspace member reading a conversation shared with the workspace
@@ -11,119 +12,31 @@ visitors are sent to sign in (the page) or get 401 (``/v1``), as on every other 
 
 from __future__ import annotations
 
-import datetime as dt
-import html as html_module
 import json
 import uuid
-from html.parser import HTMLParser
 
 import pytest
 from django.template import RequestContext, Template
 from django.test import Client, RequestFactory
-from django.utils import timezone
 
-from accounts import services as account_services
 from accounts.models import Membership, Organisation
-from core import metrics
 from conversations import deletion, held, services
 from conversations.models import Conversation, Turn
-from feedback import selectors
 from feedback.models import Feedback
 from feedback.services import COMMENT_MAX_CHARS
+from tests.feedback_support import (
+    answered,
+    api_rate,
+    api_url,
+    bearer,
+    page_url,
+    rate,
+    rows,
+    signed_in,
+    text,
+)
 
 pytestmark = pytest.mark.django_db
-
-HTMX = {"HX-Request": "true"}
-
-
-def answered(owner, *, pool="mini", version="smollm2-135m-1", content="Paris.", org=None):
-    """A new conversation of ``owner`` with one question and its stored answer."""
-    conversation = services.conversation_create(owner=owner, org=org)
-    question = services.turn_append_user(conversation=conversation, content="Capital of France?")
-    answer = services.turn_append_assistant(
-        conversation_id=conversation.pk, turn_id=uuid.uuid4(), reply_to_id=question.turn_id,
-        content=content, status="complete", prompt_tokens=12, completion_tokens=3,
-        pool=pool, model_version=version,
-    )  # fmt: skip
-    return conversation, question, answer
-
-
-def page_url(conversation, turn) -> str:
-    return f"/c/{conversation.pk}/turns/{turn.turn_id}/feedback"
-
-
-def api_url(conversation, turn) -> str:
-    return f"/v1/conversations/{conversation.pk}/turns/{turn.turn_id}/feedback"
-
-
-def signed_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def rate(client, conversation, turn, rating="up", comment=None, htmx=True):
-    data = {"rating": rating}
-    if comment is not None:
-        data["comment"] = comment
-    return client.post(page_url(conversation, turn), data, headers=HTMX if htmx else {})
-
-
-def bearer(user) -> dict:
-    issued = account_services.api_key_create(user=user, name="tests")
-    return {"Authorization": f"Bearer {issued.raw}"}
-
-
-def api_rate(user_or_headers, conversation, turn, body, content_type="application/json"):
-    headers = user_or_headers if isinstance(user_or_headers, dict) else bearer(user_or_headers)
-    data = json.dumps(body) if content_type == "application/json" else body
-    return Client().post(api_url(conversation, turn), data, content_type=content_type, headers=headers)
-
-
-def text(response) -> str:
-    """The response body with HTML entities decoded (messages are autoescaped)."""
-    return html_module.unescape(response.content.decode())
-
-
-def rows() -> list[tuple]:
-    return list(Feedback.objects.order_by("created_at").values_list("user__username", "turn_id", "rating", "comment"))
-
-
-class _Buttons(HTMLParser):
-    """The rating forms of a page: answer turn id -> {"up"/"down": aria-pressed, "comment"}."""
-
-    def __init__(self):
-        super().__init__()
-        self.forms: dict[str, dict] = {}
-        self._form = None
-        self._textarea = False
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "form" and "data-feedback" in attrs:
-            answer_id = attrs["hx-post"].rstrip("/").split("/")[-2]
-            self._form = self.forms.setdefault(answer_id, {"comment": None})
-        elif self._form is not None and tag == "button" and attrs.get("class") in ("feedback-up", "feedback-down"):
-            self._form[attrs["value"]] = attrs["aria-pressed"]
-        elif self._form is not None and tag == "textarea" and attrs.get("name") == "comment":
-            self._textarea = True
-            self._form["comment"] = ""
-
-    def handle_data(self, data):
-        if self._textarea:
-            self._form["comment"] += data
-
-    def handle_endtag(self, tag):
-        if tag == "textarea":
-            self._textarea = False
-        if tag == "form":
-            self._form = None
-
-
-def buttons(html: str) -> dict[str, dict]:
-    parser = _Buttons()
-    parser.feed(html)
-    return parser.forms
 
 
 # --- rating: one per user and answer ---------------------------------------------------------
@@ -381,107 +294,6 @@ def test_deleting_the_conversation_deletes_its_feedback(make_user):
     assert rows() == []
 
 
-# --- the buttons -----------------------------------------------------------------------------
-
-
-def test_the_conversation_page_shows_the_owners_rating_and_comment(make_user):
-    """Given an answer rated down with a comment, when its owner opens the conversation, then
-    the down button is pressed, the up button is not, and the comment box holds the comment,
-    escaped (PF-X1: user text never becomes markup)."""
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner)
-    client = signed_in(owner)
-    rate(client, conversation, answer, "down", "<b>wrong</b> city")
-
-    html = client.get(f"/c/{conversation.pk}/").content.decode()
-
-    assert buttons(html)[str(answer.turn_id)] == {"up": "false", "down": "true", "comment": "<b>wrong</b> city"}
-    assert "&lt;b&gt;wrong&lt;/b&gt; city" in html
-
-
-def test_an_unrated_answer_shows_both_buttons_unpressed_and_no_comment_box(make_user):
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner)
-
-    html = signed_in(owner).get(f"/c/{conversation.pk}/").content.decode()
-
-    assert buttons(html)[str(answer.turn_id)] == {"up": "false", "down": "false", "comment": None}
-
-
-def test_rating_answers_with_the_buttons_in_their_chosen_state(make_user):
-    """The htmx response is the buttons again, the chosen one pressed, with the comment box."""
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner)
-
-    response = rate(signed_in(owner), conversation, answer, "up")
-
-    assert buttons(response.content.decode())[str(answer.turn_id)] == {"up": "true", "down": "false", "comment": ""}
-    assert "Thanks for your feedback." in response.content.decode()
-
-
-def test_a_plain_form_post_redirects_back_to_the_answer(make_user):
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner)
-
-    response = rate(signed_in(owner), conversation, answer, "up", htmx=False)
-
-    assert response.status_code == 303
-    assert response["Location"] == f"/c/{conversation.pk}/#turn-{answer.turn_id}"
-
-
-def test_a_refused_plain_form_post_gets_a_page_saying_why(make_user):
-    owner = make_user("ann")
-    conversation, question, _ = answered(owner)
-
-    response = rate(signed_in(owner), conversation, question, "up", htmx=False)
-
-    assert response.status_code == 400
-    assert "Only answers can be rated" in response.content.decode()
-    assert f'href="/c/{conversation.pk}/"' in response.content.decode()
-
-
-def test_the_version_switcher_shows_the_rating_of_each_version(make_user):
-    """The answer fragment (what < i/n > swaps in) carries that version's buttons and state."""
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner)
-    client = signed_in(owner)
-    rate(client, conversation, answer, "up")
-
-    html = client.get(f"/c/{conversation.pk}/turns/{answer.turn_id}/version").content.decode()
-
-    assert buttons(html)[str(answer.turn_id)]["up"] == "true"
-
-
-def test_the_buttons_carry_no_inline_script_or_style(make_user):
-    """CSP (issue 10): no inline handlers, hx-on or style attributes in the buttons."""
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner)
-
-    html = rate(signed_in(owner), conversation, answer, "up").content.decode()
-
-    assert inline_code(html) == []
-
-
-class _Inline(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.found: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        if tag in ("script", "style"):
-            self.found.append(f"<{tag}>")
-        for name, _ in attrs:
-            if name.startswith(("on", "hx-on")) or name == "style":
-                self.found.append(f"{name} on <{tag}>")
-
-
-def inline_code(html: str) -> list[str]:
-    """Inline scripts, styles, event handlers and hx-on attributes in ``html``."""
-    parser = _Inline()
-    parser.feed(html)
-    return parser.found
-
-
 # --- the API ---------------------------------------------------------------------------------
 
 
@@ -541,87 +353,3 @@ def test_api_other_methods_get_405(make_user):
     response = Client().get(api_url(conversation, answer), headers=bearer(owner))
 
     assert response.status_code == 405 and response["Allow"] == "POST"
-
-
-# --- counts per pool and model version; the metric -------------------------------------------
-
-
-def test_counts_per_pool_and_version_count_each_users_current_rating(make_user):
-    """Given ratings of answers from mini@v1, mini@v2 (a canary) and frontier@v1 by several
-    users, one of them changed from up to down, then the counts per (pool, version) are the
-    current ratings, the changed one counted once as down."""
-    given = [  # (user, pool, version, ratings in order)
-        ("u1", "mini", "v1", ["up"]), ("u2", "mini", "v1", ["up"]), ("u3", "mini", "v1", ["down"]),
-        ("u4", "mini", "v2", ["up", "down"]), ("u5", "mini", "v2", ["down"]),
-        ("u6", "frontier", "v1", ["up"]),
-    ]  # fmt: skip
-    for name, pool, version, ratings in given:
-        owner = make_user(name)
-        conversation, _, answer = answered(owner, pool=pool, version=version)
-        client = signed_in(owner)
-        for rating in ratings:
-            assert rate(client, conversation, answer, rating).status_code == 200
-
-    counts = {(c.pool, c.model_version): (c.up, c.down) for c in selectors.feedback_counts()}
-
-    assert counts == {("frontier", "v1"): (1, 0), ("mini", "v1"): (2, 1), ("mini", "v2"): (0, 2)}
-
-
-def test_counts_since_leave_out_older_ratings(make_user):
-    owner = make_user("ann")
-    for pool in ("mini", "frontier"):
-        conversation, _, answer = answered(owner, pool=pool, version="v1")
-        rate(signed_in(owner), conversation, answer, "up")
-    Feedback.objects.filter(pool="frontier").update(updated_at=timezone.now() - dt.timedelta(days=8))
-
-    counts = selectors.feedback_counts(since=timezone.now() - dt.timedelta(days=7))
-
-    assert [(c.pool, c.up, c.down) for c in counts] == [("mini", 1, 0)]
-
-
-def feedback_metric(pool: str, version: str, rating: str) -> float:
-    return metrics.value("chat_feedback_total", pool=pool, model_version=version, rating=rating)
-
-
-def test_the_metric_counts_new_and_changed_ratings_once_committed(make_user, django_capture_on_commit_callbacks):
-    """Given an answer of a pool/version no other test uses, when it is rated up, up again,
-    its comment edited, then rated down: up counts 1 and down 1 (a repeat or a comment edit
-    counts nothing)."""
-    pool, version = f"pool-{uuid.uuid4().hex[:6]}", "v-metric"
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner, pool=pool, version=version)
-    client = signed_in(owner)
-
-    with django_capture_on_commit_callbacks(execute=True):
-        rate(client, conversation, answer, "up")
-    assert (feedback_metric(pool, version, "up"), feedback_metric(pool, version, "down")) == (1, 0)
-    with django_capture_on_commit_callbacks(execute=True):
-        rate(client, conversation, answer, "up")
-        rate(client, conversation, answer, "up", "Now with a comment.")
-    assert (feedback_metric(pool, version, "up"), feedback_metric(pool, version, "down")) == (1, 0)
-    with django_capture_on_commit_callbacks(execute=True):
-        rate(client, conversation, answer, "down", "Now with a comment.")
-    assert (feedback_metric(pool, version, "up"), feedback_metric(pool, version, "down")) == (1, 1)
-
-
-def test_a_refused_rating_is_not_counted(make_user, django_capture_on_commit_callbacks):
-    pool = f"pool-{uuid.uuid4().hex[:6]}"
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner, pool=pool, version="v1")
-
-    with django_capture_on_commit_callbacks(execute=True):
-        rate(signed_in(owner), conversation, answer, "up", "x" * (COMMENT_MAX_CHARS + 1))
-
-    assert feedback_metric(pool, "v1", "up") == 0
-
-
-def test_metrics_endpoint_exports_the_feedback_counter(make_user, django_capture_on_commit_callbacks):
-    pool = f"pool-{uuid.uuid4().hex[:6]}"
-    owner = make_user("ann")
-    conversation, _, answer = answered(owner, pool=pool, version="v7")
-    with django_capture_on_commit_callbacks(execute=True):
-        api_rate(owner, conversation, answer, {"rating": "down"})
-
-    body = Client().get("/metrics").content.decode()
-
-    assert f'chat_feedback_total{{model_version="v7",pool="{pool}",rating="down"}} 1.0' in body
