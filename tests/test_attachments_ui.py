@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from attachments.models import Attachment
-from tests.browser.test_chat_ui import COMPOSER_BOX, browser, new_page, send, ui_login  # noqa: F401 - fixtures
+from tests.browser.chat_ui_support import COMPOSER_BOX, browser, new_page, send, ui_login  # noqa: F401 - fixtures
 from tests.test_attachments import PNG, media  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser

@@ -1,7 +1,7 @@
 """The rating buttons in a real browser (headless Debian Chromium, Playwright, engine double):
 they appear under an answer once it has streamed, a click stores the rating and shows it
 pressed, a comment is added and kept when the rating changes, and the state survives a reload.
-Fixtures and helpers come from tests/browser/test_chat_ui.py."""
+Fixtures and helpers come from tests/browser/chat_ui_support.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from feedback.models import Feedback
-from tests.browser.test_chat_ui import ANSWER, browser, new_page, send, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import ANSWER, browser, new_page, send, ui_login  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

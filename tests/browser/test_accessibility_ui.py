@@ -5,7 +5,7 @@ axe-core comes from the npm registry, pinned in the root package-lock.json and i
 ``make test`` (``npm ci``) into node_modules/, outside static/: it is never served to users.
 The test reads ``node_modules/axe-core/axe.min.js`` and evaluates it in each page after it has
 loaded (Playwright's evaluate is not bound by the page's CSP). One browser for the module
-(test_chat_ui.py's fixture); each size and scheme is one browser context and each page is
+(chat_ui_support.py's fixture); each size and scheme is one browser context and each page is
 loaded once in it. A control page with an unlabelled input must report a violation, so the
 check can fail."""
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page
 
-from tests.browser.test_chat_ui import ANSWER, browser, new_page, send, ui_login  # noqa: F401 - fixtures
+from tests.browser.chat_ui_support import ANSWER, browser, new_page, send, ui_login  # noqa: F401 - fixtures
+from tests.browser.layout_support import SCHEMES, SIZES, World, open_context, page_of
 from tests.browser.test_composer_focus_ui import FOCUS_TO_TOP
-from tests.browser.test_layout_ui import SCHEMES, SIZES, World, open_context, page_of
 
 pytestmark = pytest.mark.browser
 

@@ -2,7 +2,7 @@
 1280x800 with the scripted engine double. An answer followed again after a reload mid-stream
 ends with the same row a freshly sent one gets (Copy, Continue when cut off, Regenerate, the
 thumbs); Continue is offered only under a cut-off answer; the answer version chosen with `<`
-is the one a reload shows. Fixtures and helpers come from test_chat_ui.py."""
+is the one a reload shows. Fixtures and helpers come from chat_ui_support.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from conversations.models import Conversation, Turn
-from tests.browser.test_chat_ui import ANSWER, browser, new_page, send, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import ANSWER, browser, new_page, send, ui_login  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

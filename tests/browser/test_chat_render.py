@@ -2,7 +2,7 @@
 as safe as the stored render (PF-X1) and identical to it when ``done`` arrives; highlighted code
 blocks with a language label and Copy; Copy on an answer; the view follows a streaming answer
 until the reader scrolls up, then offers "Jump to latest". Engine double, 1280x800; fixtures
-and helpers come from test_chat_ui.py (one browser for the module)."""
+and helpers come from chat_ui_support.py (one browser for the module)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from conversations.rendering import markdown_to_safe_html
-from tests.browser.test_chat_ui import (  # noqa: F401
+from tests.browser.chat_ui_support import (  # noqa: F401
     ANSWER,
     HOSTILE_DELTAS,
     STREAM_TEXT,

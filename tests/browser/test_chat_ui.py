@@ -1,163 +1,40 @@
 """The chat page in a real browser: headless Debian Chromium driven by Playwright (sync API),
 against daphne serving the real app in this process (``live``), with the real vLLM engine or
-the scripted engine double (``engine_double``, requested after ``live``).
+the scripted engine double (``engine_double``, requested after ``live``): the whole journey,
+the keys, hostile model output (PF-X1), empty messages and a reload mid-answer. Answers split
+across network chunks (PF-S2): test_chat_ui_chunks.py. Fixtures and helpers:
+tests/browser/chat_ui_support.py.
 
 Chromium comes from Debian's ``chromium`` package (``make browser``); nothing is downloaded.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings as django_settings
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import expect
 
 from conversations.models import Conversation, Turn
 from conversations.services import title_from_message
+from tests.browser.chat_ui_support import (  # noqa: F401 - fixtures
+    ANSWER,
+    COMPOSER_BOX,
+    HOSTILE_DELTAS,
+    STREAM_TEXT,
+    active_content,
+    assert_scripts_loaded,
+    browser,
+    new_page,
+    send,
+    stream_state,
+    ui_login,
+)
 from tests.conftest import PASSWORD
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-TIMEOUT_MS = 20_000
-
-# --- fixtures -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    """Chromium for this module. Playwright's sync API leaves its asyncio loop marked running
-    in this thread, which makes Django refuse ORM calls here (SynchronousOnlyOperation) though
-    nothing in this thread is async; the flag below says so while the browser lives. Module
-    scope: later test modules get a thread without that loop."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `make browser` (apt-get install chromium)")
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                yield browser
-            finally:
-                browser.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture
-def new_page(browser):
-    """``new_page()``: a page in a fresh browser context (own cookies). Uncaught page errors
-    fail the test."""
-    contexts = []
-    errors: list[str] = []
-
-    def make() -> Page:
-        context = browser.new_context()
-        context.set_default_timeout(TIMEOUT_MS)
-        contexts.append(context)
-        page = context.new_page()
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        return page
-
-    yield make
-    for context in contexts:
-        context.close()
-    assert errors == [], f"uncaught JavaScript errors: {errors}"
-
-
-# --- helpers ------------------------------------------------------------------------------
-
-ANSWER = "#messages article.assistant"
-STREAM_TEXT = f"{ANSWER} [data-stream-text]"
-COMPOSER_BOX = "#composer textarea"
-
-
-def assert_scripts_loaded(page: Page) -> None:
-    """The page's scripts ran (htmx, its SSE extension and chat.js were served)."""
-    if page.evaluate("typeof window.htmx") == "object":
-        return
-    statuses = page.evaluate(
-        "() => Promise.all([...document.scripts].map((s) =>"
-        " fetch(s.src).then((r) => `${s.getAttribute('src')}: HTTP ${r.status}`)))"
-    )
-    pytest.fail(f"htmx did not load, so the chat page cannot work; its scripts: {statuses}")
-
-
-def ui_login(page: Page, base_url: str, username: str) -> None:
-    """Sign in through the login form; lands on a new, empty chat."""
-    page.goto(f"{base_url}/accounts/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("main.auth button[type=submit]")
-    page.wait_for_url(f"{base_url}/")
-    assert_scripts_loaded(page)
-
-
-def send(page: Page, text: str) -> None:
-    page.fill(COMPOSER_BOX, text)
-    page.press(COMPOSER_BOX, "Enter")
-
-
-def stream_state(page: Page) -> tuple[str, bool] | None:
-    """(the streamed text so far, still streaming?) of the last answer, or None."""
-    return page.evaluate(
-        """(sel) => {
-            const all = document.querySelectorAll(sel);
-            const a = all[all.length - 1];
-            if (!a) return null;
-            const t = a.querySelector('[data-stream-text]') || a.querySelector('.bubble');
-            return [t.textContent, a.classList.contains('streaming')];
-        }""",
-        ANSWER,
-    )
-
-
-def active_content(page: Page) -> list[str]:
-    """Script-capable markup in the messages and the sidebar: script/svg/iframe/object/embed
-    elements, any on* attribute, any javascript: link. The page's own icons (``<svg
-    data-icon>`` outside any message bubble, chatsite/icons.py) are not model output; an
-    ``<svg>`` inside a bubble counts whatever it carries."""
-    return page.evaluate(
-        """() => {
-            const bad = [];
-            for (const root of [document.getElementById('messages'),
-                                document.querySelector('nav.sidebar')]) {
-                for (const el of root.querySelectorAll('*')) {
-                    const tag = el.tagName.toLowerCase();
-                    const ownIcon = tag === 'svg' && el.hasAttribute('data-icon')
-                        && !el.closest('.bubble');
-                    if ((['script', 'svg', 'iframe', 'object', 'embed'].includes(tag) && !ownIcon)
-                        || [...el.attributes].some((a) => a.name.toLowerCase().startsWith('on'))
-                        || /^\\s*javascript:/i.test(el.getAttribute('href') || '')
-                        || /^\\s*javascript:/i.test(el.getAttribute('src') || '')) {
-                        bad.push(el.outerHTML.slice(0, 200));
-                    }
-                }
-            }
-            return bad;
-        }"""
-    )
 
 
 # --- 1. the whole journey with the real model --------------------------------------------
@@ -275,18 +152,7 @@ def test_shift_enter_inserts_newline_and_enter_sends(live, engine_double, make_u
 
 # --- 3. PF-X1 -----------------------------------------------------------------------------
 
-HOSTILE_DELTAS = [
-    "Sure. <scr",
-    "ipt>window.__pwned=1</scr",
-    "ipt>\n\n",
-    "<img src=x one",
-    'rror="window.__pwned=2">\n\n',
-    "[x](java",
-    "script:window.__pwned=3)\n\n",
-    "<svg onl",
-    'oad="window.__pwned=4">',
-    "</svg>\n\nDone.",
-]
+
 HOSTILE_MESSAGE = 'Hi <img src=x onerror="window.__pwned=5"> there'
 
 
@@ -336,180 +202,6 @@ def test_pf_x1_hostile_model_output_and_title_never_run_in_the_browser(
     session = cookies[django_settings.SESSION_COOKIE_NAME]
     assert session["httpOnly"] is True
     assert django_settings.SESSION_COOKIE_NAME not in page.evaluate("document.cookie")
-
-
-# --- 4. PF-S2 -----------------------------------------------------------------------------
-
-
-class RechunkingProxy:
-    """A loopback TCP proxy in front of the live server. Requests pass unchanged; the bytes of
-    a connection whose latest request is for an event stream (``.../events``) go back to the
-    browser in 1-3 byte sends with a short pause, so network chunk boundaries fall inside
-    UTF-8 characters and ``data:`` lines. Every such byte piece is recorded."""
-
-    REQUEST_LINE = re.compile(rb"(?:GET|POST|HEAD|PUT|PATCH|DELETE|OPTIONS) (\S+) HTTP/1\.[01]\r\n")
-
-    def __init__(self, upstream: str, pause_s: float = 0.002, lifetime_s: float = 120):
-        parts = urlsplit(upstream)
-        self.upstream = (parts.hostname, parts.port)
-        self.pause_s = pause_s
-        self.deadline = time.monotonic() + lifetime_s
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.stream_pieces: list[list[bytes]] = []  # per event-stream response
-        self._closing = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> RechunkingProxy:
-        self._spawn(self._accept_loop)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._closing.set()
-        with self._lock:
-            sockets = list(self._sockets)
-        for s in [self.listener, *sockets]:
-            try:
-                s.close()
-            except OSError:
-                pass
-        for t in list(self._threads):
-            t.join(timeout=2)
-
-    def _alive(self) -> bool:
-        return not self._closing.is_set() and time.monotonic() < self.deadline
-
-    def _spawn(self, target, *args) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True, name="rechunk-proxy")
-        with self._lock:
-            self._threads.append(thread)
-        thread.start()
-
-    def _accept_loop(self) -> None:
-        while self._alive():
-            try:
-                client, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream, timeout=5)
-            for s in (client, upstream):
-                s.settimeout(0.2)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._sockets += [client, upstream]
-            state = {"events": None}  # the recorded pieces of the current event stream
-            self._spawn(self._requests, client, upstream, state)
-            self._spawn(self._responses, upstream, client, state)
-
-    def _recv(self, sock: socket.socket) -> bytes | None:
-        """The next bytes; b"" at end of stream; None when the proxy is closing."""
-        while self._alive():
-            try:
-                return sock.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return b""
-        return None
-
-    def _requests(self, client, upstream, state) -> None:
-        while (data := self._recv(client)):
-            matches = self.REQUEST_LINE.findall(data)
-            if matches:
-                path = matches[-1].split(b"?", 1)[0]
-                if path.endswith(b"/events"):
-                    pieces: list[bytes] = []
-                    with self._lock:
-                        self.stream_pieces.append(pieces)
-                    state["events"] = pieces
-                else:
-                    state["events"] = None
-            try:
-                upstream.sendall(data)
-            except OSError:
-                break
-        try:
-            upstream.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def _responses(self, upstream, client, state) -> None:
-        sizes = (1, 2, 3)
-        turn = 0
-        while (data := self._recv(upstream)):
-            pieces = state["events"]
-            try:
-                if pieces is None:
-                    client.sendall(data)
-                    continue
-                at = 0
-                while at < len(data):
-                    piece = data[at : at + sizes[turn % 3]]
-                    turn += 1
-                    at += len(piece)
-                    client.sendall(piece)
-                    pieces.append(piece)
-                    time.sleep(self.pause_s)
-            except OSError:
-                break
-        try:
-            client.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-
-def _split_points(pieces: list[bytes]) -> tuple[bytes, set[int]]:
-    data = b"".join(pieces)
-    points, at = set(), 0
-    for piece in pieces[:-1]:
-        at += len(piece)
-        points.add(at)
-    return data, points
-
-
-UNICODE_DELTAS = ["你好", "世界 ", "🙂🎉", " café ", "naïve"]
-
-
-def test_pf_s2_browser_reassembles_utf8_and_lines_split_across_network_chunks(
-    live, engine_double, make_user, new_page
-):
-    """PF-S2 (browser side): given a proxy that delivers the event stream in 1-3 byte pieces
-    (boundaries inside multi-byte characters and inside ``data:`` lines), when the model sends
-    CJK, emoji and accented deltas, then the page shows exactly the joined text, while
-    streaming and when finished, with no U+FFFD."""
-    expected = "".join(UNICODE_DELTAS)
-    engine_double.scripts.append([*UNICODE_DELTAS, 1.0])
-    make_user("yuki")
-    page = new_page()
-
-    with RechunkingProxy(live.url) as proxy:
-        ui_login(page, proxy.url, "yuki")
-        send(page, "Say hello in Chinese 🙂")
-
-        page.wait_for_function(
-            "([sel, want]) => { const t = document.querySelector(sel);"
-            " return t && t.textContent.trim() === want; }",  # a rendered <p>, then a newline
-            arg=[STREAM_TEXT, expected],
-        )
-        assert stream_state(page)[1], "the answer should still be streaming"
-        expect(page.locator(f"{ANSWER}.complete")).to_have_count(1, timeout=TIMEOUT_MS)
-
-        final = page.locator(f"{ANSWER} .bubble").inner_text().strip()
-        assert final == expected
-        assert "\ufffd" not in page.locator("#messages").inner_text()
-
-    # The boundaries really fell inside characters and inside data: lines.
-    assert len(proxy.stream_pieces) == 1, "one event-stream connection expected (no reconnect)"
-    data, points = _split_points(proxy.stream_pieces[0])
-    assert b"event: done" in data
-    assert any(0x80 <= data[p] <= 0xBF for p in points), "no split inside a UTF-8 character"
-    data_lines = [m.span() for m in re.finditer(rb"data: [^\n]*", data)]
-    assert any(start < p < end for p in points for start, end in data_lines)
 
 
 # --- 5. empty messages --------------------------------------------------------------------

@@ -12,7 +12,7 @@ from playwright.sync_api import Page, expect
 
 from attachments.models import Attachment
 from conversations.models import Conversation, Turn
-from tests.browser.test_chat_ui import ANSWER, COMPOSER_BOX, browser, new_page, send, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import ANSWER, COMPOSER_BOX, browser, new_page, send, ui_login  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

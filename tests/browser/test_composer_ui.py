@@ -13,7 +13,7 @@ from playwright.sync_api import Page, expect
 
 from attachments.models import Attachment
 from conversations.models import Turn
-from tests.browser.test_chat_ui import (  # noqa: F401 - fixtures
+from tests.browser.chat_ui_support import (  # noqa: F401 - fixtures
     ANSWER,
     COMPOSER_BOX,
     browser,

@@ -1,7 +1,7 @@
 """Issue 18's journey with the real model, on a phone (390x844, dark scheme): the chat page as a
 new user meets it. The behaviours one at a time, with the engine double, are in
-test_layout_ui.py, test_chat_render.py and test_chat_ui.py; this module runs them in one go
-against the real vLLM engine (shared with the rest of the session, ``live``)."""
+test_layout_ui.py, test_menus_ui.py, test_chat_render.py and test_chat_ui.py; this module runs
+them in one go against the real vLLM engine (shared with the rest of the session, ``live``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 from conversations.models import Conversation, Turn
 from conversations.rendering import markdown_to_safe_html
 from conversations.services import title_from_message
-from tests.browser.test_chat_ui import (  # noqa: F401
+from tests.browser.chat_ui_support import (  # noqa: F401
     ANSWER,
     TIMEOUT_MS,
     active_content,
@@ -21,7 +21,7 @@ from tests.browser.test_chat_ui import (  # noqa: F401
     browser,
     send,
 )
-from tests.browser.test_layout_ui import PHONE
+from tests.browser.layout_support import PHONE
 from tests.browser.test_versions_ui import QUESTION_VERSION
 from tests.conftest import PASSWORD
 

@@ -3,7 +3,7 @@ default 1280x720 against the shared server (``live``). The page opens with one p
 exchanges (page_selectors.EXCHANGES_PAGE) and a ready message box, loads earlier pages as the reader
 scrolls up until the first message, and keeps the exchange the reader looks at in place while
 a page goes in above it (static/chat/follow.js). Conversations come from
-tests/long_conversation.py; fixtures and helpers from test_chat_ui.py."""
+tests/long_conversation.py; fixtures and helpers from chat_ui_support.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from conversations.page_selectors import EXCHANGES_PAGE
-from tests.browser.test_chat_ui import COMPOSER_BOX, browser, new_page, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import COMPOSER_BOX, browser, new_page, ui_login  # noqa: F401
 from tests.long_conversation import long_conversation_seed, question_text
 
 pytestmark = pytest.mark.browser

@@ -15,8 +15,8 @@ from conversations import services as conversation_services
 from conversations.models import Turn
 from memory.models import UserMemory
 from memory.updates import memory_commands_apply
-from tests.browser.test_chat_ui import browser  # noqa: F401
-from tests.browser.test_layout_ui import LAYOUT_PROBE, SCHEMES, SIZES, open_context, page_of
+from tests.browser.chat_ui_support import browser  # noqa: F401
+from tests.browser.layout_support import LAYOUT_PROBE, SCHEMES, SIZES, open_context, page_of
 
 pytestmark = pytest.mark.browser
 

@@ -4,14 +4,14 @@ bubble with Cancel and Send at its right, not a full-width box; a thumbs-up leav
 row where it was; files sent with a message sit under its bubble at the right; the sign-up
 button is above the fold of a 1280x800 window. (The share link's Copy button is tested in
 test_sharing_ui.py, the Markdown download's file name in tests/test_conversation_export.py.)
-Fixtures and helpers come from test_chat_ui.py."""
+Fixtures and helpers come from chat_ui_support.py."""
 
 from __future__ import annotations
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.test_chat_ui import browser, new_page, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import browser, new_page, ui_login  # noqa: F401
 from tests.browser.test_sharing_ui import conversation_of
 from tests.test_attachments import stored_attachment
 

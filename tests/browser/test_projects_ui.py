@@ -15,8 +15,8 @@ import pytest
 from playwright.sync_api import expect
 
 from projects.models import Project
-from tests.browser.test_chat_ui import TIMEOUT_MS, assert_scripts_loaded, browser  # noqa: F401
-from tests.browser.test_layout_ui import PHONE, SCHEMES, SIZES, open_context, project_world, small_touch_targets
+from tests.browser.chat_ui_support import TIMEOUT_MS, assert_scripts_loaded, browser  # noqa: F401
+from tests.browser.layout_support import PHONE, SCHEMES, SIZES, open_context, project_world, small_touch_targets
 from tests.projects_support import passage_file_add, retrieval  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from conversations.models import Conversation
 from inference.prompts import CONVERSATION_PROMPT_HEADING, CUSTOM_INSTRUCTIONS_HEADING
-from tests.browser.test_chat_ui import ANSWER, browser, new_page, send, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import ANSWER, browser, new_page, send, ui_login  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

@@ -2,7 +2,7 @@
 the real app (``live``): the owner shares from the conversation's header, an anonymous visitor
 in a fresh browser context reads it (and its hostile model output stays inert, PF-X1), the
 owner revokes it and the visitor's reload is a 404; an anonymous visitor continues a shared
-conversation after signing in. Fixtures and helpers come from test_chat_ui.py."""
+conversation after signing in. Fixtures and helpers come from chat_ui_support.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 from conversations import services as conversation_services
 from conversations.models import Conversation, Turn
 from sharing import services
-from tests.browser.test_chat_ui import browser, new_page, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import browser, new_page, ui_login  # noqa: F401
 from tests.conftest import PASSWORD
 
 pytestmark = pytest.mark.browser

@@ -14,8 +14,8 @@ from playwright.sync_api import expect
 from conversations import services as conversation_services
 from conversations.models import Conversation
 from conversations.sidebar import MONTHS
-from tests.browser.test_chat_ui import assert_scripts_loaded, browser  # noqa: F401 - fixture
-from tests.browser.test_layout_ui import DESKTOP, PHONE, open_context
+from tests.browser.chat_ui_support import assert_scripts_loaded, browser  # noqa: F401 - fixture
+from tests.browser.layout_support import DESKTOP, PHONE, open_context
 
 pytestmark = pytest.mark.browser
 

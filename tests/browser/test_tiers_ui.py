@@ -1,6 +1,6 @@
 """Tiers in the browser (issue 5): the model picker, each answer's tokens and cost, and a rate
 limit shown as a message a person can act on. Headless Chromium against the shared server
-(tests/browser/test_chat_ui.py has the fixtures' story), with the scripted engine double."""
+(tests/browser/chat_ui_support.py has the fixtures' story), with the scripted engine double."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from conversations.models import Turn
-from tests.browser.test_chat_ui import ANSWER, COMPOSER_BOX, browser, new_page, send, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import ANSWER, COMPOSER_BOX, browser, new_page, send, ui_login  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

@@ -16,8 +16,8 @@ import pytest
 from playwright.sync_api import expect
 
 from conversations import services
-from tests.browser.test_chat_ui import browser  # noqa: F401
-from tests.browser.test_layout_ui import PHONE, SCHEMES, SIZES, open_context, small_touch_targets
+from tests.browser.chat_ui_support import browser  # noqa: F401
+from tests.browser.layout_support import PHONE, SCHEMES, SIZES, open_context, small_touch_targets
 from tests.tool_rounds import tool_round_seed
 
 pytestmark = pytest.mark.browser

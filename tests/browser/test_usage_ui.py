@@ -1,6 +1,6 @@
 """The usage page in a real browser (headless Debian Chromium, Playwright) against daphne
 serving the real app (``live``): the server-rendered SVG chart draws one bar per day, scaled
-to the day's tokens, with the totals beside it. Fixtures come from test_chat_ui.py."""
+to the day's tokens, with the totals beside it. Fixtures come from chat_ui_support.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from inference.pools import pool_set
-from tests.browser.test_chat_ui import browser, new_page  # noqa: F401
+from tests.browser.chat_ui_support import browser, new_page  # noqa: F401
 from usage.models import UsageRecord
 from usage.services import usage_record
 

@@ -2,7 +2,7 @@
 answer shown as `< 2/2 >` and the arrows flip between the stored versions (real engine); Edit
 puts the edited message and its new answer in the old one's place and starts a branch whose
 `< 1/2 >` brings the old later turns back, kept across a reload; Regenerate is offered on the
-last answer only (engine double). Fixtures and helpers come from test_chat_ui.py."""
+last answer only (engine double). Fixtures and helpers come from chat_ui_support.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from conversations.models import Turn
-from tests.browser.test_chat_ui import ANSWER, browser, new_page, send, ui_login  # noqa: F401
+from tests.browser.chat_ui_support import ANSWER, browser, new_page, send, ui_login  # noqa: F401
 
 pytestmark = pytest.mark.browser
 

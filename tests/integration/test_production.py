@@ -402,12 +402,12 @@ def test_the_chat_works_in_a_browser_under_the_csp(stack):
     violation is reported and no script error happens on the way."""
     from playwright.sync_api import expect, sync_playwright  # noqa: PLC0415
 
-    from tests.browser.test_chat_ui import CHROMIUM, CHROMIUM_ARGS  # noqa: PLC0415
+    from tests.browser.chat_ui_support import CHROMIUM, CHROMIUM_ARGS  # noqa: PLC0415
 
     console: list[str] = []
     errors: list[str] = []
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"  # Playwright's loop in this thread (see test_chat_ui)
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "1"  # Playwright's loop in this thread (see chat_ui_support)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
