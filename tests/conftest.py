@@ -26,6 +26,11 @@ from conversations import locks, turnstream
 from tests.fakes import ScriptedEngine
 from tests.processes import RemoteServer
 
+# Helpers that came out of test modules (issue 31) keep pytest's assertion messages.
+pytest.register_assert_rewrite(
+    "tests.api_support", "tests.chat_support", "tests.versions_support", "tests.browser.chat_ui_support"
+)
+
 PASSWORD = "correct-horse-battery-staple-42"
 
 
