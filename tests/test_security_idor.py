@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conversations import regions
+from core import regions
 from tests.security_routes import (
     API_OWN,
     BY_NAME,

@@ -18,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts.models import Membership, Organisation
-from chatsite import dbrouter
+from core import dbrouter
 from inference.pools import pool_set
 from usage import selectors, services
 from usage.charts import BOTTOM, HEIGHT, TOP, daily_bar_chart, nice_ceiling
