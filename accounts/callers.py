@@ -21,7 +21,7 @@ from moderation.verdicts import policy_for
 def caller_for(user: User, org: Organisation | None = None) -> Caller:
     """The :class:`Caller` for ``user`` acting in ``org`` (the conversation's workspace; None:
     the user's first organisation by joining date, if any, as a new conversation's home is
-    chosen, conversations/regions.py ``home_region``). Sync (ORM: one query for the membership
+    chosen, core/regions.py ``home_region``). Sync (ORM: one query for the membership
     when ``org`` is None); use :func:`acaller_for` from async code."""
     if org is None:
         membership = (

@@ -34,7 +34,7 @@ from uuid import UUID
 
 from attachments.files import text_truncate
 from attachments.models import Attachment
-from conversations import regions
+from core import regions
 from inference.prompts import chat_messages
 
 FILE_HEADER = "[Attached file: {name}]"

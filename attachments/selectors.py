@@ -9,9 +9,9 @@ from django.http import Http404
 
 from accounts.models import User
 from attachments.models import Attachment
-from conversations import regions
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation
+from core import regions
 
 
 def attachment_get_for_user(*, conversation_id: UUID, attachment_id: UUID, user: User) -> Attachment:

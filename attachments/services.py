@@ -24,9 +24,9 @@ from django.db import transaction
 from attachments import prompt
 from attachments.files import AttachmentRejected, Extracted, upload_read
 from attachments.models import Attachment
-from conversations import regions
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
+from core import regions
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from django.template.response import TemplateResponse
 from audit.models import Action
 from audit.services import audit_record
 from audit.signals import in_admin_action, org_of
-from conversations import regions
+from core import regions
 
 MAX_ENTRIES = 1000  # per action; beyond this the rest are summed up in the last entry
 

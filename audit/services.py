@@ -14,7 +14,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 
 from audit.models import AuditDetail, AuditEntry
-from conversations import regions
+from core import regions
 
 logger = logging.getLogger(__name__)
 

@@ -11,15 +11,15 @@ Redis down (part ``lock``, core/redis_guard.py): :func:`conversation_lock` fails
 process-local check (locks.ensure_idle) still serialises turns within a process; a lock this
 process could not release is released the next time it locks that conversation (and expires
 after ``BUSY_TTL_S`` anyway). The key lives on the Redis server of the conversation's region
-(conversations/regions.py ``redis_region``).
+(core/regions.py ``redis_region``).
 """
 
 from __future__ import annotations
 
 from uuid import UUID
 
-from conversations.regions import redis_region
 from core import redis_guard
+from core.regions import redis_region
 
 _LOCK_FALLBACK = "the one-answer-per-conversation check is process-local"
 

@@ -53,11 +53,11 @@ from uuid import UUID
 from django.conf import settings
 
 from core import metrics
-from conversations import partitions, regions
+from conversations import partitions
 from conversations.models import Conversation, Turn
-from conversations.regions import redis_region
 from conversations.turndata import TURN_FIELDS, turn_dump, turn_load
-from core import redis_guard
+from core import redis_guard, regions
+from core.regions import redis_region
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def _read(conversation_id: UUID):
         return None
 
 
-@regions.routed  # the conversation region's database (conversations/regions.py)
+@regions.routed  # the conversation region's database (core/regions.py)
 def history_load(conversation_id: UUID) -> History | None:
     """A conversation's History from PostgreSQL (its newest N turns): None if the conversation
     does not exist. Does not touch Redis. ``CHAT_HOT_CACHE_TURNS = 0`` (the cache off): no turn

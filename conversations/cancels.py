@@ -6,7 +6,7 @@ conversations/generate.py) and stops the answer whose id is published. The async
 (conversations/turnlog.py) records its end; the sync way (:func:`cancel_publish`, deleting a
 conversation: conversations/deletion.py) publishes the answer holding each conversation's
 generating lock (conversations/answer_lock.py) and does not wait. The channel exists once per
-Redis server (conversations/regions.py ``redis_region``).
+Redis server (core/regions.py ``redis_region``).
 
 Redis down (part ``cancel``, core/redis_guard.py): a cancel cannot reach another process; the
 listener keeps reconnecting (every second, without a network call while the breaker is open)
@@ -24,10 +24,10 @@ from uuid import UUID
 
 from conversations.answer_lock import busy_key
 from conversations.events import TERMINAL_EVENTS
-from conversations.regions import redis_region
 from conversations.turnlog import stream_key
 from core import redis_guard
 from core.redis_guard import REDIS_ERRORS
+from core.regions import redis_region
 
 logger = logging.getLogger(__name__)
 

@@ -62,9 +62,9 @@ from django.utils import timezone
 
 from attachments.models import Attachment
 from attachments.services import attachment_files_forget
-from conversations import cache, cancels, held, regions, tombstones, turnlog, turnstream
+from conversations import cache, cancels, held, tombstones, turnlog, turnstream
 from conversations.models import Conversation, Turn
-from core import redis_guard
+from core import redis_guard, regions
 
 
 @dataclass

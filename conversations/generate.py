@@ -24,9 +24,9 @@ from conversations.events import error_payload, terminal_event
 from conversations.locks import ensure_idle
 from conversations.models import Turn
 from conversations.plan import TurnPlan
-from conversations.regions import new_turn_id
 from conversations.turnstream import TurnStream, stream_for_answer, stream_register, stream_release
 from core.db import run_in_db_thread
+from core.regions import new_turn_id
 from gateway import run
 from inference.engine import EngineUnavailable, GenerationOptions
 from inference.tool_format import ToolCalling, ToolStream

@@ -11,7 +11,7 @@ module only stores, reads and forgets records, so every reader (selectors, delet
 can use it without importing the worker and the services it calls.
 
 Every key lives on the Redis server of the conversation's region (issue 20; core/redis_guard.py,
-``conversations.regions.redis_region``), the due set included: there is one per server, and the
+``core.regions.redis_region``), the due set included: there is one per server, and the
 sweeper reads each.
 """
 
@@ -26,9 +26,9 @@ from uuid import UUID
 from django.utils import timezone
 
 from conversations.models import Turn
-from conversations.regions import redis_region
 from conversations.turndata import turn_data, turn_from_data
 from core import redis_guard
+from core.regions import redis_region
 
 DUE_KEY = "chat:pending:due"
 

@@ -17,9 +17,10 @@ from uuid import UUID
 from django.db.models import Q
 
 from accounts.models import User
-from conversations import cache, partitions, regions, toolrounds, versions
+from conversations import cache, partitions, toolrounds, versions
 from conversations.models import Conversation, Turn
 from conversations.selectors import Exchange, turn_order, with_held
+from core import regions
 
 
 # Exchanges the chat page shows at once, and per earlier page as the reader scrolls up (issue

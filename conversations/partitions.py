@@ -18,6 +18,8 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
+from core import regions
+
 logger = logging.getLogger(__name__)
 
 PARENT = "conversations_turn"
@@ -150,9 +152,7 @@ def _partition_create(start: dt.datetime, end: dt.datetime, *, using: str) -> bo
 
 def turn_log_databases() -> list[str]:
     """The database aliases that hold a turn log: every region's primary (replicas follow
-    their primary), ``["default"]`` in a single-region deployment (conversations/regions.py)."""
-    from conversations import regions  # noqa: PLC0415 - regions imports the models
-
+    their primary), ``["default"]`` in a single-region deployment (core/regions.py)."""
     return regions.region_dbs()
 
 

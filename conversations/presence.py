@@ -6,7 +6,7 @@ conversations/answer_lock.py).
 conversations/turnstream.py uses them for its disconnect rule (an answer read in another
 process is not abandoned) and to tell a resumable answer from a finished one. False when Redis
 is unavailable (part ``turnlog``, core/redis_guard.py). The keys live on the Redis server of
-the conversation's region (conversations/regions.py ``redis_region``).
+the conversation's region (core/regions.py ``redis_region``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator
 from uuid import UUID
 
 from conversations.answer_lock import busy_key
-from conversations.regions import redis_region
 from conversations.turnlog import MIRROR_FALLBACK, owner_key
 from core import redis_guard
+from core.regions import redis_region
 
 
 def reader_key(answer_id: UUID | str) -> str:

@@ -1,6 +1,6 @@
 """The base of every admin of regional data: conversations, their turns and the rows beside them
 (``settings.CHAT_REGIONAL_APPS``) live in their home region's database
-(conversations/regions.py); accounts in ``default``. An admin of regional rows
+(core/regions.py); accounts in ``default``. An admin of regional rows
 (:class:`RegionalAdmin`) therefore
 
 - lists one region's database (its primary: operators see the latest writes) at a time, chosen
@@ -35,8 +35,7 @@ from accounts.models import Tier
 from audit.models import Action
 from audit.services import audit_record
 from audit.signals import changed_fields, in_admin_action
-from chatsite import dbrouter
-from conversations import regions
+from core import dbrouter, regions
 
 # Most users a search or filter on users can match in a region's database: their ids are sent
 # to that database as a list (a join is impossible across databases); users past the first this

@@ -32,8 +32,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from accounts.models import Organisation, User
-from conversations import deletion, regions
+from conversations import deletion
 from conversations.models import Conversation
+from core import regions
 
 logger = logging.getLogger(__name__)
 

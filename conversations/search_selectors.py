@@ -13,9 +13,9 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 
 from accounts.models import User
-from conversations import regions
 from conversations.models import Conversation, Turn
 from conversations.selectors import member_org_ids
+from core import regions
 
 
 # Full-text search: the text search configuration of the GIN index turn_content_fts (migration

@@ -19,8 +19,9 @@ from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, Organisation, User
-from conversations import cache, held, regions, toolrounds, versions
+from conversations import cache, held, toolrounds, versions
 from conversations.models import Conversation, Turn
+from core import regions
 
 
 def conversation_zero_retention(conversation: Conversation) -> bool:
@@ -40,7 +41,7 @@ def conversation_zero_retention(conversation: Conversation) -> bool:
 
 def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:
     """The user's conversations, most recently active first (from every region's database,
-    merged: conversations/regions.py; lazy, but the call reads the user's memberships, so
+    merged: core/regions.py; lazy, but the call reads the user's memberships, so
     call it from sync code). An organisation's conversations only while the user is a member.
     Temporary chats are never listed (they are in no history), nor chats in a project: they are
     listed under it (projects/selectors.py ``project_conversations``), as ChatGPT does."""

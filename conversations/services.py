@@ -16,10 +16,10 @@ from redis.exceptions import RedisError
 
 from accounts.models import Organisation, User
 from accounts.selectors import turn_training_eligible
-from chatsite import db_breaker
-from conversations import cache, held, regions, versions
+from conversations import cache, held, versions
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
+from core import db_breaker, regions
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def conversation_create(
 ) -> Conversation:
     """Create an empty conversation for ``owner`` in its home region's database: the
     organisation's region when it belongs to one (``org``, else the owner's first organisation),
-    else the owner's (conversations/regions.py: home_region). Its id names the region.
+    else the owner's (core/regions.py: home_region). Its id names the region.
 
     ``model``: the pool its turns ask for (a pool name, ``name@version``, or the served model's
     name, which means the tier's default pool; inference/pools.py). Whether the owner's tier may

@@ -24,9 +24,9 @@ from conversations.generate import generation_start
 from conversations.locks import conversation_claim
 from conversations.models import Turn
 from conversations.plan import ContentBlocked, amemory_query_start, turn_plan
-from conversations.regions import new_turn_id
 from conversations.selectors import conversation_zero_retention
 from conversations.turnstream import TurnStream
+from core.regions import new_turn_id
 from gateway import gate
 from gateway.admission import InputBlocked
 from inference.tool_format import ToolCalling

@@ -31,9 +31,10 @@ from django.db import DatabaseError, InterfaceError, transaction
 
 from accounts.callers import caller_for
 from accounts.services import service_user
-from conversations import regions, selectors, services
+from conversations import selectors, services
 from conversations.models import Conversation
 from conversations.selectors import conversation_zero_retention
+from core import regions
 from gateway import gate
 from gateway.tenancy import cache_salt_for
 from inference.engine import get_engine
@@ -109,7 +110,7 @@ def _summarise(summary: str, exchanges: list[tuple[str, str]], fits, cache_salt:
     return text
 
 
-@regions.routed  # the conversation region's database (conversations/regions.py)
+@regions.routed  # the conversation region's database (core/regions.py)
 def summary_update(*, conversation_id: UUID) -> bool:
     """Fold the conversation's older exchanges into its running summary (module docstring).
 

@@ -23,8 +23,8 @@ from uuid import UUID
 
 from django.conf import settings
 
-from conversations.regions import redis_region
 from core import redis_guard
+from core.regions import redis_region
 
 PART = "writeback"
 

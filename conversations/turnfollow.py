@@ -6,7 +6,7 @@ server for every answer followed, fanned out to the readers' queues).
 conversations/turnstream.py ``follow_remote`` reads an answer generated elsewhere with it.
 Redis down (part ``turnlog``, core/redis_guard.py): a followed stream ends (the client may
 resume), and the hub retries every second. The hub exists once per Redis server
-(conversations/regions.py ``redis_region``).
+(core/regions.py ``redis_region``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from uuid import UUID
 
 from conversations.events import TERMINAL_EVENTS
 from conversations.presence import writing
-from conversations.regions import redis_region
 from conversations.turnlog import exists, stream_key
 from core import redis_guard
 from core.redis_guard import REDIS_ERRORS
+from core.regions import redis_region
 
 BLOCK_S = 0.5  # the hub's XREAD waits at most this long, so new subscriptions join quickly
 

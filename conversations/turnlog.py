@@ -22,7 +22,7 @@ New turns mirror again as soon as Redis answers: recovery needs no restart.
 
 **Regions** (issue 20): every key lives on the Redis server of its conversation's region
 (``settings.CHAT_REGION_REDIS_URLS``, core/redis_guard.py), found from the ids with no lookup
-(conversations/regions.py ``redis_region``: the conversation id, else the answer id, both minted
+(core/regions.py ``redis_region``: the conversation id, else the answer id, both minted
 with the region's tag). Functions that take only an answer id accept its ``conversation_id``
 too and should be given it.
 
@@ -49,8 +49,8 @@ from django.conf import settings
 
 from conversations import tombstones
 from conversations.answer_lock import BUSY_REFRESH_S, BUSY_TTL_S, busy_key, conversation_unlock
-from conversations.regions import redis_region
 from core import redis_guard
+from core.regions import redis_region
 
 logger = logging.getLogger(__name__)
 

@@ -44,8 +44,8 @@ from core import metrics
 from conversations import answer_lock, cancels, presence, turnfollow, turnlog
 from conversations.events import stored_answer_sse
 from conversations.models import Turn
-from conversations.regions import redis_region
 from core import redis_guard
+from core.regions import redis_region
 from core.sse import sse_comment, sse_event
 
 if TYPE_CHECKING:

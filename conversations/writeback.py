@@ -43,8 +43,8 @@ from redis.exceptions import RedisError
 
 from conversations import held, services, tombstones
 from conversations.models import Conversation, Turn
-from conversations.regions import redis_region
 from core import redis_guard
+from core.regions import redis_region
 from core.db import run_in_db_thread
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ async def release_db_connection() -> None:
 
 def _close_connection() -> None:
     # Connections resolve per thread: close them here, in the worker thread that owns them;
-    # every alias it used (replicas, regions: chatsite/dbrouter.py).
+    # every alias it used (replicas, regions: core/dbrouter.py).
     connections.close_all()
 
 

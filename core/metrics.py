@@ -20,7 +20,7 @@ counters:
   beyond ``CHAT_STREAM_MEMORY_EVENTS`` because the turn's Redis log could not take them
   (conversations/turnstream.py: no reader may lose an event, so the window stops shrinking).
 
-Region primaries (issue 20; chatsite/db_breaker.py):
+Region primaries (issue 20; core/db_breaker.py):
 
 - ``chat_region_breaker_open{region}`` (gauge): 1 while the breaker of the region's primary is
   open (writes there refused with 503, new conversations created in the failover region).
@@ -268,7 +268,7 @@ MODERATION_SECONDS = Histogram(
 )
 
 
-# Region primaries (issue 20 part 4; chatsite/db_breaker.py). ``region`` is the region the
+# Region primaries (issue 20 part 4; core/db_breaker.py). ``region`` is the region the
 # primary serves (the default region for ``default``).
 REGION_BREAKER_OPEN = Gauge(
     "chat_region_breaker_open",

@@ -3,7 +3,7 @@
 While a primary is down (a Patroni failover, a region's outage) a request can fail three ways,
 and all three mean the same thing to the person who sent it, "not now, try again shortly":
 
-- chatsite/db_breaker.py ``PrimaryDown``: a conversation write refused by its region's breaker
+- core/db_breaker.py ``PrimaryDown``: a conversation write refused by its region's breaker
   (an ``ApiError`` 503 that already carries its ``Retry-After``);
 - Django's ``OperationalError``: a connect that failed, a pooled connection that could not be had
   within ``DB_POOL_TIMEOUT_S`` (psycopg_pool's ``PoolTimeout``, which Django re-raises as

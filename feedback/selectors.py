@@ -11,8 +11,9 @@ from django.db.models import Count, Q
 from django.http import Http404
 
 from accounts.models import User
-from conversations import held, regions
+from conversations import held
 from conversations.models import Conversation, Turn
+from core import regions
 from feedback.models import Feedback
 
 

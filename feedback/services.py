@@ -7,9 +7,9 @@ from django.db import IntegrityError, router, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from conversations import regions
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
+from core import regions
 from feedback.metrics import feedback_count
 from feedback.models import Feedback
 

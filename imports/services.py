@@ -31,9 +31,10 @@ from django.db import transaction
 
 from accounts.models import User
 from accounts.selectors import turn_training_eligible
-from conversations import regions, versions
+from conversations import versions
 from conversations.models import Conversation, Turn
 from conversations.services import model_check
+from core import regions
 from imports.formats import ASSISTANT, Chat, ImportFormatError, chats_read
 from moderation.base import moderator
 from moderation.verdicts import policy_for
@@ -74,7 +75,7 @@ def _uuid(*parts: object) -> UUID:
 
 def _conversation_id(owner: User, chat: Chat, region: str) -> UUID:
     """The imported conversation's id: derived like :func:`_uuid`, with ``region``'s tag where
-    conversations/regions.py ``new_conversation_id`` puts it (so the id still names its
+    core/regions.py ``new_conversation_id`` puts it (so the id still names its
     region)."""
     raw = bytearray(_uuid("conversation", owner.pk, chat.source, chat.source_id).bytes)
     tag = regions.region_tag(region)

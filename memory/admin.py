@@ -1,6 +1,6 @@
 """Admin for long-term memory: find a user's facts by username or text; embeddings not shown.
 
-Facts live in their user's home region's database (conversations/user_regions.py ``user_db``), so
+Facts live in their user's home region's database (core/user_regions.py ``user_db``), so
 this is a :class:`conversations.regional_admin.RegionalAdmin`: one region's database at a time, chosen
 with the region filter, users looked up in ``default`` (no join across databases)."""
 

@@ -30,7 +30,7 @@ memory: no query embedding, no vector search.
 - **Read by a turn** (:func:`memory_block_current`): the stored block when it is current;
   otherwise (a change not rebuilt yet, or no row) built inline from the facts (one query, no
   embedding), so a deleted fact is gone from the very next turn.
-- **Where**: the user's home region's database, like their facts (conversations/user_regions.py
+- **Where**: the user's home region's database, like their facts (core/user_regions.py
   ``user_db``); the raw SQL here runs on that connection.
 - **Warmed** (conversations/prefix_warm.py): after each rebuild, a 1-token request at
   background priority puts the new prefix into the engine's prefix cache.
@@ -48,7 +48,7 @@ from django.contrib.auth import get_user_model
 from django.db import connections, transaction
 from django.utils import timezone
 
-from conversations import regions, user_regions
+from core import regions, user_regions
 from memory.models import MemoryBlock, UserMemory
 from memory.selectors import memory_fact_sanitise
 from memory.signals import memory_facts_changed

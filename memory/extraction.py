@@ -19,7 +19,7 @@
 Exactly once per idle period. Celery here acknowledges late and the Redis broker redelivers a
 task still unacknowledged after its visibility timeout, so two copies of one task may run, one
 after the other or at the same time. A row per conversation (:class:`ExtractionMarker`, in the
-conversation's database; the facts go to the owner's home region's, conversations/user_regions.py
+conversation's database; the facts go to the owner's home region's, core/user_regions.py
 ``user_db``, usually the same one) settles it:
 
 - ``extracted_through`` is the ``last_turn_at`` the last extraction covered. A run for a
@@ -49,9 +49,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Organisation, User
-from conversations import regions, selectors
+from conversations import selectors
 from conversations.models import Conversation
 from conversations.selectors import conversation_zero_retention
+from core import regions
 from memory.extraction_models import ExtractionMarker
 from memory.commands import commands_parse, forget_words
 from memory.statements import UserMessage, fact_words, statements_extract
@@ -89,7 +90,7 @@ class Extraction:
         return {"status": self.status, "stored": self.stored}
 
 
-@regions.routed  # the conversation region's database (conversations/regions.py)
+@regions.routed  # the conversation region's database (core/regions.py)
 def _conversation(*, conversation_id: UUID) -> Conversation | None:
     return Conversation.objects.filter(pk=conversation_id).first()
 

@@ -16,7 +16,7 @@ The search is an *exact* scan over one user's rows, not an HNSW index scan:
 The query computes the distances inside a ``MATERIALIZED`` CTE that selects the user's rows, so
 the planner cannot pick the HNSW index for the ``ORDER BY ... LIMIT`` (a plan that would drop
 results) whatever its statistics say. Facts live in their user's home region's database
-(conversations/user_regions.py ``user_db``); every selector here reads there (``user_regions.for_user``). tests/test_memory.py checks the plan. The HNSW index
+(core/user_regions.py ``user_db``); every selector here reads there (``user_regions.for_user``). tests/test_memory.py checks the plan. The HNSW index
 (memory/models.py) serves table-wide similarity queries (operators, analysis), not a turn.
 The query's embedding (memory/embeddings.py, ~10 ms on one CPU thread) is most of the cost;
 users with no facts (or memory off) skip it.
@@ -30,7 +30,7 @@ from concurrent.futures import Future
 
 from django.conf import settings
 
-from conversations import user_regions
+from core import user_regions
 from memory.embeddings import embed_one
 from memory.models import UserMemory
 

@@ -2,7 +2,7 @@
 
 The reads (memory_list, memory_search, memory_block) live in memory/selectors.py and are
 re-exported here for callers that import the whole API from one place. Every write goes to the
-user's home region's database (conversations/user_regions.py ``user_db``), in one transaction there.
+user's home region's database (core/user_regions.py ``user_db``), in one transaction there.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 
-from conversations import user_regions
+from core import user_regions
 from memory.blocks import memory_block_touch
 from memory.embeddings import embed
 from memory.models import UserMemory

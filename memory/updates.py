@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from conversations import user_regions
+from core import user_regions
 from memory.blocks import memory_block_touch
 from memory.commands import commands_parse, forget_words, remembered_fact
 from memory.embeddings import embed

@@ -6,7 +6,7 @@ from uuid import UUID
 
 from django.http import Http404
 
-from conversations import regions
+from core import regions
 from moderation.models import WithdrawnAnswer
 
 REVIEW_PAGE_ROWS = 200

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from conversations import regions
+from core import regions
 from moderation.models import WithdrawnAnswer
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from django.utils.text import slugify
 
 from accounts.models import ApiKey, Membership, Organisation, User, UserSession
 from audit.selectors import audit_entries_by_actor
-from conversations import regions
+from core import regions
 from memory.models import UserMemory
 from privacy.archive import ArchiveBuilder, Export
 from privacy.export_sections import conversation_items, usage_items

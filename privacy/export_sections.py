@@ -23,10 +23,11 @@ from django.utils.text import get_valid_filename, slugify
 from accounts.models import Organisation, User
 from attachments.models import Attachment
 from attachments.services import attachment_storage
-from conversations import held, regions
+from conversations import held
 from conversations.models import Conversation, Turn
 from conversations.turndata import turn_values
 from conversations.versions import Tree, tree_build
+from core import regions
 from feedback.models import Feedback
 from projects.export import answer_sources
 from moderation.models import WithdrawnAnswer

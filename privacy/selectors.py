@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.db.models import Count
 
 from accounts.models import Membership, Organisation, User
-from conversations import regions
 from conversations.models import Conversation
+from core import regions
 
 Role = Membership.Role
 

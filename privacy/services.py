@@ -58,8 +58,9 @@ from accounts.services import user_sessions_end
 from attachments.models import Attachment
 from audit.models import Action
 from audit.services import audit_record
-from conversations import deletion, regions
+from conversations import deletion
 from conversations.models import Conversation
+from core import regions
 from feedback.models import Feedback
 from memory.extraction_models import ExtractionMarker
 from memory.models import MemoryBlock, UserMemory

@@ -28,7 +28,7 @@ not part of the conversation and are never exported.
 
 **Filters.** ``since``: only exchanges whose question was written at or after it (conversations
 whose last turn is older are not read at all). ``region``: only that region's conversations;
-without it, every region's database in turn (conversations/regions.py ``region_dbs``).
+without it, every region's database in turn (core/regions.py ``region_dbs``).
 
 **Memory.** Streamed: conversations are read in batches of ``privacy.export_sections.BATCH``
 per region database (keyset on ``(created_at, conversation_id)``), each batch's turns with one
@@ -42,9 +42,9 @@ import itertools
 from collections.abc import Iterator
 from datetime import datetime
 
-from conversations import regions
 from conversations.models import Conversation, Turn
 from conversations.versions import positions_build
+from core import regions
 from privacy.export_sections import conversation_batches
 
 TURN_FIELDS = (
@@ -91,7 +91,7 @@ def training_records(
     (:func:`training_messages`), every region's database in turn (only ``region``'s when given),
     each oldest conversation first. A generator: nothing is read before the first item is
     asked for, and one batch of conversations is held at a time. Raises
-    conversations.regions.RegionUnavailable for a region not served here."""
+    core.regions.RegionUnavailable for a region not served here."""
     filters: dict = {"last_turn_at__isnull": False}
     dbs = None
     if region is not None:

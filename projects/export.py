@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from uuid import UUID
 
-from conversations import regions
+from core import regions
 from projects.models import Project, ProjectFile, ProjectPassage, ProjectTurnSource
 from projects.sources import source_json
 

@@ -33,8 +33,7 @@ from django.db import DatabaseError, InterfaceError, transaction
 from django.utils import timezone
 
 from attachments.files import AttachmentRejected
-from chatsite import db_breaker, dbrouter
-from conversations import regions
+from core import db_breaker, dbrouter, regions
 from projects.chunking import Chunk, chunk_text
 from projects.files import Extracted, FileRefused, text_extract
 from projects.models import Project, ProjectFile, ProjectPassage

@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from pgvector.django import CosineDistance
 
-from chatsite import dbrouter
+from core import dbrouter
 from projects.ingest import project_db
 from projects.models import Project, ProjectFile, ProjectPassage
 

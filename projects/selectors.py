@@ -13,7 +13,7 @@ Anyone else (another user, another organisation's member, an ex-member, an unkno
 same Http404, so an id never reveals that a project exists; a member who may open the project
 but not change it gets PermissionDenied (403) saying who can.
 
-**Where.** A project's id names its region (conversations/regions.py ``new_conversation_id``),
+**Where.** A project's id names its region (core/regions.py ``new_conversation_id``),
 so every read by id goes straight to that region's database; listings ask every region's.
 """
 
@@ -27,8 +27,8 @@ from django.db.models import Q
 from django.http import Http404
 
 from accounts.models import Membership, User
-from conversations import regions
 from conversations.models import Conversation
+from core import regions
 from projects.models import Project, ProjectFile
 
 NOT_FOUND = "No such project."

@@ -3,7 +3,7 @@
 projects/selectors.py.
 
 **Where a project lives.** Where its owner's new conversations would: the organisation's region
-for a workspace project, else the owner's (conversations/regions.py ``home_region``: a person
+for a workspace project, else the owner's (core/regions.py ``home_region``: a person
 in an organisation makes workspace projects by default, as their chats are the organisation's).
 Its id names that region (``regions.new_conversation_id``), and its chats are created in the
 same database (conversations/services.py ``conversation_create`` with ``project``).
@@ -26,8 +26,9 @@ from django.utils import timezone
 
 from accounts.models import Organisation, User
 from attachments.services import attachment_storage
-from conversations import deletion, regions
+from conversations import deletion
 from conversations.models import Conversation
+from core import regions
 from projects.models import Project, ProjectFile
 
 logger = logging.getLogger(__name__)

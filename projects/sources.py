@@ -17,8 +17,8 @@ from uuid import UUID
 
 from django.db import transaction
 
-from conversations import regions
 from conversations.models import Conversation
+from core import regions
 from projects.models import ProjectTurnSource
 
 # Characters of a passage shown in the closed source line (the whole passage opens in place).

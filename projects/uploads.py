@@ -13,8 +13,7 @@ from django.conf import settings
 from django.db import transaction
 
 from attachments.files import clean_name, size_text
-from chatsite import db_breaker, dbrouter
-from conversations import regions
+from core import db_breaker, dbrouter, regions
 from projects import tasks
 from projects.files import FileRefused, kind_detect
 from projects.ingest import stored_files_delete, project_db, project_file_storage

@@ -17,7 +17,7 @@ class ShareLink(models.Model):
     **Where it lives.** In the conversation's region database (``sharing`` is one of
     ``settings.CHAT_REGIONAL_APPS``), beside the turns it shows. An anonymous viewer has only the
     token, so the token names its region: three hex digits of the region's 12-bit tag (the
-    same tag conversation ids carry, ``conversations.regions.region_tag``) followed by 192
+    same tag conversation ids carry, ``core.regions.region_tag``) followed by 192
     random bits (``secrets.token_urlsafe(24)``): the page goes straight to one database, with no
     global directory of links and no search through every region (sharing/tokens.py).
 

@@ -21,10 +21,11 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, User
-from conversations import regions, toolrounds, versions
+from conversations import toolrounds, versions
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
+from core import regions
 from sharing import tokens
 from sharing.models import ShareLink
 

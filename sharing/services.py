@@ -13,10 +13,10 @@ from django.utils import timezone
 from accounts.models import Organisation, User
 from audit.models import Action
 from audit.services import audit_record
-from conversations import regions
 from conversations import services as conversation_services
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
+from core import regions
 from sharing import selectors, tokens
 from sharing.models import ShareLink
 

@@ -1,7 +1,7 @@
 """Share-link tokens that name the region database their link lives in.
 
 A token is ``TTT`` + ``R``: ``TTT`` the region's 12-bit tag in three lowercase hex digits (the
-tag conversation ids carry: ``conversations.regions.region_tag``, the first 12 bits of SHA-256
+tag conversation ids carry: ``core.regions.region_tag``, the first 12 bits of SHA-256
 of the region's name, the same on every server), ``R`` 32 URL-safe base64 characters from
 ``secrets.token_urlsafe(24)``, i.e. 192 bits from the OS's CSPRNG. 192 > 128 bits, so guessing
 a live link is out of reach however many links exist (the tag adds no secrecy and needs none).
@@ -18,7 +18,7 @@ import secrets
 
 from django.conf import settings
 
-from conversations import regions
+from core import regions
 
 RANDOM_BYTES = 24  # 192 bits of randomness per token
 TOKEN_RE = re.compile(r"[0-9a-f]{3}[A-Za-z0-9_-]{32}")

@@ -36,7 +36,8 @@ def op_append_loop(
     """
     from django.db import DatabaseError, close_old_connections, connections  # noqa: PLC0415
 
-    from conversations import regions, selectors, services  # noqa: PLC0415
+    from conversations import selectors, services  # noqa: PLC0415
+    from core import regions  # noqa: PLC0415
     from conversations.models import Turn  # noqa: PLC0415
 
     user = pgcluster_ops._user(username)

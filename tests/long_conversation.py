@@ -25,7 +25,8 @@ from uuid import UUID
 from django.db import transaction
 from django.utils import timezone
 
-from conversations import regions, services
+from conversations import services
+from core import regions
 from conversations.models import Conversation, Turn
 
 TURNS_PER_BRANCH = 4  # the edit, its answer, a follow-up and its answer

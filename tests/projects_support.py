@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from conversations import regions
+from core import regions
 from memory.embeddings import embed
 from projects.models import ProjectFile, ProjectPassage
 from projects.retrieval import Retrieved

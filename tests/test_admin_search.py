@@ -37,7 +37,7 @@ def test_conversations_filter_by_owner_tier_org_and_region(data, staff):
 
     assert listed(staff.get(url, {"tier": "paid"})) == {conversation.pk}
     assert listed(staff.get(url, {"tier": "free"})) == set()
-    # ann's conversations belong to her organisation (conversations/regions.py home_region)
+    # ann's conversations belong to her organisation (core/regions.py home_region)
     assert listed(staff.get(url, {"org__id__exact": data["org"].pk})) == {conversation.pk}
     assert listed(staff.get(url, {"org__isnull": "True"})) == set()
     assert listed(staff.get(url, {"region": conversation.region})) == {conversation.pk}

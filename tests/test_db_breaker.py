@@ -1,4 +1,4 @@
-"""The circuit breaker of a region's primary (chatsite/db_breaker.py; issue 20 part 4), on an
+"""The circuit breaker of a region's primary (core/db_breaker.py; issue 20 part 4), on an
 injectable clock: no servers, no sleeping."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError
 
-from chatsite import db_breaker
+from core import db_breaker
 from core import metrics
-from chatsite.db_breaker import Breaker, PrimaryDown
+from core.db_breaker import Breaker, PrimaryDown
 
 
 class Clock:

@@ -10,9 +10,9 @@ import pytest
 from django.test import override_settings
 
 from accounts.models import ApiKey, User
-from chatsite import dbrouter
+from core import dbrouter
 from chatsite.settings.base import database_from_url, database_urls
-from conversations import regions
+from core import regions
 from conversations.models import Conversation, Turn
 
 TWO_REGIONS = {

@@ -62,7 +62,7 @@ STORAGE = [
     "conversations.selectors", "conversations.page_selectors", "conversations.search_selectors",
     "conversations.retention", "conversations.deletion",
     "conversations.tombstones", "conversations.turndata", "conversations.partitions",
-    "conversations.regions", "attachments.services",
+    "core.regions", "attachments.services",
 ]  # fmt: skip
 
 

@@ -77,7 +77,7 @@ def test_a_project_is_created_in_its_owners_region_with_an_id_naming_it(make_use
     alice = make_user("alice")
     project = project_services.project_create(owner=alice, name="  Thesis  ", instructions=" Be terse. ")
     assert (project.name, project.instructions, project.org_id, project.region) == ("Thesis", "Be terse.", None, alice.region)
-    from conversations.regions import region_of_id  # noqa: PLC0415
+    from core.regions import region_of_id  # noqa: PLC0415
 
     assert region_of_id(project.pk) == alice.region
     assert [p.pk for p in project_selectors.project_list(user=alice)] == [project.pk]

@@ -15,7 +15,8 @@ import uuid
 import pytest
 import redis
 
-from conversations import answer_lock, cache, held, regions, tombstones, turnfollow, turnlog, writeback
+from conversations import answer_lock, cache, held, tombstones, turnfollow, turnlog, writeback
+from core import regions
 from core import redis_guard
 from tests.redis_server import RedisServer
 

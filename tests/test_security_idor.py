@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conversations import regions
+from core import regions
 from tests.security_outcomes import (
     API_OWN,
     ORG_ADMINS_HIDDEN,

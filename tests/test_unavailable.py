@@ -12,7 +12,7 @@ from django.db import DataError, IntegrityError, OperationalError
 from django.test import Client, RequestFactory
 
 from chatsite import error_pages
-from chatsite.db_breaker import PrimaryDown
+from core.db_breaker import PrimaryDown
 from conversations import services as conversation_services
 from conversations.models import Conversation, Turn
 from core.unavailable import unavailable_error

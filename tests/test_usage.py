@@ -16,7 +16,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from chatsite import dbrouter
+from core import dbrouter
 from tests.usage_support import pool, record
 from usage import selectors, services
 from usage.models import UsageRecord

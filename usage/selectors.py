@@ -23,7 +23,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from accounts.models import Membership, Organisation, User
-from conversations import regions
+from core import regions
 from usage.models import UsageRecord
 
 if TYPE_CHECKING:

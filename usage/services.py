@@ -12,8 +12,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from core import metrics
-from conversations import regions
+from core import metrics, regions
 from usage.models import UsageRecord
 
 if TYPE_CHECKING:  # inference.pools imports settings-heavy code; only its types are needed here

@@ -11,7 +11,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from accounts.models import Organisation
-from conversations import regions, retention
+from conversations import retention
+from core import regions
 from inference.pools import pool_set
 from workspaces import invitations, services
 from workspaces.selectors import Seat
@@ -21,7 +22,7 @@ MAX_RETENTION_DAYS = 36_500  # 100 years: beyond it, "keep" (blank on a kept tie
 
 def regions_available() -> list[str]:
     """The regions an organisation may choose: those with a database here
-    (conversations/regions.py ``db_for_region``), in settings order."""
+    (core/regions.py ``db_for_region``), in settings order."""
     available = []
     for region in settings.CHAT_REGIONS:
         try:

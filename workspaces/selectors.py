@@ -29,8 +29,8 @@ from django.http import Http404
 from django.utils import timezone
 
 from accounts.models import Membership, Organisation, User
-from conversations import regions
 from conversations.models import Conversation
+from core import regions
 from workspaces.models import Invitation
 
 NOT_FOUND = "No such organisation."

@@ -19,8 +19,8 @@ from accounts.models import Membership, Organisation, User
 from accounts.services import training_opt_out_record
 from audit.models import Action
 from audit.services import audit_record
-from conversations import regions
 from conversations.models import Conversation
+from core import regions
 from sharing.services import share_links_revoke_for
 from workspaces.selectors import Role, Seat
 
@@ -73,7 +73,7 @@ def slug_clean(slug: str, *, name: str) -> str:
 
 
 def region_clean(region: str) -> str:
-    """A region conversations can be stored in here (conversations/regions.py
+    """A region conversations can be stored in here (core/regions.py
     ``db_for_region``). Raises ValidationError (RegionUnavailable) naming the regions on offer."""
     regions.db_for_region(region)
     return region
@@ -88,7 +88,7 @@ def organisation_create(
     Its tier is the creator's (staff raise it in the admin): creating an organisation never
     buys a better tier, pool pin or limit than one's own. ``region`` (blank: the creator's) is
     where its conversations are stored. Note that a person's conversations belong to their
-    first organisation's workspace (conversations/regions.py ``home_region``).
+    first organisation's workspace (core/regions.py ``home_region``).
     Raises ValidationError for a bad name, slug or region, or a slug already taken.
     """
     name = name_clean(name)

@@ -44,6 +44,6 @@ class Migration(migrations.Migration):
             options={"verbose_name": "audit entry's regional detail"},
         ),
         # The hint names the model, so region databases (which get only regional models of
-        # this app: chatsite/dbrouter.py allow_migrate) run it with the table they have.
+        # this app: core/dbrouter.py allow_migrate) run it with the table they have.
         migrations.RunSQL(FORWARD, BACKWARD, hints={"model_name": "auditdetail"}),
     ]

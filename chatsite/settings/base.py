@@ -329,7 +329,7 @@ CELERY_BEAT_SCHEDULE["conversations.turn_partitions_ensure"] = {
 }
 
 
-# --- Read replicas and regions (chatsite/dbrouter.py, conversations/regions.py) ---
+# --- Read replicas and regions (core/dbrouter.py, core/regions.py) ---
 # Every URL here may name several hosts, libpq style (see database_from_url): failover to a
 # promoted standby then needs no config change.
 
@@ -404,8 +404,8 @@ CHAT_REGIONAL_MODELS = ("audit.auditdetail", "moderation.withdrawnanswer")
 # Read-your-writes: for this many seconds after a user's conversation data was written, that
 # user's reads of it go to the primary, not a replica (longer than replication lag ever is).
 CHAT_READ_YOUR_WRITES_S = float(os.environ.get("CHAT_READ_YOUR_WRITES_S", "5"))
-DATABASE_ROUTERS = ["chatsite.dbrouter.PrimaryReplicaRouter"]
-# Outage region (docs/operations.md; chatsite/db_breaker.py): CHAT_REGION_BREAKER_FAILURES failed
+DATABASE_ROUTERS = ["core.dbrouter.PrimaryReplicaRouter"]
+# Outage region (docs/operations.md; core/db_breaker.py): CHAT_REGION_BREAKER_FAILURES failed
 # connects to a region's primary within CHAT_REGION_BREAKER_WINDOW_S seconds open its breaker;
 # after CHAT_REGION_BREAKER_OPEN_S one write is let through as a probe. While it is open, new
 # conversations go to CHAT_REGION_FAILOVER[region] (JSON {"us-east": "eu-west", ...}; none: 503)

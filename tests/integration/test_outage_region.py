@@ -1,4 +1,4 @@
-"""Outage region: a region whose primary is down (issue 20 part 4; chatsite/db_breaker.py).
+"""Outage region: a region whose primary is down (issue 20 part 4; core/db_breaker.py).
 
 Real clusters (tests/pgcluster.py): ``default`` (global data), eu-west's primary with a streaming
 replica, and us-east's primary; failover regions eu-west <-> us-east. The app runs in its own

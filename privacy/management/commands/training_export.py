@@ -17,7 +17,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from conversations.regions import RegionUnavailable
+from core.regions import RegionUnavailable
 from privacy.training import training_records
 
 

@@ -3,7 +3,7 @@ not a string of 500s (issue 20 part 4, "Outage region"; the shape of core/redis_
 
 One breaker per primary alias (``default``, ``region_us-east``, ...), per process (shared by its
 threads). Every write service of a conversation passes :func:`primary_ensure` first
-(conversations/regions.py ``atomic``), and so does every conversation creation
+(core/regions.py ``atomic``), and so does every conversation creation
 (``regions.region_for_new_conversation``):
 
 - **Closed** (the normal state): the write connects to the primary. A failed connect is counted;
@@ -28,7 +28,7 @@ write to an         503 + ``Retry-After`` (:class:`PrimaryDown`), counted in
 existing one        ``chat_region_connect_failures_total{result="refused"}``.
 history read        served by the region's replicas, also for users who wrote a moment ago
                     (read-your-writes would send them to the primary;
-                    chatsite/dbrouter.py).
+                    core/dbrouter.py).
 =================== =======================================================================
 
 Connect failures are counted in ``chat_region_connect_failures_total{result="failed"}``; the

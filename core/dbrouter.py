@@ -10,7 +10,7 @@ global cluster; each region with a database of its own has one more.
   (a session or an API key created a moment ago has to work on the next request).
 - Conversation data (``CHAT_REGIONAL_APPS``, and the models named in ``CHAT_REGIONAL_MODELS``,
   such as an audit entry's regional detail) lives in its region's cluster
-  (``conversations/regions.py``). Writes go to the primary; reads go to a replica, except
+  (``core/regions.py``). Writes go to the primary; reads go to a replica, except
   *read-your-writes*: for ``settings.CHAT_READ_YOUR_WRITES_S`` after a user's conversation data
   was written, that user's reads go to the primary, and so does every read inside a transaction
   on the primary.
@@ -44,7 +44,7 @@ from typing import Protocol
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from chatsite import db_breaker
+from core import db_breaker
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def _read_alias(primary: str, user_id: int | None, pin: Pin | None) -> str:
     if connections[primary].in_atomic_block or (pin is not None and pin.wrote):
         return primary  # a transaction (or call) reads what it wrote
     if db_breaker.is_down(primary):
-        # The primary is down (chatsite/db_breaker.py): history keeps coming from replicas,
+        # The primary is down (core/db_breaker.py): history keeps coming from replicas,
         # read-your-writes or not (there is nothing newer a user could miss: writes fail).
         return replicas[next(_round_robin) % len(replicas)]
     if user_id is not None:
@@ -226,9 +226,10 @@ def default_db() -> str:
 
 
 class InstanceLocator(Protocol):
-    """Where an unsaved regional model instance belongs, known without a query: the app that
-    defines the regional models says (conversations/regions.py, registered in
-    conversations/apps.py), so this module imports no app."""
+    """Where an unsaved regional model instance belongs, known without a query: core/regions.py
+    says (``instance_db``, ``instance_owner``, with what the conversations app tells it),
+    registered in conversations/apps.py ``ready()``: registered, not imported, because
+    core/regions.py imports this module."""
 
     def instance_db(self, instance) -> str | None: ...
 
@@ -261,7 +262,7 @@ class PrimaryReplicaRouter:
     def _route(self, model, hints) -> tuple[str, int | None, Pin | None]:
         """(primary alias, user on whose behalf, pin) for a query on a regional ``model``."""
         pin = _pin.get()
-        if hints.get("primary"):  # a manager from conversations.regions.manager()
+        if hints.get("primary"):  # a manager from core.regions.manager()
             return primary_of(hints["primary"]), hints.get("user_id"), None
         instance = hints.get("instance")
         user_id = pin.user_id if pin is not None else None

@@ -19,13 +19,19 @@ How a conversation's database is found:
   or by code that did not use :func:`new_conversation_id`) are looked for in each region's
   database, the user's own first, and remembered.
 - *From an instance*: ``instance._state.db`` (Django records where a row was loaded from), so
-  ``conversation.turns`` and ``save()`` follow the conversation (``chatsite/dbrouter.py``).
+  ``conversation.turns`` and ``save()`` follow the conversation (``core/dbrouter.py``).
 
 Selectors and services say which conversation they work on by decorating themselves with
 :func:`routed` (reads) or :func:`atomic` (writes: also one transaction on that database), which
-pin its cluster for the call; see ``chatsite/dbrouter.py`` for replicas and read-your-writes.
+pin its cluster for the call; see ``core/dbrouter.py`` for replicas and read-your-writes.
 A user's own regional data that belongs to no conversation (memory) is routed by
-conversations/user_regions.py (``user_db``, ``for_user``, ``atomic_for_user``).
+core/user_regions.py (``user_db``, ``for_user``, ``atomic_for_user``).
+
+This module imports no app: what it needs to know about conversations and organisation
+memberships (is this a conversation, does a database hold this id, which organisation a new
+conversation belongs to) it asks the :class:`RegionLocator` that the conversations app
+registers in its ``ready()`` (conversations/region_locator.py), the way that app also tells the
+database router where an unsaved row belongs (``core.dbrouter.instance_locator_set``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 from uuid import UUID, uuid4
 
 from django.conf import settings
@@ -45,12 +52,53 @@ from django.core.exceptions import ValidationError
 from django.db import DEFAULT_DB_ALIAS, router, transaction
 from django.db.models import QuerySet
 
-from chatsite import db_breaker, dbrouter
-from chatsite.dbrouter import default_db, multi_region
+from core import db_breaker, dbrouter
+from core.dbrouter import default_db, multi_region
 
 
 class RegionUnavailable(ValidationError):
     """A region that is not served here (unknown, or with no database configured)."""
+
+
+# --- what the conversations app tells this module ---
+
+
+class RegionLocator(Protocol):
+    """The conversation- and account-specific lookups routing needs, answered by the app that
+    defines those models (conversations/region_locator.py, registered in conversations/apps.py
+    ``ready()`` with :func:`region_locator_set`), so this module imports no app."""
+
+    def is_conversation(self, value: object) -> bool:
+        """Whether ``value`` is a conversation row (not a turn or a row beside one)."""
+
+    def conversation_exists(self, conversation_id: UUID, *, db: str) -> bool:
+        """Whether the primary alias ``db`` holds conversation ``conversation_id`` (one
+        query there)."""
+
+    def home_organisation(self, *, owner, org=None) -> object | None:
+        """The organisation a new conversation of user ``owner`` belongs to (its ``region``
+        is the conversation's home region), or None (the owner's own region then): ``org``
+        when given, else the owner's first organisation (oldest membership), else None.
+        Raises ValidationError (code ``not_member``) if ``owner`` is not a member of ``org``."""
+
+
+_locator: RegionLocator | None = None
+
+
+def region_locator_set(locator: RegionLocator | None) -> None:
+    """Register the :class:`RegionLocator` this module asks (None: forget it, as before apps
+    load)."""
+    global _locator
+    _locator = locator
+
+
+def _region_locator() -> RegionLocator:
+    if _locator is None:
+        raise RuntimeError(
+            "No RegionLocator registered: the conversations app registers one in its ready(), "
+            "so region lookups need Django's apps loaded (django.setup())."
+        )
+    return _locator
 
 
 # --- regions and their databases ---
@@ -105,17 +153,9 @@ def home_region(*, owner, org=None) -> tuple[str, object | None]:
     organisation (oldest membership) if any: the conversation belongs to it and lives in its
     region. Otherwise the owner's own region. Raises RegionUnavailable (see
     :func:`db_for_region`) and ValidationError if ``owner`` is not a member of ``org``.
+    The memberships are read by the registered :class:`RegionLocator` (``home_organisation``).
     """
-    from accounts.models import Membership  # noqa: PLC0415
-
-    if org is None:
-        membership = (
-            Membership.objects.filter(user=owner).select_related("organisation")
-            .order_by("joined_at", "pk").first()
-        )  # fmt: skip
-        org = membership.organisation if membership else None
-    elif not Membership.objects.filter(user=owner, organisation=org).exists():
-        raise ValidationError("You are not a member of that organisation.", code="not_member")
+    org = _region_locator().home_organisation(owner=owner, org=org)
     region = org.region if org is not None else owner.region
     db_for_region(region)
     return region, org
@@ -130,7 +170,7 @@ def residency_zone(region: str) -> str:
 def region_for_new_conversation(region: str, *, org=None) -> str:
     """The region a new conversation of home region ``region`` is created in now: ``region``
     itself while its primary is up, else, once its circuit breaker is open
-    (chatsite/db_breaker.py), ``settings.CHAT_REGION_FAILOVER[region]`` (the design brief:
+    (core/db_breaker.py), ``settings.CHAT_REGION_FAILOVER[region]`` (the design brief:
     "conversations created during the outage land in the failover region").
 
     Residency decides whether the failover region is allowed: an organisation's conversations
@@ -233,8 +273,8 @@ def db_for_conversation_id(conversation_id: UUID, *, user=None) -> str:
     the database it would be in, so the caller's query finds nothing and says so).
 
     Tagged ids: the region's database, no query. Untagged ids with several regional databases:
-    each is asked (``user``'s region first) and the answer remembered (a conversation never
-    moves).
+    each is asked (``user``'s region first; :class:`RegionLocator` ``conversation_exists``) and
+    the answer remembered (a conversation never moves).
     """
     region = region_of_id(conversation_id)
     if region is not None:
@@ -250,8 +290,7 @@ def db_for_conversation_id(conversation_id: UUID, *, user=None) -> str:
         if key in _located:
             _located.move_to_end(key)
             return _located[key]
-    from conversations.models import Conversation  # noqa: PLC0415
-
+    locator = _region_locator()
     if user is not None:
         try:
             first = db_for_region(user.region)
@@ -259,7 +298,7 @@ def db_for_conversation_id(conversation_id: UUID, *, user=None) -> str:
         except RegionUnavailable:
             pass
     for db in dbs:
-        if Conversation.objects.using(db).filter(pk=key).exists():
+        if locator.conversation_exists(key, db=db):
             with _located_lock:
                 _located[key] = db
                 if len(_located) > _LOCATED_MAX:
@@ -273,9 +312,7 @@ def db_for_conversation_id(conversation_id: UUID, *, user=None) -> str:
 
 def instance_db(instance) -> str | None:
     """The primary alias an unsaved regional ``instance`` belongs in, or None if unknown."""
-    from conversations.models import Conversation  # noqa: PLC0415
-
-    if isinstance(instance, Conversation):
+    if _region_locator().is_conversation(instance):
         if instance.region:
             return db_for_region(instance.region)
         return None
@@ -326,12 +363,10 @@ _TURN_ARGUMENTS = ("turn", "upto", "question", "answer")
 
 def _target(kwargs: dict) -> tuple[str | None, int | None]:
     """(primary alias, user id) named by a selector's or service's keyword arguments."""
-    from conversations.models import Conversation  # noqa: PLC0415
-
     user = kwargs.get("user") or kwargs.get("owner")
     user_id = getattr(user, "pk", None)
     conversation = kwargs.get("conversation")
-    if isinstance(conversation, Conversation):
+    if conversation is not None and _region_locator().is_conversation(conversation):
         return conversation_db(conversation), conversation.owner_id
     for name in _TURN_ARGUMENTS:
         turn = kwargs.get(name)
@@ -347,7 +382,7 @@ def _target(kwargs: dict) -> tuple[str | None, int | None]:
 def call_arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
     """The arguments of a call of a function with ``signature``, by name (as passed when it
     cannot be bound: the call itself will raise). For the routing decorators here and in
-    conversations/user_regions.py."""
+    core/user_regions.py."""
     if not args:
         return kwargs
     try:
@@ -380,7 +415,7 @@ def routed(fn: Callable) -> Callable:
 def atomic(fn: Callable) -> Callable:
     """Decorate a service, under its ``@transaction.atomic``: like :func:`routed`, and the call
     is one transaction on that conversation's database too. Before it starts, the database's
-    primary must be reachable (chatsite/db_breaker.py: raises PrimaryDown, a 503 with
+    primary must be reachable (core/db_breaker.py: raises PrimaryDown, a 503 with
     Retry-After, while it is down) (the one on ``default`` does not
     cover writes to another database, and ``select_for_update`` needs one where it runs).
 

@@ -2,7 +2,7 @@
 block): it lives in their home region's database (:func:`user_db`), and the memory selectors
 and services say whose data they work on by decorating themselves with :func:`for_user`
 (reads) or :func:`atomic_for_user` (writes: also one transaction on that database), or by
-:func:`user_pinned` around a block. Conversations are routed by conversations/regions.py, whose
+:func:`user_pinned` around a block. Conversations are routed by core/regions.py, whose
 ``home_region`` decides the region for both.
 """
 
@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterator
 from django.db import DEFAULT_DB_ALIAS, router, transaction
 from django.db.models import QuerySet
 
-from chatsite import dbrouter
-from chatsite.dbrouter import multi_region
-from conversations.regions import call_arguments, db_for_region, home_region
+from core import dbrouter
+from core.dbrouter import multi_region
+from core.regions import call_arguments, db_for_region, home_region
 
 
 def user_db(*, user=None, user_id: int | None = None) -> str:
     """The primary alias holding ``user``'s regional data that belongs to no conversation (their
-    memory facts and memory block): their home region's database (conversations/regions.py ``home_region``: their
+    memory facts and memory block): their home region's database (core/regions.py ``home_region``: their
     first organisation's region, else their own). ``user_id`` instead of ``user`` loads the user
     (one query on ``default``). One database: ``default``, no query.
 
