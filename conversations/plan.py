@@ -457,14 +457,14 @@ async def turn_plan(
 
 def memory_query_start(text: str) -> Future | None:
     """Start embedding ``text`` (a new user message) for long-term memory retrieval now, on the
-    embedding thread (memory.embeddings.embed_one_start), so its ~10 ms run while the request
+    embedding thread (inference.embeddings.embed_one_start), so its ~10 ms run while the request
     claims the conversation, loads the caller and the history; prompt assembly then only waits
     for what is left of it. None when memory is off for the service
     (settings.CHAT_MEMORY_ENABLED) or the text is blank; a turn that does not retrieve cancels
     it unused (:func:`_memory`)."""
     if not settings.CHAT_MEMORY_ENABLED or not text.strip():
         return None
-    from memory.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
+    from inference.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
 
     return embed_one_start(text)
 
@@ -477,7 +477,7 @@ async def amemory_query_start(text: str, *, user_id, in_project: bool = False) -
     common case and then embeds nothing. ``in_project``: the message is in a project's chat,
     whose passages are retrieved by the same embedding (projects/prompt.py): always started."""
     if in_project and text.strip():
-        from memory.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
+        from inference.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
 
         return embed_one_start(text)
     if not settings.CHAT_MEMORY_ENABLED or not text.strip():

@@ -31,7 +31,7 @@ from conversations import services
 from conversations.admin import ConversationAdmin, TurnInline
 from conversations.models import Conversation, Turn
 from feedback.models import Feedback
-from memory.embeddings import embedding_dimension
+from inference.embeddings import embedding_dimension
 from memory.models import UserMemory
 from moderation.models import ModeratedTurn, WithdrawnAnswer
 from usage.models import UsageRecord

@@ -15,8 +15,8 @@ from django.urls import include, path
 
 from accounts import services as account_services
 from conversations.models import Conversation
+from inference.embeddings import embed, embed_one, embedding_dimension
 from memory import selectors, services
-from memory.embeddings import embed, embed_one, embedding_dimension
 from memory.models import UserMemory
 
 pytestmark = pytest.mark.django_db
