@@ -353,7 +353,8 @@ def shared_conversation_page(request: HttpRequest, conversation: Conversation) -
     """A conversation shared with a workspace, as another member reads it: every exchange
     (newest version of each message and answer), no message box, no edit, regenerate or stop.
     ``conversation`` comes from ``conversations.selectors.conversation_view_for_user``
-    (called by ``conversations.page_views.conversation_detail`` for non-owners)."""
+    (``conversations.page_views.conversation_detail`` calls it for non-owners: chatsite/urls.py
+    passes it in)."""
     exchanges = [
         {
             "question": x.question,
