@@ -14,7 +14,6 @@ import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -24,7 +23,8 @@ from accounts.callers import caller_for
 from attachments.prompt import question_with_files
 from conversations import selectors, summaries
 from conversations.models import Turn
-from gateway import admission, gate, run
+from conversations.turnplan import TurnPlan
+from gateway import admission, gate
 from inference.pools import pool_engine
 from inference.prompts import (
     chat_messages,
@@ -41,44 +41,6 @@ logger = logging.getLogger(__name__)
 
 # vLLM's KV cache block on the CPU when none is set (vllm/platforms/cpu.py: block_size 128).
 VLLM_CPU_BLOCK_SIZE = 128
-
-
-@dataclass(frozen=True)
-class TurnPlan:
-    """How one answer was admitted, before anything was stored.
-
-    ``admitted``: the pipeline's admission (gateway/run.py: caller, route, rate-limit decision,
-    moderation policy with the turn's real system prompt, the tenant's cache salt);
-    ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
-    ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
-    ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
-    ``verdict``: the input gate's verdict on the new message (None: none was checked);
-    ``tools``: the function calling asked for this answer (inference/tool_format.py; None: no
-    tools), whose section or template tools the prompt holds; ``sources``: the project passages
-    the prompt holds (projects/prompt.py; stored as the answer's sources, projects/sources.py),
-    () outside a project.
-    """
-
-    admitted: run.Admitted
-    token_ids: list[int]
-    max_tokens: int
-    context_trimmed: int
-    want_summary: bool
-    verdict: Verdict | None = None
-    tools: ToolCalling | None = None
-    sources: tuple = ()
-
-    @property
-    def route(self) -> Route:
-        return self.admitted.route
-
-    @property
-    def caller(self) -> gate.Caller:
-        return self.admitted.caller
-
-    @property
-    def decision(self):
-        return self.admitted.decision
 
 
 class ContentBlocked(admission.InputBlocked):

@@ -26,6 +26,7 @@ from conversations.models import Turn
 from conversations.plan import ContentBlocked, amemory_query_start, turn_plan
 from conversations.regions import new_turn_id
 from conversations.selectors import conversation_zero_retention
+from conversations.toolrounds import ToolResultsInvalid  # noqa: F401 - re-exported: a refusal
 from conversations.turnstream import TurnStream
 from gateway import gate
 from gateway.admission import InputBlocked

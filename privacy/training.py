@@ -44,7 +44,7 @@ from datetime import datetime
 
 from conversations import regions
 from conversations.models import Conversation, Turn
-from conversations.versions import positions_build
+from conversations.selectors import positions_build
 from privacy.export_sections import conversation_batches
 
 TURN_FIELDS = (

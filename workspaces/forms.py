@@ -11,7 +11,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from accounts.models import Organisation
-from conversations import regions, retention
+from conversations import regions
+from conversations.selectors import retention_days_for_tier
 from inference.pools import pool_set
 from workspaces import invitations, services
 from workspaces.selectors import Seat
@@ -155,7 +156,7 @@ class PolicyForm(forms.Form):
                 field.widget.attrs.update({"max": ceiling, "placeholder": ceiling})
             else:
                 field.widget.attrs["placeholder"] = "unlimited"
-        self.tier_retention_days = retention.retention_days_for_tier(org.tier)
+        self.tier_retention_days = retention_days_for_tier(org.tier)
         self.fields["retention_days"].widget.attrs["placeholder"] = (
             self.tier_retention_days if self.tier_retention_days is not None else "keep"
         )
