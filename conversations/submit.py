@@ -31,7 +31,7 @@ from conversations.turnstream import TurnStream
 from gateway import gate
 from gateway.admission import InputBlocked
 from inference.tool_format import ToolCalling
-from projects.sources import turn_sources_store
+from projects.services import turn_sources_store
 
 logger = logging.getLogger(__name__)
 

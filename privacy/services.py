@@ -62,8 +62,7 @@ from conversations import regions
 from conversations.models import Conversation
 from conversations.services import conversations_delete
 from feedback.models import Feedback
-from memory.extraction_models import ExtractionMarker
-from memory.models import MemoryBlock, UserMemory
+from memory.models import ExtractionMarker, MemoryBlock, UserMemory
 from privacy.models import AccountDeletion
 from privacy.selectors import last_owner_orgs
 from projects.services import projects_sweep

@@ -30,6 +30,7 @@ from conversations import regions
 from conversations.models import Conversation
 from conversations.services import conversations_delete
 from projects.models import Project, ProjectFile
+from projects.sources import turn_sources_store  # noqa: F401 - re-exported: an answer's sources
 
 logger = logging.getLogger(__name__)
 

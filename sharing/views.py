@@ -29,7 +29,7 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from conversations import selectors as conversation_selectors
 from conversations.models import Turn
 from core.rendering import markdown_to_safe_html
-from projects.sources import sources_by_answer
+from projects.selectors import sources_by_answer
 from sharing import selectors, services
 from sharing.models import ShareLink
 
