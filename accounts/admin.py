@@ -8,20 +8,20 @@ created or edited here, only revoked (an action).
 A change of a training opt-out made here (``User.training_opt_out``,
 ``Organisation.not_for_training``) is audited with its old and new value, as the pages do
 (accounts/services.py ``training_opt_out_record``), beside the admin's own ``admin.change``.
+
+The apps above this one extend two of these admins where a workflow of theirs applies (each
+unregisters the class here and registers its subclass): privacy/admin.py deletes a user with the
+account's deletion service, and moderation/admin.py gives the organisation admin the form that
+checks its moderation fields.
 """
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
-from django.shortcuts import redirect
-from django.urls import reverse
 
 from accounts import services
 from accounts.models import ApiKey, Membership, Organisation, User
-from moderation.forms import OrganisationAdminForm
-from privacy.selectors import last_owner_orgs
-from privacy.services import DeletionBlocked, account_delete
 
 
 def _training_opt_out_before(model, obj) -> bool | None:
@@ -96,39 +96,6 @@ class UserAdmin(TrainingOptOutAuditMixin, BaseUserAdmin):
     readonly_fields = ("verified_email", "last_login", "date_joined")
     inlines = (UserMembershipInline, ApiKeyInline)
 
-    def delete_view(self, request, object_id, extra_context=None):
-        """Refuse, with the reason, to delete the last owner of an organisation (an organisation
-        always keeps an owner: privacy.services.DeletionBlocked says what to do first)."""
-        if request.method == "POST":
-            user = self.get_object(request, object_id)
-            blockers = last_owner_orgs(user=user) if user is not None else []
-            if blockers:
-                self.message_user(request, DeletionBlocked(blockers).messages[0], messages.ERROR)
-                return redirect(reverse("admin:accounts_user_change", args=[user.pk]))
-        return super().delete_view(request, object_id, extra_context)
-
-    def get_deleted_objects(self, objs, request):
-        """The confirmation page's list, without Django's per-row permission check on related
-        rows: API keys, usage and the audit log are read-only in the admin by design, and the
-        account's deletion service (not the admin's cascade) decides what happens to them."""
-        deleted, counts, _perms_needed, protected = super().get_deleted_objects(objs, request)
-        return deleted, counts, set(), protected
-
-    def delete_model(self, request, obj: User) -> None:
-        """Delete the account the way its owner would (privacy.services.account_delete): data in
-        every region's database, files, keys, links, sessions ended, usage anonymised, audited
-        with the staff member as requester."""
-        account_delete(user=obj, requested_by=request.user)
-
-    def delete_queryset(self, request, queryset) -> None:
-        """As :meth:`delete_model` for each selected account; the last owner of an organisation
-        is left alone and named in an error message."""
-        for user in queryset:
-            try:
-                account_delete(user=user, requested_by=request.user)
-            except DeletionBlocked as exc:
-                self.message_user(request, f"{user.username}: {exc.messages[0]}", messages.ERROR)
-
 
 class MembershipInline(admin.TabularInline):
     model = Membership
@@ -148,9 +115,6 @@ class OrganisationAdmin(TrainingOptOutAuditMixin, admin.ModelAdmin):
     date_hierarchy = "created_at"
     prepopulated_fields = {"slug": ("name",)}
     inlines = (MembershipInline,)
-    # The moderation fields (raw JSON here) pass the same checks as the organisation's own
-    # moderation page (moderation/forms.py).
-    form = OrganisationAdminForm
 
     @admin.display(description="blocked terms")
     def blocked_term_count(self, org: Organisation) -> int:

@@ -1,5 +1,5 @@
 """``POST /v1/embeddings`` in OpenAI's wire format, from the embedding model the project ships
-for memory (memory/embeddings.py: all-MiniLM-L6-v2, 384 dimensions, L2-normalised).
+for memory (inference/embeddings.py: all-MiniLM-L6-v2, 384 dimensions, L2-normalised).
 
 Shapes follow OpenAI's API reference ("Create embeddings"): the request's ``input`` is a string
 or a list of strings; the response is ``{"object": "list", "data": [{"object": "embedding",
@@ -32,9 +32,9 @@ from api import schemas
 from core.errors import ApiError
 from core.http import api_view, parse_json
 from gateway import gate
-from memory import embeddings
+from inference import embeddings
 
-BATCH = 32  # texts per call into the model (memory/embeddings.py embeds 32 at a time too)
+BATCH = 32  # texts per call into the model (inference/embeddings.py embeds 32 at a time too)
 
 
 def _texts(body: schemas.EmbeddingCreate) -> list[str]:

@@ -5,21 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-
-def _no_nul(value: str) -> str:
-    # PostgreSQL text cannot hold U+0000; refuse it up front instead of failing on insert.
-    if "\x00" in value:
-        raise ValueError("must not contain the NUL character (U+0000)")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_no_nul)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+from core.schemas import Strict, Text
 
 
 class ConversationCreate(Strict):

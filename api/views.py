@@ -1,4 +1,11 @@
-"""The ``/v1`` API: conversations, streamed turns, cancel, history (shapes from DESIGN.md)."""
+"""The ``/v1`` API: conversations, streamed turns, cancel, history (shapes from DESIGN.md).
+
+This is the conversations app's ``/v1`` view layer. Beside its ``services`` and ``selectors`` it
+drives the turn pipeline itself (``plan``, ``submit``, ``turnstream``, ``locks``), as the chat
+page's views in conversations/ do: a turn has one pipeline whatever the entrypoint, and an
+entrypoint parses its protocol and renders the pipeline's events (tests/test_layers.py allows
+these imports to this module alone).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +26,6 @@ from attachments.selectors import attachments_by_turn
 from attachments.services import turn_attachments
 from core import redis_guard
 from conversations import (
-    deletion,
     locks,
     page_selectors,
     plan,
@@ -27,7 +33,6 @@ from conversations import (
     selectors,
     services,
     submit,
-    toolrounds,
     turnstream,
 )
 from conversations.models import Conversation, Turn
@@ -173,7 +178,7 @@ async def conversation_detail(request: HttpRequest, conversation_id: UUID) -> Ht
         conversation_id=conversation_id, user=request.api_user
     )
     if request.method == "DELETE":
-        await deletion.aconversation_delete(conversation=conversation)
+        await services.aconversation_delete(conversation=conversation)
         return HttpResponse(status=204)
     path = request.GET.get("path", "all")
     if path not in PATHS:
@@ -286,16 +291,19 @@ async def _tool_results(request: HttpRequest, conversation_id: UUID, body: schem
             conversation=conversation, results=[(r.tool_call_id, r.content) for r in body.results],
             tools=calling, model=body.model, max_tokens=body.max_tokens, explicit_max_tokens=True,
         )  # fmt: skip
-    except toolrounds.ToolResultsInvalid as exc:
+    except submit.ToolResultsInvalid as exc:
         raise ApiError(400, "invalid_request", str(exc)) from None
     except locks.ConversationBusy as exc:
         raise ApiError(409, "conflict", str(exc)) from None
     if stream is None:
         turns = await sync_to_async(selectors.turn_list)(conversation=conversation)
         calls = next(t for t in turns if t.turn_id == stored[0].reply_to_id)
-        answered = toolrounds.results_by_call_turn(turns).get(calls.turn_id, [])
+        answered = selectors.results_by_call_turn(turns).get(calls.turn_id, [])
         return JsonResponse(
-            {"tool_turns": [str(t.turn_id) for t in stored], "awaiting": toolrounds.pending_calls(calls, answered)},
+            {
+                "tool_turns": [str(t.turn_id) for t in stored],
+                "awaiting": selectors.pending_calls(calls, answered),
+            },
             status=202,
         )
     question = await sync_to_async(selectors.user_turn_get)(conversation=conversation, turn_id=stream.question_id)

@@ -95,7 +95,7 @@ def seed(facts: int) -> tuple[object, list]:
     import numpy as np  # noqa: PLC0415
     from django.contrib.auth import get_user_model  # noqa: PLC0415
 
-    from memory.embeddings import embed, embedding_dimension  # noqa: PLC0415
+    from inference.embeddings import embed, embedding_dimension  # noqa: PLC0415
     from memory.models import UserMemory  # noqa: PLC0415
 
     users = get_user_model().objects
@@ -161,7 +161,7 @@ def seed(facts: int) -> tuple[object, list]:
 
 
 def retrieval(target, queries: int) -> dict:
-    from memory.embeddings import embed_one  # noqa: PLC0415
+    from inference.embeddings import embed_one  # noqa: PLC0415
     from memory.selectors import memory_search  # noqa: PLC0415
 
     embed_one("warm-up")

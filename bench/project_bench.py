@@ -110,7 +110,7 @@ def retrieval(split: str) -> dict:
             assert row.status == "ready", (name, row.error)
             doc_of_file[name] = source
         passages = ProjectPassage.objects.filter(project=project)
-        from memory.embeddings import embed_one  # noqa: PLC0415
+        from inference.embeddings import embed_one  # noqa: PLC0415
 
         embed_one("warm")
         hits = {"tune": {1: 0, 3: 0, 5: 0}, "held": {1: 0, 3: 0, 5: 0}}

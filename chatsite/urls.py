@@ -4,6 +4,7 @@ from django.urls import include, path
 from accounts import views as account_views
 from chatsite import health
 from conversations import conversation_views, page_views, stream_views, turn_views, version_views
+from workspaces import views as workspace_views
 
 # Styled pages with a way back; /v1 paths get its JSON error shape (chatsite/error_pages.py).
 handler403 = "chatsite.error_pages.permission_denied"
@@ -13,7 +14,13 @@ handler500 = "chatsite.error_pages.server_error"
 urlpatterns = [
     path("", page_views.home, name="home"),
     path("chat/turns", turn_views.turn_create, name="turn-create-new"),
-    path("c/<uuid:conversation_id>/", page_views.conversation_detail, name="conversation"),
+    # A conversation another member shared with a workspace is read on the workspaces' page.
+    path(
+        "c/<uuid:conversation_id>/",
+        page_views.conversation_detail,
+        {"shared_page": workspace_views.shared_conversation_page},
+        name="conversation",
+    ),
     path("c/<uuid:conversation_id>/turns", turn_views.turn_create, name="turn-create"),
     path(
         "c/<uuid:conversation_id>/earlier",

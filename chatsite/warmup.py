@@ -38,7 +38,7 @@ def warm_up() -> None:
             logger.exception("moderation warm-up failed")
         if getattr(settings, "CHAT_MEMORY_ENABLED", False):
             try:
-                from memory.embeddings import embeddings_warm  # noqa: PLC0415
+                from inference.embeddings import embeddings_warm  # noqa: PLC0415
 
                 embeddings_warm()
             except Exception:  # noqa: BLE001

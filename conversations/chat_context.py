@@ -25,7 +25,7 @@ from django.utils import timezone
 from accounts.callers import caller_for
 from conversations import page_selectors, selectors, services, sidebar, turnlog
 from conversations.models import Conversation, Turn
-from conversations.rendering import markdown_to_safe_html
+from core.rendering import markdown_to_safe_html
 from gateway import gate
 from inference.pools import pool_set
 from moderation.gate import verdict_message, withdrawn_message

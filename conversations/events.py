@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from uuid import UUID
 
 from conversations.models import Turn
-from conversations.rendering import markdown_to_safe_html
+from core.rendering import markdown_to_safe_html
 from core.sse import sse_event
 from moderation.gate import withdrawn_message
 

@@ -23,7 +23,7 @@ from conversations import answer_lock, cache, cancels, held, summaries, toolroun
 from conversations.events import error_payload, terminal_event
 from conversations.locks import ensure_idle
 from conversations.models import Turn
-from conversations.plan import TurnPlan
+from conversations.turnplan import TurnPlan
 from conversations.turnstream import TurnStream, stream_for_answer, stream_register, stream_release
 from core.db import run_in_db_thread
 from core.regions import new_turn_id

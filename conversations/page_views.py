@@ -6,6 +6,7 @@ Thin: parse, call a selector, render (contexts from conversations/chat_context.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from uuid import UUID
 
 from django.conf import settings
@@ -17,6 +18,7 @@ from django.views.decorators.http import require_GET
 
 from conversations import page_selectors, selectors
 from conversations.chat_context import exchanges_context, page_context
+from conversations.models import Conversation
 
 
 @require_GET
@@ -28,16 +30,23 @@ def home(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @login_required
-def conversation_detail(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
-    """The whole conversation: the user's own, or (read-only, workspaces/) one shared with a
-    workspace they are in. 404 otherwise."""
+def conversation_detail(
+    request: HttpRequest,
+    conversation_id: UUID,
+    *,
+    shared_page: Callable[[HttpRequest, Conversation], HttpResponse],
+) -> HttpResponse:
+    """The whole conversation: the user's own, or (read-only) one shared with a workspace they
+    are in. 404 otherwise.
+
+    ``shared_page(request, conversation)`` renders a conversation the reader does not own; the
+    URLconf passes it in (chatsite/urls.py: workspaces.views.shared_conversation_page), so this
+    app imports nothing of the workspaces app that sits above it."""
     conversation = selectors.conversation_view_for_user(
         conversation_id=conversation_id, user=request.user
     )
     if conversation.owner_id != request.user.pk:
-        from workspaces.views import shared_conversation_page  # noqa: PLC0415
-
-        return shared_conversation_page(request, conversation)
+        return shared_page(request, conversation)
     return render(request, "chat/page.html", page_context(request, conversation))
 
 

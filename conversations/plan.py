@@ -14,7 +14,6 @@ import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
@@ -24,7 +23,8 @@ from accounts.callers import caller_for
 from attachments.prompt import question_with_files
 from conversations import selectors, summaries
 from conversations.models import Turn
-from gateway import admission, gate, run
+from conversations.turnplan import TurnPlan
+from gateway import admission, gate
 from inference.pools import pool_engine
 from inference.prompts import (
     chat_messages,
@@ -41,44 +41,6 @@ logger = logging.getLogger(__name__)
 
 # vLLM's KV cache block on the CPU when none is set (vllm/platforms/cpu.py: block_size 128).
 VLLM_CPU_BLOCK_SIZE = 128
-
-
-@dataclass(frozen=True)
-class TurnPlan:
-    """How one answer was admitted, before anything was stored.
-
-    ``admitted``: the pipeline's admission (gateway/run.py: caller, route, rate-limit decision,
-    moderation policy with the turn's real system prompt, the tenant's cache salt);
-    ``token_ids``: the assembled prompt; ``max_tokens``: the completion budget (tokens);
-    ``context_trimmed``: earlier exchanges left out or summarised (Turn.context_trimmed);
-    ``want_summary``: the conversation is outgrowing the budget (summarise after this answer);
-    ``verdict``: the input gate's verdict on the new message (None: none was checked);
-    ``tools``: the function calling asked for this answer (inference/tool_format.py; None: no
-    tools), whose section or template tools the prompt holds; ``sources``: the project passages
-    the prompt holds (projects/prompt.py; stored as the answer's sources, projects/sources.py),
-    () outside a project.
-    """
-
-    admitted: run.Admitted
-    token_ids: list[int]
-    max_tokens: int
-    context_trimmed: int
-    want_summary: bool
-    verdict: Verdict | None = None
-    tools: ToolCalling | None = None
-    sources: tuple = ()
-
-    @property
-    def route(self) -> Route:
-        return self.admitted.route
-
-    @property
-    def caller(self) -> gate.Caller:
-        return self.admitted.caller
-
-    @property
-    def decision(self):
-        return self.admitted.decision
 
 
 class ContentBlocked(admission.InputBlocked):
@@ -457,14 +419,14 @@ async def turn_plan(
 
 def memory_query_start(text: str) -> Future | None:
     """Start embedding ``text`` (a new user message) for long-term memory retrieval now, on the
-    embedding thread (memory.embeddings.embed_one_start), so its ~10 ms run while the request
+    embedding thread (inference.embeddings.embed_one_start), so its ~10 ms run while the request
     claims the conversation, loads the caller and the history; prompt assembly then only waits
     for what is left of it. None when memory is off for the service
     (settings.CHAT_MEMORY_ENABLED) or the text is blank; a turn that does not retrieve cancels
     it unused (:func:`_memory`)."""
     if not settings.CHAT_MEMORY_ENABLED or not text.strip():
         return None
-    from memory.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
+    from inference.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
 
     return embed_one_start(text)
 
@@ -477,7 +439,7 @@ async def amemory_query_start(text: str, *, user_id, in_project: bool = False) -
     common case and then embeds nothing. ``in_project``: the message is in a project's chat,
     whose passages are retrieved by the same embedding (projects/prompt.py): always started."""
     if in_project and text.strip():
-        from memory.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
+        from inference.embeddings import embed_one_start  # noqa: PLC0415 - loads the embedding layer
 
         return embed_one_start(text)
     if not settings.CHAT_MEMORY_ENABLED or not text.strip():

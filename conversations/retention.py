@@ -34,17 +34,12 @@ from django.utils import timezone
 from accounts.models import Organisation, User
 from conversations import deletion
 from conversations.models import Conversation
+from conversations.selectors import retention_days_for_tier
 from core import regions
 
 logger = logging.getLogger(__name__)
 
 BATCH = 1000  # ids per DELETE ... WHERE owner_id/org_id IN (...)
-
-
-def retention_days_for_tier(tier: str) -> int | None:
-    """Days a conversation of a ``tier`` owner is kept after its last turn (None: kept).
-    Source: ``settings.CHAT_RETENTION_DAYS_BY_TIER`` (the issue: free 30 days, paid kept)."""
-    return settings.CHAT_RETENTION_DAYS_BY_TIER.get(tier)
 
 
 def organisation_retention_days(organisation: Organisation) -> int | None:

@@ -6,6 +6,11 @@ prompt is assembled from.
 Pages (of exchanges, turns, conversations) are in conversations/page_selectors.py; full-text
 search in conversations/search_selectors.py. Both build on the helpers here
 (:func:`with_held`, :func:`turn_order`, :func:`member_org_ids`); this module imports neither.
+
+Other apps read through this module. Apps that read a conversation's turns themselves (exports,
+share links, ratings) get from here, re-exported, the answers held for write-back
+(conversations/held.py), the turn tree (conversations/versions.py), the tool rounds
+(conversations/toolrounds.py) and a turn's stored values (conversations/turndata.py).
 """
 
 from __future__ import annotations
@@ -15,12 +20,24 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, Organisation, User
 from conversations import cache, held, toolrounds, versions
+from conversations.held import held_turns  # noqa: F401 - re-exported
 from conversations.models import Conversation, Turn
+from conversations.toolrounds import (  # noqa: F401 - re-exported
+    ToolUse,
+    calls_uses,
+    made_calls,
+    pending_calls,
+    results_by_call_turn,
+    tool_uses,
+)
+from conversations.turndata import turn_values  # noqa: F401 - re-exported
+from conversations.versions import Tree, positions_build, tree_build  # noqa: F401 - re-exported
 from core import regions
 
 
@@ -37,6 +54,13 @@ def conversation_zero_retention(conversation: Conversation) -> bool:
     if conversation.org_id is None:
         return False
     return Organisation.objects.filter(pk=conversation.org_id, zero_retention=True).exists()
+
+
+def retention_days_for_tier(tier: str) -> int | None:
+    """Days a conversation of a ``tier`` owner is kept after its last turn (None: kept).
+    Source: ``settings.CHAT_RETENTION_DAYS_BY_TIER`` (the issue: free 30 days, paid kept). The
+    purge that applies it is conversations/retention.py."""
+    return settings.CHAT_RETENTION_DAYS_BY_TIER.get(tier)
 
 
 def conversation_list(*, user: User) -> QuerySet[Conversation] | regions.Merged:

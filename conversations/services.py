@@ -1,5 +1,8 @@
-"""Every write to conversations and turns (their deletion: conversations/deletion.py).
-Keyword-only, typed, one transaction each."""
+"""Every write to conversations and turns. Keyword-only, typed, one transaction each.
+
+Their deletion is conversations/deletion.py (it also stops the answer being generated and drops
+the Redis copies); its functions are re-exported here, so other apps delete through this module.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +20,15 @@ from redis.exceptions import RedisError
 from accounts.models import Organisation, User
 from accounts.selectors import turn_training_eligible
 from conversations import cache, held, versions
+from conversations.deletion import (  # noqa: F401 - re-exported: the one deletion service
+    Deleted,
+    aconversation_delete,
+    conversation_delete,
+    conversations_delete,
+)
 from conversations.models import Conversation, Turn
 from conversations.selectors import conversation_zero_retention
+from conversations.versions import choice_key  # noqa: F401 - re-exported: branch_choices' keys
 from core import db_breaker, regions
 
 logger = logging.getLogger(__name__)

@@ -25,12 +25,13 @@ from conversations.locks import conversation_claim
 from conversations.models import Turn
 from conversations.plan import ContentBlocked, amemory_query_start, turn_plan
 from conversations.selectors import conversation_zero_retention
+from conversations.toolrounds import ToolResultsInvalid  # noqa: F401 - re-exported: a refusal
 from conversations.turnstream import TurnStream
 from core.regions import new_turn_id
 from gateway import gate
 from gateway.admission import InputBlocked
 from inference.tool_format import ToolCalling
-from projects.sources import turn_sources_store
+from projects.services import turn_sources_store
 
 logger = logging.getLogger(__name__)
 

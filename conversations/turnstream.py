@@ -49,7 +49,7 @@ from core.regions import redis_region
 from core.sse import sse_comment, sse_event
 
 if TYPE_CHECKING:
-    from conversations.plan import TurnPlan
+    from conversations.turnplan import TurnPlan
     from moderation.verdicts import Verdict
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class TurnStream:
     continues_id: UUID | None = None
     prefix: str = ""
     # How this answer was admitted (pool, caller, prompt, rate-limit reservation):
-    # conversations/plan.py TurnPlan.
+    # conversations/turnplan.py TurnPlan.
     plan: TurnPlan | None = None
     # Set by the output gate when it flags the answer (moderation/gate.py): the generation is
     # aborted and the answer stored as blocked, without its text.

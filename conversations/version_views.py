@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from conversations import locks, page_selectors, selectors, services, submit
 from conversations.chat_context import error_response, exchange_context, is_htmx, messages_response
-from conversations.rendering import markdown_to_safe_html
+from core.rendering import markdown_to_safe_html
 from gateway import gate
 
 

@@ -11,7 +11,7 @@ from django.http import HttpRequest, JsonResponse
 
 from core.errors import ApiError
 from core.http import api_view, parse_json
-from api.schemas import Strict, Text
+from core.schemas import Strict, Text
 from conversations.selectors import conversation_get_for_user
 from feedback import selectors, services
 from feedback.models import Feedback

@@ -11,8 +11,8 @@ from django.db.models import Count, Q
 from django.http import Http404
 
 from accounts.models import User
-from conversations import held
 from conversations.models import Conversation, Turn
+from conversations.selectors import held_turns
 from core import regions
 from feedback.models import Feedback
 
@@ -26,7 +26,7 @@ def feedback_turn_get(*, conversation: Conversation, turn_id: UUID) -> Turn:
     turn = conversation.turns.filter(turn_id=turn_id).first()
     if turn is not None:
         return turn
-    for pending in held.held_turns(conversation.conversation_id):
+    for pending in held_turns(conversation.conversation_id):
         if pending.turn_id == turn_id:
             return pending
     raise Http404("No such answer in this conversation.")

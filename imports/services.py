@@ -31,9 +31,8 @@ from django.db import transaction
 
 from accounts.models import User
 from accounts.selectors import turn_training_eligible
-from conversations import versions
 from conversations.models import Conversation, Turn
-from conversations.services import model_check
+from conversations.services import choice_key, model_check
 from core import regions
 from imports.formats import ASSISTANT, Chat, ImportFormatError, chats_read
 from moderation.base import moderator
@@ -235,6 +234,6 @@ def _branch_choices(chat: Chat, turn_ids: dict[str, UUID]) -> dict[str, str]:
         at = by_key.get(at.reply_to)
     choices = {}
     while at is not None:
-        choices[versions.choice_key(turn_ids[at.parent] if at.parent else None)] = str(turn_ids[at.key])
+        choices[choice_key(turn_ids[at.parent] if at.parent else None)] = str(turn_ids[at.key])
         at = by_key.get(at.parent) if at.parent else None
     return choices

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from core.errors import ApiError
 from core.http import api_view, parse_json
-from api.schemas import Strict, Text
+from core.schemas import Strict, Text
 from memory import selectors, services
 from memory.models import UserMemory
 

@@ -8,13 +8,13 @@ from django.conf import settings
 from django.db import models
 from pgvector.django import HnswIndex, VectorField
 
-from memory.embeddings import embedding_dimension
+from inference.embeddings import embedding_dimension
 
 
 class UserMemory(models.Model):
     """One fact about a user ("prefers metric units"), embedded for similarity search.
 
-    ``embedding`` is the fact's L2-normalised all-MiniLM-L6-v2 vector (memory/embeddings.py);
+    ``embedding`` is the fact's L2-normalised all-MiniLM-L6-v2 vector (inference/embeddings.py);
     its dimension comes from the model folder, not a literal. ``source_conversation_id`` names
     the conversation it was extracted from; conversations live in their region's database, so
     it is a plain UUID, not a foreign key (DESIGN.md: no constraints across databases).

@@ -18,7 +18,7 @@ the planner cannot pick the HNSW index for the ``ORDER BY ... LIMIT`` (a plan th
 results) whatever its statistics say. Facts live in their user's home region's database
 (core/user_regions.py ``user_db``); every selector here reads there (``user_regions.for_user``). tests/test_memory.py checks the plan. The HNSW index
 (memory/models.py) serves table-wide similarity queries (operators, analysis), not a turn.
-The query's embedding (memory/embeddings.py, ~10 ms on one CPU thread) is most of the cost;
+The query's embedding (inference/embeddings.py, ~10 ms on one CPU thread) is most of the cost;
 users with no facts (or memory off) skip it.
 """
 
@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from django.conf import settings
 
 from core import user_regions
-from memory.embeddings import embed_one
+from inference.embeddings import embed_one
 from memory.models import UserMemory
 
 _SEARCH_SQL = """
@@ -87,7 +87,7 @@ def memory_search(
     Only ``user``'s facts, however many others the table holds. ``[]`` when memory is off
     (``CHAT_MEMORY_ENABLED`` or ``user.memory_enabled``), the query is blank, or the user has no
     facts (then the query is not embedded). A deleted fact is never returned (no cache).
-    ``query_vector``: ``query``'s embedding, already started (memory.embeddings.embed_one_start);
+    ``query_vector``: ``query``'s embedding, already started (inference.embeddings.embed_one_start);
     used instead of embedding it here, and cancelled when it is not needed.
     """
     k = settings.CHAT_MEMORY_TOP_K if k is None else k

@@ -16,8 +16,8 @@ from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 
 from core import user_regions
+from inference.embeddings import embed
 from memory.blocks import memory_block_touch
-from memory.embeddings import embed
 from memory.models import UserMemory
 from memory.selectors import (  # noqa: F401 - re-exported
     memory_block,

@@ -17,9 +17,9 @@ from uuid import UUID
 from django.utils import timezone
 
 from core import user_regions
+from inference.embeddings import embed
 from memory.blocks import memory_block_touch
 from memory.commands import commands_parse, forget_words, remembered_fact
-from memory.embeddings import embed
 from memory.models import MemoryUpdate, UserMemory
 from memory.selectors import memory_enabled_for
 from memory.services import FactIn, fact_snapshot, memory_facts_store

@@ -1,14 +1,22 @@
 """Moderation verdicts in the admin: every turn a gate judged (``Turn.moderation_verdict``), as
 the proxy ModeratedTurn, filterable by outcome, category, gate, status, role, pool and model
-version. Read-only, like the turn log they are part of."""
+version. Read-only, like the turn log they are part of.
+
+The organisation admin is the accounts app's (accounts/admin.py); this app replaces its
+registration with a subclass whose form checks the moderation fields, so accounts imports nothing
+of moderation.
+"""
 
 from __future__ import annotations
 
 from django.contrib import admin
 
+from accounts.admin import OrganisationAdmin
+from accounts.models import Organisation
 from conversations.admin import ModelVersionFilter, PoolFilter, TurnAdminBase, excerpt
 from conversations.regional_admin import RegionalAdmin, RegionFilter
 from moderation import services as moderation_services
+from moderation.forms import OrganisationAdminForm
 from moderation.models import ModeratedTurn, WithdrawnAnswer
 from moderation.verdicts import CATEGORIES
 
@@ -137,3 +145,14 @@ class WithdrawnAnswerAdmin(RegionalAdmin):
         for review in queryset:
             moderation_services.withdrawn_answer_mark_fine(review=review, reviewer=request.user)
         self.message_user(request, f"{queryset.count()} recorded as false positives.")
+
+
+admin.site.unregister(Organisation)
+
+
+@admin.register(Organisation)
+class ModeratedOrganisationAdmin(OrganisationAdmin):
+    """accounts/admin.py's ``OrganisationAdmin``: the moderation fields (raw JSON there) pass the
+    same checks as the organisation's own moderation page (moderation/forms.py)."""
+
+    form = OrganisationAdminForm

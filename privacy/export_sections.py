@@ -23,10 +23,8 @@ from django.utils.text import get_valid_filename, slugify
 from accounts.models import Organisation, User
 from attachments.models import Attachment
 from attachments.services import attachment_storage
-from conversations import held
 from conversations.models import Conversation, Turn
-from conversations.turndata import turn_values
-from conversations.versions import Tree, tree_build
+from conversations.selectors import Tree, held_turns, tree_build, turn_values
 from core import regions
 from feedback.models import Feedback
 from projects.export import answer_sources
@@ -161,7 +159,7 @@ def conversation_turns(db: str, conversation: Conversation) -> list[tuple[Turn, 
         .order_by("created_at", "turn_id")
     )
     known = {t.turn_id for t in stored}
-    pending = [t for t in held.held_turns(conversation.pk) if t.turn_id not in known]
+    pending = [t for t in held_turns(conversation.pk) if t.turn_id not in known]
     pairs = [(t, False) for t in stored] + [(t, True) for t in pending]
     pairs.sort(key=lambda pair: (pair[0].created_at, str(pair[0].turn_id)))
     return pairs

@@ -15,9 +15,15 @@ from uuid import UUID
 
 import re
 
-from conversations import toolrounds
 from conversations.models import Conversation, Turn
-from conversations.versions import tree_build
+from conversations.selectors import (
+    ToolUse,
+    calls_uses,
+    made_calls,
+    results_by_call_turn,
+    tool_uses,
+    tree_build,
+)
 
 STATUS_NOTES = {
     Turn.Status.CANCELLED: "stopped before it finished",
@@ -50,7 +56,7 @@ def _code_block(text: str, indent: str = "") -> list[str]:
     return [indent + line for line in (fence, *text.splitlines(), fence)]
 
 
-def _tool_lines(uses: list[toolrounds.ToolUse]) -> list[str]:
+def _tool_lines(uses: list[ToolUse]) -> list[str]:
     """"Used N tools" and each call with its result, as Markdown lines (module docstring)."""
     lines = [f"**Used {len(uses)} tool{'s' if len(uses) != 1 else ''}:**", ""]
     for number, use in enumerate(uses, 1):
@@ -83,7 +89,7 @@ def conversation_markdown(
     attachment_names = attachment_names or {}
     turns = list(turns)
     by_id = {t.turn_id: t for t in turns}
-    results = toolrounds.results_by_call_turn(turns)
+    results = results_by_call_turn(turns)
     tree = tree_build(turns)
     positions = [tree.position(q, conversation.answer_choices) for q in tree.path(conversation.branch_choices)]
     leaves = sum(1 for q in tree.questions if not tree.children.get(q))
@@ -130,11 +136,11 @@ def conversation_markdown(
         note = STATUS_NOTES.get(answer.status)
         if note:
             lines += [f"_The answer was {note}._", ""]
-        uses = toolrounds.tool_uses(answer, by_id, results)
+        uses = tool_uses(answer, by_id, results)
         if uses:
             lines += _tool_lines(uses)
-        elif toolrounds.made_calls(answer):  # still waiting for its results
-            lines += _tool_lines(toolrounds.calls_uses([answer], results))
+        elif made_calls(answer):  # still waiting for its results
+            lines += _tool_lines(calls_uses([answer], results))
         if answer.content or answer.status != Turn.Status.BLOCKED:
             lines.append(_body(answer.content))
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -58,12 +58,11 @@ from accounts.services import user_sessions_end
 from attachments.models import Attachment
 from audit.models import Action
 from audit.services import audit_record
-from conversations import deletion
 from conversations.models import Conversation
+from conversations.services import conversations_delete
 from core import regions
 from feedback.models import Feedback
-from memory.extraction_models import ExtractionMarker
-from memory.models import MemoryBlock, UserMemory
+from memory.models import ExtractionMarker, MemoryBlock, UserMemory
 from privacy.models import AccountDeletion
 from privacy.selectors import last_owner_orgs
 from projects.services import projects_sweep
@@ -118,7 +117,7 @@ def conversations_sweep(
     for db in regions.region_dbs():
         ids = list(Conversation.objects.using(db).filter(**filters).values_list("pk", flat=True))
         for batch in _batches(ids):
-            deleted = deletion.conversations_delete(
+            deleted = conversations_delete(
                 conversations=Conversation.objects.using(db).filter(pk__in=batch)
             )
             swept.attachment_ids += deleted.attachment_ids

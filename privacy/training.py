@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from conversations.models import Conversation, Turn
-from conversations.versions import positions_build
+from conversations.selectors import positions_build
 from core import regions
 from privacy.export_sections import conversation_batches
 

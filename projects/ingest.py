@@ -8,7 +8,7 @@ The path of a file:
    ``projects.file_ingest`` task queued once that row is committed.
 2. :func:`file_ingest`, in a Celery worker (projects/tasks.py): extract the text within the
    limits (projects/files.py), cut it into passages (projects/chunking.py), embed them in batches
-   with the model memory ships (memory/embeddings.py), store them and mark the file READY; or
+   with the model memory ships (inference/embeddings.py), store them and mark the file READY; or
    mark it FAILED with the refusal's message. Never on a web process's event loop: parsing a
    50 MB PDF takes the worker seconds of CPU, and nobody's stream waits for it.
 3. :func:`project_file_delete`: the row and its passages now, the bytes once that is committed.
@@ -152,10 +152,10 @@ def _count_tokens() -> Callable[[str], int]:
 
 
 def _embed(chunks: Sequence[Chunk], name: str, deadline: float) -> list[list[float]]:
-    """The passages' embeddings (memory/embeddings.py ``embed``; with their headings when
+    """The passages' embeddings (inference/embeddings.py ``embed``; with their headings when
     ``settings.CHAT_PROJECT_EMBED_HEADINGS``), :data:`EMBED_BATCH` at a time, checking the
     deadline between batches. Raises FileRefused 413 ``took_too_long``."""
-    from memory.embeddings import embed  # noqa: PLC0415 - loads torch on first use
+    from inference.embeddings import embed  # noqa: PLC0415 - loads torch on first use
 
     with_heading = settings.CHAT_PROJECT_EMBED_HEADINGS
     vectors: list[list[float]] = []

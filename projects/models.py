@@ -19,7 +19,7 @@ from django.db import models
 from django.utils import timezone
 from pgvector.django import VectorField
 
-from memory.embeddings import embedding_dimension
+from inference.embeddings import embedding_dimension
 
 
 class Project(models.Model):

@@ -1,7 +1,7 @@
 """The passages of a project's files relevant to a question (issue 30): what a turn in a project
 puts before the question.
 
-An exact scan: the question is embedded (memory/embeddings.py, the model the passages were
+An exact scan: the question is embedded (inference/embeddings.py, the model the passages were
 embedded with) and the project's passages of READY files are ordered by pgvector's cosine
 distance in the project's region database, ``LIMIT k``. A project holds a few thousand passages at
 most, so the scan is a few ms; an approximate index filtered by project afterwards would lose
@@ -67,7 +67,7 @@ def passages_retrieve(
     budget = settings.CHAT_PROJECT_RETRIEVAL_TOKENS if budget_tokens is None else budget_tokens
     if k <= 0 or budget <= 0 or not question.strip():
         return []
-    from memory.embeddings import embed_one  # noqa: PLC0415 - loads torch on first use
+    from inference.embeddings import embed_one  # noqa: PLC0415 - loads torch on first use
 
     if vector is None:
         vector = embed_one(question)

@@ -30,6 +30,7 @@ from accounts.models import Membership, User
 from conversations.models import Conversation
 from core import regions
 from projects.models import Project, ProjectFile
+from projects.sources import sources_by_answer  # noqa: F401 - re-exported: an answer's sources
 
 NOT_FOUND = "No such project."
 EDITORS = (Membership.Role.OWNER, Membership.Role.ADMIN)

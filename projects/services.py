@@ -26,10 +26,11 @@ from django.utils import timezone
 
 from accounts.models import Organisation, User
 from attachments.services import attachment_storage
-from conversations import deletion
 from conversations.models import Conversation
+from conversations.services import conversations_delete
 from core import regions
 from projects.models import Project, ProjectFile
+from projects.sources import turn_sources_store  # noqa: F401 - re-exported: an answer's sources
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def projects_delete(*, db: str, project_ids: list) -> Counter:
         Conversation.objects.using(db).filter(project_id__in=project_ids).values_list("pk", flat=True)
     )
     for start in range(0, len(chats), BATCH):
-        deleted = deletion.conversations_delete(
+        deleted = conversations_delete(
             conversations=Conversation.objects.using(db).filter(pk__in=chats[start : start + BATCH])
         )
         counts.update(deleted.counts)

@@ -21,10 +21,9 @@ from django.db.models import QuerySet
 from django.http import Http404
 
 from accounts.models import Membership, User
-from conversations import toolrounds, versions
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation, Turn
-from conversations.selectors import conversation_zero_retention
+from conversations.selectors import ToolUse, conversation_zero_retention
 from core import regions
 from sharing import tokens
 from sharing.models import ShareLink
@@ -39,7 +38,7 @@ class SharedExchange:
 
     question: Turn
     answer: Turn | None
-    tool_uses: tuple[toolrounds.ToolUse, ...] = ()  # the tool rounds the answer was written after
+    tool_uses: tuple[ToolUse, ...] = ()  # the tool rounds the answer was written after
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,17 @@ def snapshot_exchanges(
     boundary = (through_at, str(through_turn_id))
     included = [t for t in turns if _turn_key(t) <= boundary]
     by_id = {t.turn_id: t for t in included}
-    results = toolrounds.results_by_call_turn(included)
+    results = conversation_selectors.results_by_call_turn(included)
     return [
         SharedExchange(
             question=p.question, answer=p.answer,
-            tool_uses=tuple(toolrounds.tool_uses(p.answer, by_id, results)) if p.answer is not None else (),
+            tool_uses=(
+                tuple(conversation_selectors.tool_uses(p.answer, by_id, results))
+                if p.answer is not None
+                else ()
+            ),
         )  # fmt: skip
-        for p in versions.positions_build(included)
+        for p in conversation_selectors.positions_build(included)
         if p.question.status != Turn.Status.BLOCKED
     ]
 

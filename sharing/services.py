@@ -192,7 +192,7 @@ def share_continue(*, token: str, user: User) -> Conversation:
         )
         last = _turns_copy(conversation=copy, pairs=_copied_pairs(snapshot))
     if last is not None:
-        from memory.extraction_models import ExtractionMarker  # noqa: PLC0415
+        from memory.models import ExtractionMarker  # noqa: PLC0415
 
         ExtractionMarker.objects.using(db).update_or_create(
             conversation_id=copy.pk, defaults={"user_id": user.pk, "extracted_through": last}

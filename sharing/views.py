@@ -28,8 +28,8 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 
 from conversations import selectors as conversation_selectors
 from conversations.models import Turn
-from conversations.rendering import markdown_to_safe_html
-from projects.sources import sources_by_answer
+from core.rendering import markdown_to_safe_html
+from projects.selectors import sources_by_answer
 from sharing import selectors, services
 from sharing.models import ShareLink
 
@@ -168,7 +168,7 @@ def _not_found(request: HttpRequest) -> HttpResponse:
 
 def _exchange_context(exchange: selectors.SharedExchange, sources: dict | None = None) -> dict:
     """Template context of one shared exchange: the message as plain text (autoescaped), the
-    answer as sanitised HTML (conversations/rendering.py, PF-X1) and a note on its status, the
+    answer as sanitised HTML (core/rendering.py, PF-X1) and a note on its status, the
     tool calls it was written after, and (``sources``: answer id -> its sources, in a project
     chat) the passages its prompt held, as the chat page shows them."""
     answer = exchange.answer

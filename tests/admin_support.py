@@ -20,7 +20,7 @@ from attachments.services import attachment_create, uploads_read
 from audit.services import audit_record
 from conversations import services
 from feedback.models import Feedback
-from memory.embeddings import embedding_dimension
+from inference.embeddings import embedding_dimension
 from memory.models import UserMemory
 from moderation.models import WithdrawnAnswer
 from sharing.services import share_link_create

@@ -101,7 +101,7 @@ def _moderation_classifiers_loaded():
     moderator().check_output("warm-up", policy_for(None))
     # The memory embedding model too (the server warms both): a turn embeds its message beside
     # the input check, and a first load (~2 s of imports holding the GIL) would starve it.
-    from memory.embeddings import embeddings_warm  # noqa: PLC0415
+    from inference.embeddings import embeddings_warm  # noqa: PLC0415
 
     embeddings_warm()
 

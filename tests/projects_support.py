@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from core import regions
-from memory.embeddings import embed
+from inference.embeddings import embed
 from projects.models import ProjectFile, ProjectPassage
 from projects.retrieval import Retrieved
 

@@ -43,7 +43,7 @@ from attachments.services import attachments_create, attachments_link
 from conversations import services as conversation_services
 from conversations.models import Conversation, Turn
 from feedback.services import feedback_set
-from memory.embeddings import embedding_dimension
+from inference.embeddings import embedding_dimension
 from memory.models import MemoryUpdate, UserMemory
 from moderation.models import WithdrawnAnswer
 from projects import services as project_services

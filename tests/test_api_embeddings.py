@@ -10,7 +10,7 @@ import base64
 import numpy as np
 import pytest
 
-from memory import embeddings
+from inference import embeddings
 from tests.api_support import api_client, assert_error, post_json
 
 pytestmark = pytest.mark.django_db(transaction=True)

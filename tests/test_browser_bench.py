@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.browser_bench import answer_steps, summarise, verdicts
-from conversations.rendering import markdown_to_safe_html
+from core.rendering import markdown_to_safe_html
 
 
 def test_answer_steps_are_token_deltas_each_after_a_pause():

@@ -256,3 +256,125 @@ def test_no_module_of_the_project_reaches_itself_through_its_imports():
     stale = [sorted(known) for known in KNOWN_CYCLES if sorted(known) not in cycles]
     assert unexpected == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in unexpected)
     assert stale == [], f"known cycles that are gone (remove them from KNOWN_CYCLES): {stale}"
+
+
+# --- each feature app's public surface (issue 31) ---------------------------------------------
+
+SURFACE_APPS = sorted(FEATURE_APPS | {"projects", "imports"})
+# What any other app may import of a feature app: writes, reads (also split by concept:
+# ``page_selectors``), models and the Django wiring.
+SURFACE = {"models", "services", "selectors", "signals", "apps", "admin", "forms", "tasks"}
+# Benchmarks measure an app's internals on purpose.
+EXEMPT_IMPORTERS = {"bench"}
+
+# Other modules of a feature app that another app may import, each with why. A key names a
+# module, or a package for all its modules; "IMPORTER -> MODULE" allows that one importer only.
+# A new entry needs a reason a reviewer accepts; one that nothing needs any more fails the test.
+PUBLIC_MODULES: dict[str, str] = {
+    "gateway": "the one admission pipeline (issue 27): a package whose modules are its surface",
+    "accounts.callers": "the caller as values, which the gateway admits (no app's models in it)",
+    "moderation.verdicts": "verdict value types every gate and stored turn carries",
+    "moderation.base": "the moderator the gateway, imports and the warm-up ask",
+    "moderation.gate": "the output gate that runs beside every answer stream",
+    "memory.blocks": "the memory block a turn's prompt carries (conversations/plan.py)",
+    "memory.commands": "'remember' / 'forget' in a message, parsed as the turn is submitted",
+    "memory.updates": "those commands applied as the turn is submitted (conversations/submit.py)",
+    "attachments.prompt": "attached files in a turn's prompt (conversations/, projects/prompt.py)",
+    "attachments.files": "the upload checks and text extraction that project files share",
+    "projects.prompt": "a project's passages in a turn's prompt (conversations/plan.py)",
+    "projects.export": "the projects' part of a person's data export (privacy/)",
+    "privacy.views -> accounts.throttle": "a password re-confirmation counts as a sign-in",
+    "privacy.views -> accounts.request_info": "the client's address for that throttle",
+    "projects.views -> conversations.chat_context": "project pages show the chat's sidebar",
+    "conversations.regional_admin": "the admin base of every model stored in a region",
+    "conversations.regions": "region routing: moves to core/ (branch 31regions)",
+    "conversations.user_regions": "a user's home region: moves to core/ (branch 31regions)",
+    # /v1's views drive the turn pipeline, as the chat page's views do (api/views.py docstring).
+    "api.views -> conversations.plan": "the turn pipeline: an answer's admission",
+    "api.views -> conversations.submit": "the turn pipeline: a message in, an answer started",
+    "api.views -> conversations.turnstream": "the turn pipeline: the answer's stream",
+    "api.views -> conversations.locks": "the turn pipeline: one answer at a time",
+}
+
+
+def _covers(key: str, module: str) -> bool:
+    return module == key or module.startswith(key + ".")
+
+
+def surface_allows(importer: str, module: str, public: dict[str, str]) -> str | None:
+    """The rule or ``public`` key that lets ``importer`` (another app's module) import
+    ``module`` (a feature app's), or None when nothing does."""
+    app, _, rest = module.partition(".")
+    name = rest.split(".")[0]
+    if not rest or name in SURFACE or name.endswith(("_selectors", "_services")):
+        return "surface"
+    if (name in {"urls", "views"} or name.endswith("_views")) and importer.endswith(".urls"):
+        return "URLconf"  # views are reached through a URLconf only
+    if name == "api" and importer.split(".")[0] == "api":
+        return "/v1"  # an app's /v1 routes, mounted and documented by the /v1 package
+    for key in public:
+        allowed_importer, arrow, target = key.rpartition(" -> ")
+        if _covers(target, module) and (not arrow or importer == allowed_importer):
+            return key
+    return None
+
+
+def surface_violations(
+    graph: dict[str, set[str]], apps: list[str], public: dict[str, str]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """``(importer, module)`` pairs where a module imports (lazily too) a feature app's module
+    that neither its surface nor ``public`` allows, and the ``public`` keys that allow nothing."""
+    violations, used = [], set()
+    for importer, modules in sorted(graph.items()):
+        if importer.split(".")[0] in EXEMPT_IMPORTERS:
+            continue
+        for module in sorted(modules):
+            app = module.split(".")[0]
+            if app not in apps or app == importer.split(".")[0]:
+                continue
+            rule = surface_allows(importer, module, public)
+            if rule is None:
+                violations.append((importer, module))
+            used.add(rule)
+    return violations, sorted(set(public) - used)
+
+
+def test_the_surface_finder_sees_a_private_module_imported_from_another_app(tmp_path):
+    """The check itself can fail: a lazy import of another app's private module, a view
+    imported outside a URLconf, an unused allowlist entry; a URLconf's view, a surface module
+    and an allowed one pass."""
+    for package, files in {
+        "shop": {"services.py": "", "internal.py": "", "views.py": "", "page_selectors.py": ""},
+        "cart": {
+            "services.py": "from shop.services import x\nfrom shop.page_selectors import y\n",
+            "views.py": "def f():\n    from shop import internal\n    from shop.views import v\n",
+            "urls.py": "from shop import views\n",
+            "tasks.py": "import shop.pricing\n",
+        },
+    }.items():
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        for name, text in files.items():
+            (tmp_path / package / name).write_text(text)
+    (tmp_path / "shop" / "pricing.py").write_text("")
+    graph = import_graph(tmp_path, ["shop", "cart"])
+    public = {"shop.pricing": "a reason", "shop.gone": "nothing imports it"}
+
+    violations, unused = surface_violations(graph, ["shop", "cart"], public)
+
+    assert violations == [("cart.views", "shop.internal"), ("cart.views", "shop.views")]
+    assert unused == ["shop.gone"]
+
+
+def test_other_apps_import_only_a_feature_apps_surface():
+    """Another app imports a feature app's models, services, selectors, signals, apps, admin,
+    forms and tasks; its views through a URLconf, its ``api`` from the /v1 package; anything
+    else only as listed in PUBLIC_MODULES (lazy imports count)."""
+    graph = import_graph(ROOT, PROJECT_PACKAGES)
+
+    violations, unused = surface_violations(graph, SURFACE_APPS, PUBLIC_MODULES)
+
+    assert violations == [], "imports past an app's surface:\n" + "\n".join(
+        f"{importer} -> {module}" for importer, module in violations
+    )
+    assert unused == [], f"PUBLIC_MODULES entries nothing needs (remove them): {unused}"

@@ -11,8 +11,8 @@ import uuid
 import pytest
 from django.db import connection
 
+from inference.embeddings import embed, embed_one, embedding_dimension
 from memory import selectors, services
-from memory.embeddings import embed, embed_one, embedding_dimension
 from memory.models import UserMemory
 from tests.memory_support import FIVE_FACTS, PEANUT_QUESTION, texts_of
 

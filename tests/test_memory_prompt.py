@@ -133,7 +133,7 @@ async def test_the_turn_uses_the_query_embedding_started_when_the_request_arrive
     from concurrent.futures import Future  # noqa: PLC0415
 
     from conversations import plan  # noqa: PLC0415
-    from memory.embeddings import embed_one  # noqa: PLC0415
+    from inference.embeddings import embed_one  # noqa: PLC0415
 
     client, user = await api_client(make_user)
     await sync_to_async(add_pinned)(user, [f"The user {f}." for f in FACTS])
@@ -230,12 +230,12 @@ def test_memory_adds_at_most_40_tokens_to_an_irrelevant_turn(make_user):
 async def test_per_turn_retrieval_off_embeds_nothing_and_adds_no_fact(make_user, prompts, settings, monkeypatch):
     """CHAT_MEMORY_RELEVANT_K = 0 (the operator's switch for the per-turn embedding's cost):
     a user with facts outside the profile gets no message embedding and no relevant facts."""
-    import memory.embeddings
+    import inference.embeddings
 
     settings.CHAT_MEMORY_RELEVANT_K = 0
     embedded = []
-    original = memory.embeddings.embed_one_start
-    monkeypatch.setattr(memory.embeddings, "embed_one_start", lambda text: embedded.append(text) or original(text))
+    original = inference.embeddings.embed_one_start
+    monkeypatch.setattr(inference.embeddings, "embed_one_start", lambda text: embedded.append(text) or original(text))
     client, user = await api_client(make_user)
     await sync_to_async(memory_services.memory_add)(user=user, texts=["The user grows tomatoes and basil."])
 

@@ -30,7 +30,7 @@ from audit.models import AuditEntry
 from conversations import services
 from conversations.models import Turn
 from feedback.services import feedback_set
-from memory.embeddings import embedding_dimension
+from inference.embeddings import embedding_dimension
 from memory.models import UserMemory
 from moderation.services import withdrawn_answer_keep
 from privacy import export_sections

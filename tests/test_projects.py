@@ -264,9 +264,9 @@ async def test_a_project_turn_has_the_instructions_in_the_system_message_and_pas
 
 async def test_a_project_turn_embeds_its_question_once_as_the_request_arrives(make_user, prompts, monkeypatch):
     """Given a chat in a project, when a message is sent, then its embedding starts as the
-    request arrives (beside the claim and admission, memory.embeddings.embed_one_start) and
+    request arrives (beside the claim and admission, inference.embeddings.embed_one_start) and
     retrieval uses that one: the question is embedded once and never again during assembly."""
-    from memory import embeddings  # noqa: PLC0415
+    from inference import embeddings  # noqa: PLC0415
 
     alice, project = await sync_to_async(_chat_with_project)(make_user)
     started, embedded = [], []

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conversations.rendering import markdown_to_safe_html
+from core.rendering import markdown_to_safe_html
 from core.sse import sse_comment, sse_event
 from tests.html_checks import dangerous_markup
 

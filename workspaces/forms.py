@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from accounts.models import Organisation
-from conversations import retention
+from conversations.selectors import retention_days_for_tier
 from core import regions
 from inference.pools import pool_set
 from workspaces import invitations, services
@@ -156,7 +156,7 @@ class PolicyForm(forms.Form):
                 field.widget.attrs.update({"max": ceiling, "placeholder": ceiling})
             else:
                 field.widget.attrs["placeholder"] = "unlimited"
-        self.tier_retention_days = retention.retention_days_for_tier(org.tier)
+        self.tier_retention_days = retention_days_for_tier(org.tier)
         self.fields["retention_days"].widget.attrs["placeholder"] = (
             self.tier_retention_days if self.tier_retention_days is not None else "keep"
         )

@@ -21,10 +21,9 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from conversations import retention
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation, Turn
-from conversations.rendering import markdown_to_safe_html
+from core.rendering import markdown_to_safe_html
 from workspaces import invitations, selectors, services
 from workspaces.forms import InvitationForm, OrganisationCreateForm, PolicyForm, org_tier_limits
 
@@ -114,7 +113,7 @@ def org_overview(request: HttpRequest, slug: str) -> HttpResponse:
         "member_count": len(selectors.member_list(org=seat.org)),
         # What applies: the organisation's own limit, else its tier's (None: unlimited).
         "limits": {k: own[k] if own[k] is not None else tier_limits[k] for k in own},
-        "tier_retention_days": retention.retention_days_for_tier(seat.org.tier),
+        "tier_retention_days": conversation_selectors.retention_days_for_tier(seat.org.tier),
     }
     return render(request, "workspaces/org_overview.html", context)
 
@@ -353,7 +352,8 @@ def shared_conversation_page(request: HttpRequest, conversation: Conversation) -
     """A conversation shared with a workspace, as another member reads it: every exchange
     (newest version of each message and answer), no message box, no edit, regenerate or stop.
     ``conversation`` comes from ``conversations.selectors.conversation_view_for_user``
-    (called by ``conversations.page_views.conversation_detail`` for non-owners)."""
+    (``conversations.page_views.conversation_detail`` calls it for non-owners: chatsite/urls.py
+    passes it in)."""
     exchanges = [
         {
             "question": x.question,

@@ -1,7 +1,7 @@
 // Answers as Markdown in the browser: the live render of a streaming answer, and the code-block
 // and answer decorations (highlighting, language label, Copy) on live and stored answers alike.
 //
-// The live render must match the stored one (conversations/rendering.py) so that nothing jumps
+// The live render must match the stored one (core/rendering.py) so that nothing jumps
 // when the server's HTML replaces it on `done`: markdown-it 14.1.0 (the version markdown-it-py
 // ports) with the same preset, options and image rule, then DOMPurify with the same allow-list
 // as the server's nh3 pass. Model output is untrusted (PF-X1): raw HTML is escaped by markdown-it
@@ -13,7 +13,7 @@
 (function () {
   "use strict";
 
-  // conversations/rendering.py: ALLOWED_TAGS, ALLOWED_ATTRIBUTES, ALLOWED_URL_SCHEMES, LANGUAGE_CLASS.
+  // core/rendering.py: ALLOWED_TAGS, ALLOWED_ATTRIBUTES, ALLOWED_URL_SCHEMES, LANGUAGE_CLASS.
   var TAGS = ["p", "br", "hr", "em", "strong", "s", "del", "code", "pre", "blockquote", "a",
     "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6",
     "table", "thead", "tbody", "tr", "th", "td"];

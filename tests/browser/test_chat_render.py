@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from conversations.rendering import markdown_to_safe_html
+from core.rendering import markdown_to_safe_html
 from tests.browser.chat_ui_support import (  # noqa: F401
     ANSWER,
     HOSTILE_DELTAS,

@@ -11,8 +11,8 @@ import pytest
 from playwright.sync_api import expect
 
 from conversations.models import Conversation, Turn
-from conversations.rendering import markdown_to_safe_html
 from conversations.services import title_from_message
+from core.rendering import markdown_to_safe_html
 from tests.browser.chat_ui_support import (  # noqa: F401
     ANSWER,
     TIMEOUT_MS,

@@ -203,7 +203,7 @@ def _scenario() -> dict:
 
     from accounts.models import Membership, Organisation, User  # noqa: PLC0415
     from accounts.services import api_key_create  # noqa: PLC0415
-    from memory.embeddings import embedding_dimension  # noqa: PLC0415
+    from inference.embeddings import embedding_dimension  # noqa: PLC0415
     from memory.models import UserMemory  # noqa: PLC0415
     from tests.test_privacy import conversation_with_data  # noqa: PLC0415
 

