@@ -287,8 +287,6 @@ PUBLIC_MODULES: dict[str, str] = {
     "privacy.views -> accounts.request_info": "the client's address for that throttle",
     "projects.views -> conversations.chat_context": "project pages show the chat's sidebar",
     "conversations.regional_admin": "the admin base of every model stored in a region",
-    "conversations.regions": "region routing: moves to core/ (branch 31regions)",
-    "conversations.user_regions": "a user's home region: moves to core/ (branch 31regions)",
     # /v1's views drive the turn pipeline, as the chat page's views do (api/views.py docstring).
     "api.views -> conversations.plan": "the turn pipeline: an answer's admission",
     "api.views -> conversations.submit": "the turn pipeline: a message in, an answer started",
