@@ -13,13 +13,15 @@ import pytest
 from django.test import AsyncClient
 from django.utils import timezone
 
-from conversations import toolrounds, versions
+from conversations import services, summaries, toolrounds, versions
 from conversations.models import Turn
 from inference.tool_format import hermes_messages
 from tests.test_api import api_client, new_conversation, post_json
 from tests.test_api_turn_tools import CALL, called
+from tests.test_summaries import in_process_endpoint, small_context, words  # noqa: F401 - fixtures
 from tests.test_versions import api_read, make_turn, read_answer, spy_prompts
 from tests.test_views import HTMX
+from tests.tool_rounds import tool_round_seed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -109,3 +111,116 @@ def test_a_continuation_follows_the_round_of_the_answer_it_continues():
     ]
     assert [(u.name, u.result) for u in uses] == [("get_weather", RESULT)]
     assert loaded == [calling.turn_id, result.turn_id]
+
+
+# --- the running summary reads a round ---------------------------------------------------------
+
+
+def rounds_then_plain(conversation, count: int, **round_fields) -> list[Turn]:
+    """A tool round (tests/tool_rounds.py), then ``count`` plain exchanges of 46 tokens each on
+    the same branch; the questions, oldest first."""
+    questions = [tool_round_seed(conversation, **round_fields).question]
+    for i in range(count):
+        plain = tool_round_seed(conversation, question=words(f"q{i}"), calls=(), answer=words(f"a{i}"))
+        questions.append(plain.question)
+    return questions
+
+
+def test_the_summariser_reads_which_tools_were_called_with_what_and_what_came_back(
+    make_user, engine_double, small_context, in_process_endpoint
+):
+    """Given a tool round (two calls) followed by 5 plain exchanges, when the summary task
+    folds the older exchanges, then the summariser's prompt has, between the round's question
+    and its answer, one line per call with the function, its arguments and its result."""
+    prompts = spy_prompts(engine_double)
+    conversation = services.conversation_create(owner=make_user())
+    rounds_then_plain(conversation, 5)
+
+    assert summaries.conversation_summarise(str(conversation.pk)) is True
+
+    sent = prompts[0][-1]["content"]
+    assert (
+        "User: What is the weather in Paris?\n"
+        'Assistant called get_weather({"city": "Paris"}) -> {"temp_c": 21, "sky": "clear"}\n'
+        'Assistant called get_time({"tz": "Europe/Paris"}) -> 14:05\n'
+        "Assistant: It is 21 degrees and clear."
+    ) in sent
+
+
+def called_line(prompts) -> str:
+    """The first ``Assistant called`` line the summariser was sent."""
+    return next(line for p in prompts for line in p[-1]["content"].splitlines() if line.startswith("Assistant called"))
+
+
+def test_a_long_result_reaches_the_summariser_on_one_line_cut_at_round_result_chars(
+    make_user, engine_double, small_context, in_process_endpoint
+):
+    """Given a round whose result is 100 lines (6,000 characters, few words), when the summary
+    task runs, then the summariser sees the result's start on one line, cut to
+    ROUND_RESULT_CHARS characters with an ellipsis."""
+    prompts = spy_prompts(engine_double)
+    huge = "\n".join(f"row{i}:" + "abcdefghij" * 5 for i in range(100))
+    conversation = services.conversation_create(owner=make_user())
+    rounds_then_plain(conversation, 5, calls=(("search", '{"q": "rows"}', huge),))
+
+    assert summaries.conversation_summarise(str(conversation.pk)) is True
+
+    line = called_line(prompts)
+    result = line.split(" -> ", 1)[1]
+    assert line.startswith('Assistant called search({"q": "rows"}) -> row0:abcdefghij')
+    assert len(result) == summaries.ROUND_RESULT_CHARS and result.endswith("\u2026") and "row99" not in line
+
+
+def test_a_round_too_long_for_the_summary_prompt_is_clipped_to_fit_its_context(
+    make_user, engine_double, small_context, in_process_endpoint
+):
+    """Given a round whose result is 3,000 words (its digest alone over the summariser's
+    160-token prompt room), when the summary task runs, then the round is still sent, clipped
+    like any exchange too long for one summary prompt, and every request fits the model's
+    context with room for the summary."""
+    prompts = spy_prompts(engine_double)
+    huge = "\n".join(f"row{i} " + "v " * 29 for i in range(100))
+    conversation = services.conversation_create(owner=make_user())
+    rounds_then_plain(conversation, 5, calls=(("search", '{"q": "rows"}', huge),))
+
+    assert summaries.conversation_summarise(str(conversation.pk)) is True
+
+    assert called_line(prompts).startswith('Assistant called search({"q": "rows"}) -> row0 v v')
+    for ids, options, _ in engine_double.requests:
+        assert len(ids) + options.max_tokens <= 200
+
+
+def test_the_verbatim_window_counts_a_round_as_a_turns_prompt_holds_it(
+    make_user, engine_double, small_context, in_process_endpoint
+):
+    """Given a plain exchange then a round whose text is short but whose result is 60 words,
+    when the summary task runs, then the round counts in the verbatim window with its calls and
+    results (as the next turn's prompt holds it: over the 75-token window), so both exchanges
+    are folded into the summary rather than left for a prompt they no longer fit."""
+    conversation = services.conversation_create(owner=make_user())
+    plain = tool_round_seed(conversation, question=words("q0"), calls=(), answer=words("a0")).question
+    big = tool_round_seed(conversation, calls=(("lookup", '{"q": "x"}', "word " * 60),)).question
+
+    assert summaries.conversation_summarise(str(conversation.pk)) is True
+
+    conversation.refresh_from_db()
+    assert conversation.summary_through == big.created_at > plain.created_at
+
+
+def test_a_round_digest_lists_at_most_so_many_calls_and_says_how_many_more():
+    """Given 10 calls, one without a result and one with long arguments, then the digest has
+    ROUND_CALLS_MAX call lines then one counting the rest; the long arguments are cut and a call
+    without a result says so."""
+    uses = [
+        toolrounds.ToolUse(call_id=f"c{i}", name=f"f{i}", arguments="{}", result=f"r{i}", preview="")
+        for i in range(10)
+    ]
+    uses[0] = toolrounds.ToolUse(call_id="c0", name="f0", arguments='{"a": "' + "x" * 500 + '"}', result=None, preview="")
+
+    lines = summaries.round_digest(uses).splitlines()
+
+    assert len(lines) == summaries.ROUND_CALLS_MAX + 1
+    assert lines[-1] == f"(and {10 - summaries.ROUND_CALLS_MAX} more tool calls)"
+    assert lines[0].endswith("\u2026) -> (no result)")
+    assert len(lines[0]) == len("Assistant called f0() -> (no result)") + summaries.ROUND_ARGUMENTS_CHARS
+    assert lines[1] == "Assistant called f1({}) -> r1"
