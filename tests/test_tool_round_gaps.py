@@ -7,21 +7,25 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from datetime import timedelta
 
 import pytest
-from django.test import AsyncClient
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import AsyncClient, Client
 from django.utils import timezone
 
 from conversations import services, summaries, toolrounds, versions
-from conversations.models import Turn
+from conversations.models import Conversation, Turn
+from imports.formats import ImportFormatError, chats_read
 from inference.tool_format import hermes_messages
 from tests.test_api import api_client, new_conversation, post_json
 from tests.test_api_turn_tools import CALL, called
 from tests.test_summaries import in_process_endpoint, small_context, words  # noqa: F401 - fixtures
 from tests.test_versions import api_read, make_turn, read_answer, spy_prompts
 from tests.test_views import HTMX
-from tests.tool_rounds import tool_round_seed
+from tests.tool_rounds import conversation_with_round, tool_round_seed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -224,3 +228,107 @@ def test_a_round_digest_lists_at_most_so_many_calls_and_says_how_many_more():
     assert lines[0].endswith("\u2026) -> (no result)")
     assert len(lines[0]) == len("Assistant called f0() -> (no result)") + summaries.ROUND_ARGUMENTS_CHARS
     assert lines[1] == "Assistant called f1({}) -> r1"
+
+
+# --- an imported result whose calling answer the file lacks ------------------------------------
+
+
+def export_file(*turns: dict) -> dict:
+    """This service's export of one conversation holding ``turns`` (each given ``turn_id``,
+    ``role``, ``content`` and what else it needs; times one second apart, in order)."""
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    rows = [
+        {"created_at": (t0 + dt.timedelta(seconds=i)).isoformat(), "status": "complete", **turn}
+        for i, turn in enumerate(turns)
+    ]
+    return {"format": "chatsite-export", "kind": "conversation",
+            "conversation": {"conversation_id": "c1", "title": "t", "turns": rows}}  # fmt: skip
+
+
+def test_results_whose_calling_answer_is_missing_are_kept_under_a_stand_in():
+    """Given an export whose calling answer is gone but whose two results and the answer after
+    them (continuing it) are there, when it is read, then the results are kept, answering a
+    stand-in calling answer under the missing answer's id: an answer to the same question, with
+    one call per result (their ids, function "unknown", no arguments), just before the first
+    result; the answer after them continues it."""
+    data = export_file(
+        {"turn_id": "q", "role": "user", "content": "Weather in Paris and the time?"},
+        {"turn_id": "r1", "role": "tool", "content": RESULT, "tool_call_id": "x1", "reply_to": "gone"},
+        {"turn_id": "r2", "role": "tool", "content": "14:05", "tool_call_id": "x2", "reply_to": "gone"},
+        {"turn_id": "a", "role": "assistant", "content": "21 degrees at 14:05.", "reply_to": "q", "continues": "gone"},
+    )
+
+    [chat] = chats_read(data)
+
+    by_key = {m.key: m for m in chat.messages}
+    assert [m.key for m in chat.messages] == ["q", "gone", "r1", "r2", "a"]
+    stand_in = by_key["gone"]
+    assert (stand_in.role, stand_in.content, stand_in.reply_to, stand_in.finish_reason) == ("assistant", "", "q", "tool_calls")
+    assert stand_in.tool_calls == [
+        {"id": "x1", "type": "function", "function": {"name": "unknown", "arguments": ""}},
+        {"id": "x2", "type": "function", "function": {"name": "unknown", "arguments": ""}},
+    ]
+    assert stand_in.created_at < by_key["r1"].created_at
+    assert [(by_key[k].reply_to, by_key[k].tool_call_id) for k in ("r1", "r2")] == [("gone", "x1"), ("gone", "x2")]
+    assert by_key["a"].continues == "gone" and chat.stand_ins == 1
+
+
+def test_an_imported_round_without_its_calling_answer_shows_its_results(make_user):
+    """Given this service's export of a tool round with the calling answer cut out of the file,
+    when another account imports it, then the page shows the answer after the round with "Used
+    2 tools" and both results, the import message says what was put in, and the next prompt's
+    history holds the round (the stand-in's calls, the results, the answer)."""
+    alice, bob = make_user("alice"), make_user("bob")
+    conversation, rnd = conversation_with_round(alice)
+    owner, client = Client(), Client()
+    owner.force_login(alice)
+    client.force_login(bob)
+    exported = json.loads(owner.get(f"/c/{conversation.pk}/export.json").content)
+    exported["conversation"]["turns"] = [
+        t for t in exported["conversation"]["turns"] if t["turn_id"] != str(rnd.calling.turn_id)
+    ]
+    upload = SimpleUploadedFile("export.json", json.dumps(exported).encode(), "application/json")
+
+    done = client.get(client.post("/settings/import", {"file": upload})["Location"]).content.decode()
+
+    copy = Conversation.objects.get(owner=bob)
+    page = client.get(f"/c/{copy.pk}/").content.decode()
+    assert "Used 2 tools" in page and "unknown(" in page
+    assert "{&quot;temp_c&quot;: 21, &quot;sky&quot;: &quot;clear&quot;}" in page and ">14:05</pre>" in page
+    assert "1 answer that called tools was missing from the file" in done
+    turns = list(Turn.objects.filter(conversation_id=copy.pk))
+    [position] = versions.positions_build(turns, copy.branch_choices, copy.answer_choices)
+    [(_, history)] = versions.prompt_exchanges([position], turns)
+    assert [m["role"] for m in history] == ["assistant", "tool", "tool", "assistant"]
+    assert [m["content"] for m in history[1:]] == ['{"temp_c": 21, "sky": "clear"}', "14:05", "It is 21 degrees and clear."]
+
+
+def test_a_result_with_no_answer_after_it_hangs_off_the_question_before_it():
+    """Given a result naming an answer the file lacks, with no answer continuing that one, when
+    the file is read, then the result is kept under a stand-in answering the question before
+    it, and the question's own answer stays as it was."""
+    data = export_file(
+        {"turn_id": "q", "role": "user", "content": "Hi"},
+        {"turn_id": "r", "role": "tool", "content": "42", "tool_call_id": "x", "reply_to": "gone"},
+        {"turn_id": "a", "role": "assistant", "content": "Hello", "reply_to": "q"},
+    )
+
+    [chat] = chats_read(data)
+
+    by_key = {m.key: m for m in chat.messages}
+    assert sorted(by_key) == ["a", "gone", "q", "r"]
+    assert (by_key["gone"].reply_to, by_key["r"].reply_to, by_key["a"].reply_to) == ("q", "gone", "q")
+    assert by_key["a"].continues is None
+
+
+def test_a_result_before_any_message_is_refused_naming_it():
+    """Given a result that names a missing answer and comes before every message, when the
+    file is read, then it is refused with a message naming the result (nothing to attach it
+    to, and leaving it out would lose it without a word)."""
+    data = export_file(
+        {"turn_id": "r", "role": "tool", "content": "42", "tool_call_id": "x", "reply_to": "gone"},
+        {"turn_id": "q", "role": "user", "content": "Hi"},
+    )
+
+    with pytest.raises(ImportFormatError, match=r"tool result r answers a call whose answer is not in the file"):
+        chats_read(data)
