@@ -19,7 +19,7 @@ question, the room left is shared among them (smaller files whole, the rest cut 
 shares) and the notice says how much of each went in. Earlier exchanges are dropped before
 that (prompt_assemble keeps the question, which now holds the files, and drops history first).
 
-**Which files.** A message being admitted (not stored yet, conversations/streaming.py
+**Which files.** A message being admitted (not stored yet, conversations/submit.py
 ``turn_submit``) gets the files its request sends, handed over in a context variable by
 attachments/services.py ``turn_attachments``; a stored message (regenerate, a restart) the files
 linked to it; an edit also the files of the message it replaces.

@@ -325,13 +325,21 @@ def positions_after(*, conversation_id: UUID, after) -> list[versions.Position]:
     """The positions of the conversation's selected path (conversations/versions.py) whose
     question was written after ``after`` (a datetime; None: all), each with its versions
     (stored and held turns), oldest first. [] if the conversation is gone."""
+    positions, _ = path_with_turns(conversation_id=conversation_id)
+    return [p for p in positions if after is None or p.question.created_at > after]
+
+
+@regions.routed
+def path_with_turns(*, conversation_id: UUID) -> tuple[list[versions.Position], list[Turn]]:
+    """(the positions of the conversation's selected path, oldest first; every turn they were
+    built from, stored and held, oldest first): for a reader that needs the tool rounds of the
+    answers too (their calling answers and ``tool`` turns, conversations/toolrounds.py), from
+    the same read. ([], []) if the conversation is gone."""
     conversation = Conversation.objects.filter(pk=conversation_id).first()
     if conversation is None:
-        return []
-    positions = versions.positions_build(
-        _turns_after(conversation_id, None), conversation.branch_choices, conversation.answer_choices
-    )
-    return [p for p in positions if after is None or p.question.created_at > after]
+        return [], []
+    turns = _turns_after(conversation_id, None)
+    return versions.positions_build(turns, conversation.branch_choices, conversation.answer_choices), turns
 
 
 @regions.routed

@@ -193,15 +193,15 @@ async def answer_regenerate(
 
 
 async def _rounds_before(conversation, answer: Turn) -> tuple[Turn | None, list[dict] | None]:
-    """For an answer written after tool calls: (the calling answer it continues, the rounds'
-    messages for the prompt's ``after_question``); (None, None) for any other answer (no
-    query)."""
+    """For an answer written after tool calls (a continuation of one included): (the last
+    calling answer it follows, the rounds' messages for the prompt's ``after_question``); (None,
+    None) for any other answer (no query when it continues nothing)."""
     if getattr(answer, "continues_id", None) is None:
         return None, None
     turns = await sync_to_async(selectors.turn_list)(conversation=conversation)
     by_id = {t.turn_id: t for t in turns}
     chain = toolrounds.calls_before(answer, by_id)
-    if not chain:  # a Continue of a cut-off answer: regenerated from the question, as before
+    if not chain:  # a Continue of a plain cut-off answer: from the question, as before
         return None, None
     return chain[-1], toolrounds.round_messages(chain, toolrounds.results_by_call_turn(turns))
 
@@ -220,7 +220,11 @@ async def answer_continue(
     new; it stands in for ``answer`` (shown as one answer). The engine is prompted with the
     question's prompt plus ``answer``'s text, so it goes on mid-sentence; the completion budget
     is what the pool's context leaves after that (at most the usual one) and the rate limits
-    count that text as prompt tokens (:func:`turn_plan`'s ``continues_text``). Claimed and
+    count that text as prompt tokens (:func:`turn_plan`'s ``continues_text``). An answer written
+    after tool calls (conversations/toolrounds.py) is continued from the prompt it was written
+    from: the question, then the calling answers, their calls and results (``after_question``,
+    rendered in the model's tool format as when it was written), then its text. No tools are
+    offered (as for a regenerated one: a call now would have no client to answer it). Claimed and
     admitted as in :func:`turn_submit` (PF-P1). Raises gate.Refused (400 ``not_cut_off``) for an answer
     that was not cut off, (400 ``context_length_exceeded``) when no room is left to continue,
     ConversationBusy while an answer is written, Http404 if its question is gone.
@@ -234,9 +238,11 @@ async def answer_continue(
         question = await sync_to_async(selectors.user_turn_get)(
             conversation=conversation, turn_id=answer.reply_to_id
         )
+        _, rounds = await _rounds_before(conversation, answer)
         plan = await turn_plan(
-            conversation=conversation, caller=caller, question=question, continues_text=answer.content
-        )
+            conversation=conversation, caller=caller, question=question, continues_text=answer.content,
+            after_question=rounds,
+        )  # fmt: skip
         stream = await _answer_start(conversation, question, plan, answer_id, continues=answer)
     return question, stream
 

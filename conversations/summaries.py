@@ -9,7 +9,10 @@ assembly and summarisation").
    ``CHAT_SUMMARY_KEEP_FRACTION`` of the budget and folds every older exchange the summary does
    not cover yet into it, a chunk at a time (each chunk's prompt fits the model's context): the
    previous summary plus new exchanges give the next summary, so summaries of summaries as the
-   conversation grows.
+   conversation grows. An answer written after tool calls (conversations/toolrounds.py) is
+   folded with a compact form of its rounds (:func:`round_digest`: each call's function and
+   arguments and a short result, one line each) before its text, and counts in the verbatim
+   window as a turn's prompt holds it (calls and results in full).
 3. After each chunk the summary is stored (``services.conversation_summary_store``, a
    compare-and-set on ``summary_through``), so a retried or duplicate run repeats no work and
    never replaces a newer summary. Nothing new to fold: the task does nothing.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 from uuid import UUID
 
 from celery import shared_task
@@ -31,7 +35,7 @@ from django.db import DatabaseError, InterfaceError, transaction
 
 from accounts.callers import caller_for
 from accounts.services import service_user
-from conversations import selectors, services
+from conversations import selectors, services, toolrounds
 from conversations.models import Conversation
 from conversations.selectors import conversation_zero_retention
 from core import regions
@@ -40,6 +44,7 @@ from gateway.tenancy import cache_salt_for
 from inference.engine import get_engine
 from inference.prompts import AssembledPrompt, chat_messages, largest_fitting
 from inference.service_client import ServiceCallError, chat_complete
+from inference.tool_format import chat_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +57,47 @@ SUMMARY_INSTRUCTIONS = (
 # The share of a message's text kept when a single exchange is too long for one summary
 # prompt: it is cut to this fraction, repeatedly, until the prompt fits.
 CLIP_FACTOR = 0.5
+# A tool round in the summariser's input (:func:`round_digest`): at most this many calls listed
+# (the rest counted), each call's arguments and result cut to these many characters. The
+# summary keeps what a round found, not its raw data; the prompt as a whole is then bounded in
+# tokens like any exchange (the chunking and CLIP_FACTOR above).
+ROUND_CALLS_MAX = 8
+ROUND_ARGUMENTS_CHARS = 200
+ROUND_RESULT_CHARS = 300
+
+
+class Exchange(NamedTuple):
+    """One exchange as the summariser reads it: the question, the answer's text and ``tools``,
+    the compact form of the tool rounds the answer was written after (:func:`round_digest`; ""
+    for none)."""
+
+    question: str
+    answer: str
+    tools: str = ""
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` on one line (runs of whitespace as one space), at most ``limit`` characters, an
+    ellipsis where it was cut."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "\u2026"
+
+
+def round_digest(uses: Sequence[toolrounds.ToolUse]) -> str:
+    """The tool rounds an answer was written after (conversations/toolrounds.py ``tool_uses``:
+    its calls with their results, in order) as the summariser reads them: one line per call,
+    ``Assistant called name(arguments) -> result``, the arguments cut to
+    :data:`ROUND_ARGUMENTS_CHARS` characters and the result to :data:`ROUND_RESULT_CHARS`
+    (``(no result)`` for a call without one); at most :data:`ROUND_CALLS_MAX` calls, then a
+    line counting the others. "" for no calls."""
+    lines = [
+        f"Assistant called {use.name}({_cut(use.arguments, ROUND_ARGUMENTS_CHARS)}) -> "
+        + (_cut(use.result, ROUND_RESULT_CHARS) if use.result is not None else "(no result)")
+        for use in uses[:ROUND_CALLS_MAX]
+    ]
+    if len(uses) > ROUND_CALLS_MAX:
+        lines.append(f"(and {len(uses) - ROUND_CALLS_MAX} more tool calls)")
+    return "\n".join(lines)
 
 
 def summary_wanted(assembled: AssembledPrompt) -> bool:
@@ -77,10 +123,14 @@ def summary_request(*, conversation_id: UUID) -> None:
     transaction.on_commit(queue)
 
 
-def summary_messages(summary: str, exchanges: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+def summary_messages(summary: str, exchanges: Sequence[Exchange]) -> list[dict[str, str]]:
     """The chat messages that ask the model for the next running summary from the previous
-    one (``summary``, "" for none) and new (question, answer) exchanges, oldest first."""
-    transcript = "\n".join(f"User: {q}\nAssistant: {a}" for q, a in exchanges)
+    one (``summary``, "" for none) and new exchanges (:class:`Exchange`, oldest first). An
+    exchange's tool rounds go between its question and its answer, where they happened."""
+    transcript = "\n".join(
+        "\n".join([f"User: {e.question}", *([e.tools] if e.tools else []), f"Assistant: {e.answer}"])
+        for e in exchanges
+    )
     return [
         {"role": "system", "content": SUMMARY_INSTRUCTIONS},
         {
@@ -91,13 +141,13 @@ def summary_messages(summary: str, exchanges: Sequence[tuple[str, str]]) -> list
     ]
 
 
-def _summarise(summary: str, exchanges: list[tuple[str, str]], fits, cache_salt: str | None = None) -> str:
+def _summarise(summary: str, exchanges: list[Exchange], fits, cache_salt: str | None = None) -> str:
     """The model's next summary (stripped), asked under ``cache_salt`` (the conversation owner's
     prefix-cache salt). Raises ServiceCallError, or ValueError if the model wrote nothing."""
     while not fits(summary, exchanges):  # one exchange alone too long: clip its texts
-        (q, a), *rest = exchanges
-        exchanges = [(q[: int(len(q) * CLIP_FACTOR)], a[: int(len(a) * CLIP_FACTOR)]), *rest]
-        if not exchanges[0][0] and not exchanges[0][1]:
+        first, *rest = exchanges
+        exchanges = [Exchange(*(text[: int(len(text) * CLIP_FACTOR)] for text in first)), *rest]
+        if not any(exchanges[0]):
             break
     text = chat_complete(
         summary_messages(summary, exchanges),
@@ -128,13 +178,23 @@ def summary_update(*, conversation_id: UUID) -> bool:
         return False
     through = conversation.summary_through if conversation.summary else None
     summary = conversation.summary if through is not None else ""
-    path = selectors.positions_after(conversation_id=conversation_id, after=None)
+    path, turns = selectors.path_with_turns(conversation_id=conversation_id)
     if through is not None and all(p.question.created_at != through for p in path):
         return False  # the summary is of another branch (conversations/versions.py): keep it
     positions = [p for p in path if through is None or p.question.created_at > through]
     answered = [(p, p.usable_answer()) for p in positions]
-    pairs = [(p, (p.question.content, a.content)) for p, a in answered if a is not None]
-    encode_chat = get_engine().encode_chat
+    answered = [(p, a) for p, a in answered if a is not None]
+    by_id, results = {t.turn_id: t for t in turns}, toolrounds.results_by_call_turn(turns)
+    # Each exchange as the summariser reads it, and as a turn's prompt holds it (the rounds in
+    # full, conversations/versions.py prompt_exchanges) for the verbatim window.
+    pairs = [
+        (p, Exchange(p.question.content, a.content, round_digest(toolrounds.tool_uses(a, by_id, results))))
+        for p, a in answered
+    ]  # fmt: skip
+    verbatim = [(p.question.content, toolrounds.answer_messages(a, by_id, results)) for p, a in answered]
+    engine = get_engine()
+    encode_chat = engine.encode_chat
+    encode_history, _ = chat_encoder(engine, None)  # a turn's history, rounds in the tool format
     # The turns' prompt budget is their pool's context less an answer (gateway/gate.py); the
     # summary itself is written by the service credential's pool.
     owner = caller_for(conversation.owner, conversation.org)
@@ -150,9 +210,9 @@ def summary_update(*, conversation_id: UUID) -> bool:
     }
 
     def recent_fit(k: int) -> bool:
-        recent = [x for _, x in pairs[len(pairs) - k :]] if k else []
+        recent = verbatim[len(verbatim) - k :] if k else []
         messages = chat_messages(**instructions, summary=summary, exchanges=recent)
-        return len(encode_chat(messages)) <= keep_budget
+        return len(encode_history(messages)) <= keep_budget
 
     keep = largest_fitting(len(pairs), recent_fit)
     fold = pairs[: len(pairs) - keep]
@@ -160,7 +220,7 @@ def summary_update(*, conversation_id: UUID) -> bool:
         return False
     prompt_room = summariser_pool.max_context - settings.CHAT_SUMMARY_MAX_TOKENS
 
-    def fits(summary_so_far: str, exchanges: list[tuple[str, str]]) -> bool:
+    def fits(summary_so_far: str, exchanges: list[Exchange]) -> bool:
         return len(encode_chat(summary_messages(summary_so_far, exchanges))) <= prompt_room
 
     stored = False

@@ -9,7 +9,10 @@ the call, ``reply_to`` the assistant turn that made it. Once every call has a re
 answer is written as an assistant turn with ``continues`` = the calling answer and the same
 ``reply_to`` (the question): it stands in for the calling answer on the page and among the
 answer's versions, as a Continue does (conversations/versions.py), but its content is only its
-own text. A chain (calls, results, calls again, results, text) is a chain of such turns.
+own text. A chain (calls, results, calls again, results, text) is a chain of such turns. An
+answer after tool calls that was cut off and continued (Continue) adds a link whose target made
+no calls: the continuation follows the same rounds (:func:`calls_before` passes over the cut-off
+answer, whose text starts the continuation's).
 
 **As messages.** :func:`answer_messages` gives, for the answer shown, the calling answers it
 follows and their results as OpenAI-shaped messages (assistant with ``tool_calls``, ``tool``
@@ -59,13 +62,21 @@ def results_by_call_turn(turns: Iterable[Turn]) -> dict[UUID, list[Turn]]:
 
 
 def calls_before(answer: Turn, by_id: Mapping[UUID, Turn]) -> list[Turn]:
-    """The calling answers ``answer`` follows (module docstring), oldest first: its
-    ``continues`` chain for as long as each turn in it made calls. [] for an answer that
-    follows none (or whose chain is not among ``by_id``)."""
+    """The calling answers ``answer`` follows (module docstring), oldest first: the answers of
+    its ``continues`` chain that made calls. A cut-off answer on the chain that was continued
+    (Continue, conversations/versions.py) is passed over, not an end: its text is the start of
+    the continuation's, so a continuation of an answer written after tool calls follows the
+    same rounds as that answer. [] for an answer that follows none (or whose chain is not among
+    ``by_id``)."""
     chain: list[Turn] = []
+    seen: set[UUID] = set()  # an imported log could link in a circle
     previous = by_id.get(getattr(answer, "continues_id", None))
-    while made_calls(previous):
-        chain.append(previous)
+    while previous is not None and previous.role == Turn.Role.ASSISTANT and previous.turn_id not in seen:
+        seen.add(previous.turn_id)
+        if made_calls(previous):
+            chain.append(previous)
+        elif getattr(previous, "tool_calls", None):
+            break  # calls never read (cut off, failed): no round to follow
         previous = by_id.get(previous.continues_id)
     chain.reverse()
     return chain
@@ -161,13 +172,17 @@ def round_turn_ids(answer: Turn, by_id: Mapping[UUID, Turn], tool_turns: Mapping
     """The ids of the turns :func:`tool_uses` reads for ``answer``, found from turns *without
     text* (conversations/page_selectors.py's skeleton: roles and links only, ``tool_calls`` not
     loaded): each answer of its ``continues`` chain that has results among ``tool_turns``
-    (tool turns by the answer they reply to), and those results. [] for an answer that follows
-    no round."""
+    (tool turns by the answer they reply to), and those results; answers without results on
+    the chain (continued cut-off ones) are passed over, as :func:`calls_before` does. [] for an
+    answer that follows no round."""
     ids: list[UUID] = []
+    seen: set[UUID] = set()
     previous = by_id.get(getattr(answer, "continues_id", None))
-    while previous is not None and previous.role == Turn.Role.ASSISTANT and previous.turn_id in tool_turns:
-        ids.append(previous.turn_id)
-        ids.extend(t.turn_id for t in tool_turns[previous.turn_id])
+    while previous is not None and previous.role == Turn.Role.ASSISTANT and previous.turn_id not in seen:
+        seen.add(previous.turn_id)
+        if previous.turn_id in tool_turns:  # else a continued cut-off answer: passed over
+            ids.append(previous.turn_id)
+            ids.extend(t.turn_id for t in tool_turns[previous.turn_id])
         previous = by_id.get(previous.continues_id)
     return ids
 

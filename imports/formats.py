@@ -14,7 +14,9 @@ Three formats, told apart by their shape (:func:`chats_read`):
   archive's data.json): turns with their own ``parent`` / ``reply_to`` / ``replaces`` /
   ``continues`` links, read as they are, tool rounds included (conversations/toolrounds.py: an
   answer's ``tool_calls``, the ``tool`` turns with their ``tool_call_id``, the answer after them
-  that ``continues`` the calling one), so export -> import -> export keeps them.
+  that ``continues`` the calling one), so export -> import -> export keeps them. A result whose
+  calling answer the file lacks (a file cut or edited by hand) is kept, under a stand-in calling
+  answer (:func:`stand_in_calls`).
 
 Each becomes a :class:`Chat` of :class:`Message` rows with the links this product's turn tree
 uses (conversations/versions.py): a user message's ``parent`` (the user message before it on
@@ -65,7 +67,8 @@ class Chat:
     """One conversation to import: ``source`` (``chatgpt`` | ``openwebui`` | ``chatsite``) and
     its id there, title, times, model, system prompt, messages (oldest first), and the branch to
     show: ``current`` (the key of the newest message on it; None: the newest branch).
-    ``skipped``: messages left out (module docstring)."""
+    ``skipped``: messages left out (module docstring); ``stand_ins``: calling answers put in
+    for tool results whose own calling answer the file lacks (:func:`stand_in_calls`)."""
 
     source: str
     source_id: str
@@ -78,6 +81,7 @@ class Chat:
     current: str | None = None
     skipped: int = 0
     answer_choices: dict[str, str] = field(default_factory=dict)  # question key -> answer key
+    stand_ins: int = 0  # calling answers put in for results whose own was not in the file
 
 
 @dataclass
@@ -377,6 +381,8 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
                 finish_reason=_text(raw.get("finish_reason"), f"{turn_where}.finish_reason")[:16],
             )
         )  # fmt: skip
+    stand_ins = stand_in_calls(messages, where)
+    messages.extend(stand_ins)
     keys = {m.key for m in messages}
     for message in messages:
         for link in ("parent", "reply_to", "replaces", "continues"):
@@ -385,9 +391,6 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
                 setattr(message, link, None)  # a turn not in the file (a held one)
         if message.role == ASSISTANT and message.reply_to is None:
             raise ImportFormatError(f"{where}: answer {message.key} replies to no message of the file")
-    # A result whose calling answer is not in the file has nothing to answer: left out.
-    answers = {m.key for m in messages if m.role == ASSISTANT}
-    messages = [m for m in messages if m.role != TOOL or m.reply_to in answers]
     messages.sort(key=lambda m: (m.created_at, m.key))
     path = item.get("selected_path") if isinstance(item.get("selected_path"), list) else []
     on_path = [str(k) for k in path if str(k) in keys]
@@ -400,6 +403,7 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
         system_prompt=_text(item.get("system_prompt"), f"{where}.system_prompt"),
         current=on_path[-1] if on_path else None,
     )  # fmt: skip
+    chat.stand_ins = len(stand_ins)
     if not chat.source_id:
         raise ImportFormatError(f"{where}.conversation_id: missing")
     by_key = {m.key: m for m in messages}
@@ -407,6 +411,75 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
         if by_key[key].role == ASSISTANT:
             chat.answer_choices[by_key[key].reply_to] = key
     return chat
+
+
+# The function a stand-in calling answer names (:func:`stand_in_calls`): the file does not say.
+STAND_IN_FUNCTION = "unknown"
+
+
+def stand_in_calls(messages: list[Message], where: str) -> list[Message]:
+    """Calling answers to put in for the ``tool`` results among ``messages`` (this product's
+    export, links as the file gives them) whose calling answer is not an answer of the file.
+
+    Why not leave such results out, or refuse the file: a result is what a tool returned, which
+    the file may hold nowhere else, and the answer written after it read it. Left out, it would
+    be gone without a word; refused, the whole file (an account's archive, perhaps) would not
+    import for one missing turn. So the results are kept where a reader and the model see them:
+    answering a stand-in calling answer (an assistant turn with empty text, ``finish_reason``
+    ``tool_calls``, one call per result: its ``tool_call_id``, function
+    :data:`STAND_IN_FUNCTION`, no arguments, since the file does not say which), which the
+    page shows as "Used N tools" above the answer after them and prompts read as a round.
+
+    One stand-in per missing calling answer (the results naming the same missing ``reply_to``;
+    a result naming none, or a turn that is no answer, gets its own). It takes the missing
+    answer's key, so an answer that ``continues`` it follows it as it followed the original;
+    its question is that answer's, else the question of the nearest message before the first
+    result. Its time is just before that result. Results get ``reply_to`` the stand-in (and a
+    call id of their own where they have none or share one). Returns the stand-ins (``messages``
+    is edited in place). Raises ImportFormatError when a result has no message before it to
+    attach it to."""
+    by_key = {m.key: m for m in messages}
+    answers = {m.key for m in messages if m.role == ASSISTANT}
+    groups: dict[str, list[Message]] = {}
+    for result in sorted((m for m in messages if m.role == TOOL), key=lambda m: (m.created_at, m.key)):
+        if result.reply_to in answers:
+            continue
+        missing = result.reply_to is not None and result.reply_to not in by_key
+        groups.setdefault(result.reply_to if missing else f"{result.key}:calls", []).append(result)
+    ordered = sorted((m for m in messages if m.role in (USER, ASSISTANT)), key=lambda m: (m.created_at, m.key))
+    stand_ins = []
+    for key, results in groups.items():
+        first = results[0]
+        follower = next((m for m in messages if m.role == ASSISTANT and m.continues == key), None)
+        question = follower.reply_to if follower is not None and follower.reply_to in by_key else None
+        if question is None:
+            before = [m for m in ordered if (m.created_at, m.key) < (first.created_at, first.key)]
+            question = next(
+                (m.key if m.role == USER else m.reply_to for m in reversed(before)
+                 if m.role == USER or m.reply_to in by_key),
+                None,
+            )  # fmt: skip
+        if question is None:
+            raise ImportFormatError(
+                f"{where}: tool result {first.key} answers a call whose answer is not in the file, and no "
+                "message comes before it to attach it to"
+            )
+        calls, seen = [], set()
+        for result in results:
+            if not result.tool_call_id or result.tool_call_id in seen:
+                result.tool_call_id = f"{result.tool_call_id or 'call'}_{result.key}"[:200]
+            seen.add(result.tool_call_id)
+            result.reply_to = key
+            calls.append(
+                {"id": result.tool_call_id, "type": "function", "function": {"name": STAND_IN_FUNCTION, "arguments": ""}}
+            )
+        stand_ins.append(
+            Message(
+                key, ASSISTANT, "", first.created_at - dt.timedelta(microseconds=1), reply_to=question,
+                tool_calls=calls, finish_reason="tool_calls",
+            )
+        )  # fmt: skip
+    return stand_ins
 
 
 def _tool_calls(value, where: str) -> list[dict]:

@@ -55,13 +55,15 @@ class ImportResult:
     """What an import did: ``created`` (ids of the new conversations, in the file's order),
     ``already`` (how many were there from an earlier import), ``messages`` (messages stored),
     ``blocked`` (of them, stopped by the input check), ``skipped`` (messages the formats leave
-    out: answers before any question)."""
+    out: answers before any question), ``stand_ins`` (calling answers put in for tool results
+    whose own the file lacks: imports/formats.py ``stand_in_calls``; counted in ``messages``)."""
 
     created: list[UUID] = field(default_factory=list)
     already: int = 0
     messages: int = 0
     blocked: int = 0
     skipped: int = 0
+    stand_ins: int = 0
 
 
 def _uuid(*parts: object) -> UUID:
@@ -148,6 +150,7 @@ def chats_import(*, owner: User, chats: list[Chat]) -> ImportResult:
         result.messages += len(turns)
         result.blocked += blocked
         result.skipped += chat.skipped
+        result.stand_ins += chat.stand_ins
     with transaction.atomic(using=db):
         for conversation, turns in rows:
             conversation.save(using=db, force_insert=True)

@@ -3,8 +3,9 @@
 - ``POST /settings/import`` (the page's form, multipart field ``file``): imports, then back to
   the page with a message saying what was done, or what is wrong with the file.
 - ``POST /v1/imports`` (API key; multipart field ``file``): 201 ``{"created": [ids],
-  "already", "messages", "blocked", "skipped"}``; 400 naming the problem, 413 for a file over
-  the limit, 415 for a body that is not multipart.
+  "already", "messages", "blocked", "skipped", "stand_ins"}`` (imports/services.py
+  ``ImportResult``); 400 naming the problem, 413 for a file over the limit, 415 for a body that
+  is not multipart.
 
 The file is read and written on a worker thread of its own (not the thread Django runs
 synchronous views and ORM calls of async views on), so a large import holds no one else's page.
@@ -22,6 +23,7 @@ from django.urls import reverse
 
 from core.errors import ApiError
 from core.http import api_view
+from imports.formats import STAND_IN_FUNCTION
 from imports.services import ImportRefused, ImportResult, chats_import, file_read
 
 FIELD = "file"
@@ -62,6 +64,12 @@ def _summary(result: ImportResult) -> str:
         parts.append(f"{result.already} {'was' if result.already == 1 else 'were'} already here from an earlier import and left as they are.")
     if result.blocked:
         parts.append(f"{result.blocked} of your messages did not pass the safety check: they are kept, marked as stopped, and never sent to the model.")
+    if result.stand_ins:
+        many = result.stand_ins != 1
+        parts.append(
+            f"{result.stand_ins} answer{'s' if many else ''} that called tools {'were' if many else 'was'} missing "
+            f"from the file: {'their' if many else 'its'} tool results are kept, under calls named '{STAND_IN_FUNCTION}'."
+        )
     if result.skipped:
         parts.append(f"{result.skipped} answer{'s' if result.skipped != 1 else ''} without a question before {'them' if result.skipped != 1 else 'it'} could not be placed and {'were' if result.skipped != 1 else 'was'} left out.")
     return " ".join(parts)
@@ -95,6 +103,7 @@ async def import_api(request: HttpRequest) -> HttpResponse:
         {
             "created": [str(c) for c in result.created], "already": result.already,
             "messages": result.messages, "blocked": result.blocked, "skipped": result.skipped,
+            "stand_ins": result.stand_ins,
         },
         status=201,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Account deletions in progress (privacy/deletion.py).
+"""Account deletions in progress (privacy/services.py ``account_delete``).
 
 Deleting an account spans several databases (the default one and every region's), which no
 single transaction covers, so it runs in steps that can each be repeated. This row says that a

@@ -217,24 +217,6 @@ def test_a_tool_round_survives_export_import_export(make_user):
     assert [{k: t[k] for k in keep} for t in again] == [{k: t[k] for k in keep} for t in first]
 
 
-def test_a_result_whose_call_is_not_in_the_file_is_left_out():
-    """Given this service's export with a tool turn replying to an answer the file lacks, when
-    it is read, then the tool turn is left out and the rest reads."""
-    turn = {"created_at": "2026-01-01T00:00:00Z", "status": "complete"}
-    data = {
-        "format": "chatsite-export", "kind": "conversation",
-        "conversation": {"conversation_id": "c1", "title": "t", "turns": [
-            {**turn, "turn_id": "q", "role": "user", "content": "Hi"},
-            {**turn, "turn_id": "r", "role": "tool", "content": "42", "tool_call_id": "x", "reply_to": "gone"},
-            {**turn, "turn_id": "a", "role": "assistant", "content": "Hello", "reply_to": "q"},
-        ]},
-    }  # fmt: skip
-
-    [chat] = chats_read(data)
-
-    assert sorted(m.key for m in chat.messages) == ["a", "q"]
-
-
 def test_malformed_tool_calls_are_refused_naming_where():
     """Given an answer whose tool_calls is not a list of calls, then reading says where."""
     data = {
