@@ -20,12 +20,13 @@ from conversations import services, summaries, toolrounds, versions
 from conversations.models import Conversation, Turn
 from imports.formats import ImportFormatError, chats_read
 from inference.tool_format import hermes_messages
-from tests.test_api import api_client, new_conversation, post_json
+from tests.api_support import api_client, new_conversation, post_json
+from tests.chat_support import HTMX
 from tests.test_api_turn_tools import CALL, called
 from tests.test_summaries import in_process_endpoint, small_context, words  # noqa: F401 - fixtures
-from tests.test_versions import api_read, make_turn, read_answer, spy_prompts
-from tests.test_views import HTMX
+from tests.test_versions import api_read
 from tests.tool_rounds import conversation_with_round, tool_round_seed
+from tests.versions_support import make_turn, read_answer, spy_prompts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
