@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import statistics
 import time
 
 import pytest
@@ -69,21 +68,15 @@ def test_the_fast_profanity_model_gives_the_librarys_own_numbers():
 # --- the input check's speed --------------------------------------------------------------------
 
 
-def test_a_4000_character_message_is_checked_in_well_under_50_ms(mod, policy):
-    """Budget: < 50 ms p99 (issue 6). Wall time on a shared CPU includes other processes, so
-    the median wall time and the p99 of the thread's own CPU time are held to it."""
-    sentence = "The transfer to my savings account from last Tuesday still shows as pending. "
-    text = (sentence * 60)[:4000]
-    mod.check_input(text, policy)
-    wall, cpu = [], []
-    for _ in range(40):
-        w, c = time.perf_counter(), time.thread_time()
+def _cpu_seconds(mod, policy, text: str, runs: int = 3) -> float:
+    """The least thread CPU time of ``runs`` input checks of ``text`` (seconds): the least is
+    the run other processes disturbed least."""
+    spent = []
+    for _ in range(runs):
+        started = time.thread_time()
         mod.check_input(text, policy)
-        wall.append(time.perf_counter() - w)
-        cpu.append(time.thread_time() - c)
-
-    assert statistics.median(wall) < 0.05
-    assert sorted(cpu)[int(len(cpu) * 0.99) - 1] < 0.05
+        spent.append(time.thread_time() - started)
+    return min(spent)
 
 
 @pytest.mark.parametrize(
@@ -93,13 +86,16 @@ def test_a_4000_character_message_is_checked_in_well_under_50_ms(mod, policy):
     ids=["digits", "hex", "symbols", "spelled", "url-escapes", "hex-escapes", "emoji"],
 )
 def test_a_pathological_4000_character_message_is_checked_as_fast_as_prose(mod, policy, text):
-    """Every normalisation step is linear: a run of digits once took 0.5 s (a regex that
-    backtracked over each start position)."""
-    mod.check_input(text, policy)
-    started = time.thread_time()
+    """Every normalisation step is linear: a run of digits once took 0.5 s, about 15 times a
+    prose message of the same length (a regex that backtracked over each start position). The
+    check's speed itself is measured by bench/moderation_bench.py (input gate p99 for 4,000
+    characters, issue 6); here a pathological text may cost at most 4 times prose of the same
+    length, measured in the same run, so a slower CPU or a busy machine moves both sides."""
+    prose = ("The transfer to my savings account from last Tuesday still shows as pending. " * 60)[:4000]
+    mod.check_input(prose, policy)
     mod.check_input(text, policy)
 
-    assert time.thread_time() - started < 0.05
+    assert _cpu_seconds(mod, policy, text) < 4 * _cpu_seconds(mod, policy, prose)
 
 
 # --- blocked terms ------------------------------------------------------------------------------
