@@ -12,5 +12,9 @@ class AccountsConfig(AppConfig):
 
         from accounts import oidc, signals  # noqa: F401, PLC0415
         from accounts.forms import ThrottledAdminAuthenticationForm  # noqa: PLC0415
+        from accounts.models import Membership  # noqa: PLC0415
+        from audit.signals import org_rows_register  # noqa: PLC0415
 
         admin.site.login_form = ThrottledAdminAuthenticationForm
+        # The admin's changes to a membership reach its organisation's owners' audit log.
+        org_rows_register(Membership)

@@ -1,5 +1,5 @@
 """Reading the audit log, permission-checked by the caller: an organisation's owners see its
-entries (``audit.views.org_audit`` checks the seat), staff see all in the admin.
+entries (workspaces/audit_views.py ``org_audit`` checks the seat), staff see all in the admin.
 
 Names are looked up now, never stored (audit/models.py): an entry shows the actor's and the
 target person's current username, "site administrator" for staff acting from outside the

@@ -50,30 +50,29 @@ def changed_fields(change_message: str) -> dict:
     return result
 
 
+# (app_label, model_name) -> the model class of rows that belong to one organisation, with the
+# name of the field holding its id. Filled by the apps that own those models (org_rows_register in
+# their AppConfig.ready()), so this app, which every other records into, imports none of them.
+_ORG_ROWS: dict[tuple[str, str], tuple[type, str]] = {}
+
+
+def org_rows_register(model: type, *, field: str = "organisation_id") -> None:
+    """Say that each row of ``model`` (a Django model class) belongs to the organisation whose
+    id its ``field`` holds, so the admin's changes to such rows reach that organisation's
+    owners' log (:func:`org_of`). Called from the owning app's ``AppConfig.ready()``."""
+    _ORG_ROWS[(model._meta.app_label, model._meta.model_name)] = (model, field)
+
+
 def org_of(app_label: str, model: str, object_id: str) -> int | None:
     """The organisation a row of the admin concerns, for its owners' log: an organisation
-    itself, a membership's or an invitation's organisation; None for anything else."""
+    itself, or a row of a model registered with :func:`org_rows_register` (a membership, an
+    invitation); None for anything else. One query for a registered model's row."""
     if app_label == "accounts" and model == "organisation":
         return int(object_id) if str(object_id).isdigit() else None
-    if not str(object_id).isdigit():
+    if not str(object_id).isdigit() or (app_label, model) not in _ORG_ROWS:
         return None
-    if app_label == "accounts" and model == "membership":
-        from accounts.models import Membership  # noqa: PLC0415
-
-        return (
-            Membership.objects.filter(pk=object_id)
-            .values_list("organisation_id", flat=True)
-            .first()
-        )
-    if app_label == "workspaces" and model == "invitation":
-        from workspaces.models import Invitation  # noqa: PLC0415
-
-        return (
-            Invitation.objects.filter(pk=object_id)
-            .values_list("organisation_id", flat=True)
-            .first()
-        )
-    return None
+    row_model, field = _ORG_ROWS[(app_label, model)]
+    return row_model._default_manager.filter(pk=object_id).values_list(field, flat=True).first()
 
 
 @receiver(post_save, sender=LogEntry, dispatch_uid="audit_admin_log_mirror")

@@ -105,7 +105,6 @@ urlpatterns = [
     path("", include("sharing.urls")),
     path("", include("attachments.urls")),
     path("", include("feedback.urls")),
-    path("", include("audit.urls")),
     path("", include("privacy.urls")),
     path("", include("imports.urls")),
     path("", include("projects.urls")),

@@ -7,3 +7,10 @@ class WorkspacesConfig(AppConfig):
 
     name = "workspaces"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from audit.signals import org_rows_register  # noqa: PLC0415
+        from workspaces.models import Invitation  # noqa: PLC0415
+
+        # The admin's changes to an invitation reach its organisation's owners' audit log.
+        org_rows_register(Invitation)

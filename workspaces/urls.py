@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from workspaces import views
+from workspaces import audit_views, views
 
 urlpatterns = [
     path("orgs/", views.org_list, name="org-list"),
@@ -23,6 +23,7 @@ urlpatterns = [
         name="org-invitation-revoke",
     ),
     path("orgs/<slug:slug>/policies/", views.org_policies, name="org-policies"),
+    path("orgs/<slug:slug>/audit/", audit_views.org_audit, name="org-audit"),
     path("invitations/<str:token>/", views.invitation_accept, name="invitation-accept"),
     path(
         "c/<uuid:conversation_id>/workspace",

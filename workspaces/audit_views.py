@@ -1,4 +1,6 @@
-"""The organisation audit log page (``/orgs/<slug>/audit/``): owners only.
+"""The organisation audit log page (``/orgs/<slug>/audit/``): owners only. A workspace page,
+so it lives here and reads the log through audit/selectors.py (audit/ is the log every app
+records into and imports no app's pages).
 
 Anonymous visitors are sent to sign in; a signed-in person who is not a member gets 404 (the
 organisation's existence is not revealed); an admin or member gets 403 saying who may see it
