@@ -10,7 +10,7 @@ from functools import lru_cache
 from django.http import Http404
 from ua_parser import parse as parse_user_agent
 
-from accounts.models import Organisation, User, UserSession
+from accounts.models import Membership, Organisation, User, UserSession
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,23 @@ def orgs_not_for_training(*, user: User) -> list[Organisation]:
     return list(
         Organisation.objects.filter(membership__user=user, not_for_training=True).order_by("name")
     )
+
+
+def org_get_for_admin(*, slug: str, user: User) -> Organisation:
+    """The organisation ``slug`` if ``user`` is its owner or admin. Raises Http404 when the
+    organisation is missing *or* the user is not an owner/admin of it (a plain member, another
+    organisation's owner, an anonymous user): its existence is not revealed."""
+    if not getattr(user, "is_authenticated", False):
+        raise Http404("No such organisation.")
+    membership = (
+        Membership.objects.select_related("organisation")
+        .filter(
+            organisation__slug=slug,
+            user=user,
+            role__in=(Membership.Role.OWNER, Membership.Role.ADMIN),
+        )
+        .first()
+    )
+    if membership is None:
+        raise Http404("No such organisation.")
+    return membership.organisation

@@ -15,7 +15,7 @@ REVIEW_PAGE_ROWS = 200
 def withdrawn_answers_for_org(*, org, limit: int = REVIEW_PAGE_ROWS) -> list[WithdrawnAnswer]:
     """The newest ``limit`` withdrawn answers of ``org``'s members' turns (the organisation the
     turn was charged to), from every regional database, newest first. The caller checked that
-    the reader administers ``org`` (usage.selectors.org_get_for_admin)."""
+    the reader administers ``org`` (accounts.selectors.org_get_for_admin)."""
     rows: list[WithdrawnAnswer] = []
     for db in regions.region_dbs():
         rows += list(WithdrawnAnswer.objects.using(db).filter(org_id=org.pk)

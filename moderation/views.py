@@ -10,12 +10,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from accounts.selectors import org_get_for_admin
 from audit.models import Action
 from audit.services import audit_record
 from moderation import selectors as moderation_selectors
 from moderation import services as moderation_services
 from moderation.forms import ModerationPolicyForm, category_label
-from usage.selectors import org_get_for_admin
 
 
 @require_http_methods(["GET", "POST"])
@@ -24,7 +24,7 @@ def org_moderation_page(request: HttpRequest, slug: str) -> HttpResponse:
     """``GET``: organisation ``slug``'s moderation policy as a form. ``POST``: validate and
     save it, then redirect back (303) with a confirmation; an invalid form is shown again with
     its errors (400). Owners and admins of that organisation only: 404 for every other
-    signed-in user, whether or not the organisation exists (usage.selectors.org_get_for_admin);
+    signed-in user, whether or not the organisation exists (accounts.selectors.org_get_for_admin);
     anonymous visitors are sent to sign in, as on the organisation's usage page. Changes
     apply from the next turn: each turn reads its organisation's policy."""
     org = org_get_for_admin(slug=slug, user=request.user)

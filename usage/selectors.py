@@ -19,7 +19,6 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, DecimalField, IntegerField, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce, TruncDate
-from django.http import Http404
 from django.utils import timezone
 
 from accounts.models import Membership, Organisation, User
@@ -218,26 +217,6 @@ def _member_row(username: str, role: str, row: dict | None) -> MemberUsage:
         row["cost"],
         row["requests"],
     )
-
-
-def org_get_for_admin(*, slug: str, user: User) -> Organisation:
-    """The organisation ``slug`` if ``user`` is its owner or admin. Raises Http404 when the
-    organisation is missing *or* the user is not an owner/admin of it (a plain member, another
-    organisation's owner, an anonymous user): its existence is not revealed."""
-    if not getattr(user, "is_authenticated", False):
-        raise Http404("No such organisation.")
-    membership = (
-        Membership.objects.select_related("organisation")
-        .filter(
-            organisation__slug=slug,
-            user=user,
-            role__in=(Membership.Role.OWNER, Membership.Role.ADMIN),
-        )
-        .first()
-    )
-    if membership is None:
-        raise Http404("No such organisation.")
-    return membership.organisation
 
 
 def orgs_administered(*, user: User) -> list[Organisation]:

@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from accounts import selectors as account_selectors
 from accounts.selectors import orgs_not_for_training
 from accounts.services import CUSTOM_INSTRUCTIONS_MAX_CHARS
 from usage import selectors
@@ -50,7 +51,7 @@ def usage_page(request: HttpRequest) -> HttpResponse:
 def org_usage_page(request: HttpRequest, slug: str) -> HttpResponse:
     """Usage charged to organisation ``slug`` per member over the last ``?days=`` UTC days.
     Owners and admins of that organisation only: 404 for everyone else."""
-    org = selectors.org_get_for_admin(slug=slug, user=request.user)
+    org = account_selectors.org_get_for_admin(slug=slug, user=request.user)
     days = _days(request)
     members = selectors.usage_by_member(org=org, days=days)
     context = {
