@@ -34,7 +34,8 @@ from accounts.selectors import turn_training_eligible
 from conversations.models import Conversation, Turn
 from conversations.services import choice_key, model_check
 from core import regions
-from imports.formats import ASSISTANT, Chat, ImportFormatError, chats_read
+from imports.chat import ASSISTANT, Chat, ImportFormatError
+from imports.formats import chats_read
 from moderation.base import moderator
 from moderation.verdicts import policy_for
 
@@ -56,7 +57,7 @@ class ImportResult:
     ``already`` (how many were there from an earlier import), ``messages`` (messages stored),
     ``blocked`` (of them, stopped by the input check), ``skipped`` (messages the formats leave
     out: answers before any question), ``stand_ins`` (calling answers put in for tool results
-    whose own the file lacks: imports/formats.py ``stand_in_calls``; counted in ``messages``)."""
+    whose own the file lacks: imports/own_format.py ``stand_in_calls``; counted in ``messages``)."""
 
     created: list[UUID] = field(default_factory=list)
     already: int = 0

@@ -23,7 +23,7 @@ from django.urls import reverse
 
 from core.errors import ApiError
 from core.http import api_view
-from imports.formats import STAND_IN_FUNCTION
+from imports.own_format import STAND_IN_FUNCTION
 from imports.services import ImportRefused, ImportResult, chats_import, file_read
 
 FIELD = "file"

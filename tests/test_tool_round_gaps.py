@@ -2,7 +2,7 @@
 tool results keeps the round in its prompt (conversations/submit.py ``answer_continue``,
 conversations/toolrounds.py ``calls_before``); the running summary reads a round in a compact
 form (conversations/summaries.py); an imported result whose calling answer the file lacks is
-kept under a stand-in calling answer (imports/formats.py). Scripted engine double, real
+kept under a stand-in calling answer (imports/own_format.py). Scripted engine double, real
 PostgreSQL."""
 
 from __future__ import annotations
