@@ -4,6 +4,7 @@ the gateway pipeline is imported by the apps above it, never by the layers below
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -376,3 +377,33 @@ def test_other_apps_import_only_a_feature_apps_surface():
         f"{importer} -> {module}" for importer, module in violations
     )
     assert unused == [], f"PUBLIC_MODULES entries nothing needs (remove them): {unused}"
+
+
+# --- no module over 500 lines (issue 31) -------------------------------------------------------
+
+MODULE_LINES_MAX = 500  # CONVENTIONS.md: split a module by concept before it passes ~500 lines
+
+
+def long_modules(paths: list[Path], limit: int) -> dict[str, int]:
+    """``{path: lines}`` of the Python files among ``paths`` longer than ``limit`` lines."""
+    counts = {str(path): len(path.read_text().splitlines()) for path in paths}
+    return {path: lines for path, lines in counts.items() if lines > limit}
+
+
+def test_the_length_check_finds_a_long_module(tmp_path):
+    short, long = tmp_path / "short.py", tmp_path / "long.py"
+    short.write_text("x = 1\n" * 3)
+    long.write_text("x = 1\n" * 4)
+
+    assert long_modules([short, long], limit=3) == {str(long): 4}
+
+
+def test_no_module_is_over_500_lines():
+    """Product, bench and test modules alike; migrations are generated and left out."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    paths = [ROOT / name for name in tracked if "/migrations/" not in name and (ROOT / name).exists()]
+
+    assert len(paths) > 300  # the listing worked
+    assert long_modules(paths, MODULE_LINES_MAX) == {}
