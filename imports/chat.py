@@ -44,7 +44,8 @@ class Chat:
     show: ``current`` (the key of the newest message on it; None: the newest branch).
     ``skipped``: messages left out (imports/formats.py); ``stand_ins``: calling answers put in
     for tool results whose own calling answer the file lacks (imports/own_format.py
-    ``stand_in_calls``)."""
+    ``stand_in_calls``); ``added_calls``: calls put in a calling answer for the results that
+    name it but whose call it did not list (``unlisted_calls_add``)."""
 
     source: str
     source_id: str
@@ -58,6 +59,7 @@ class Chat:
     skipped: int = 0
     answer_choices: dict[str, str] = field(default_factory=dict)  # question key -> answer key
     stand_ins: int = 0  # calling answers put in for results whose own was not in the file
+    added_calls: int = 0  # calls put in a calling answer for results it did not list
 
 
 @dataclass

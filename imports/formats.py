@@ -16,7 +16,8 @@ Three formats, told apart by their shape (:func:`chats_read`):
   answer's ``tool_calls``, the ``tool`` turns with their ``tool_call_id``, the answer after them
   that ``continues`` the calling one), so export -> import -> export keeps them. A result whose
   calling answer the file lacks (a file cut or edited by hand) is kept, under a stand-in calling
-  answer (imports/own_format.py ``stand_in_calls``).
+  answer (imports/own_format.py ``stand_in_calls``); one whose calling answer does not list its
+  call gets that call added to the answer (``unlisted_calls_add``).
 
 Each becomes a :class:`Chat` of :class:`Message` rows with the links this product's turn tree
 uses (conversations/versions.py): a user message's ``parent`` (the user message before it on

@@ -65,6 +65,7 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
                 finish_reason=read_text(raw.get("finish_reason"), f"{turn_where}.finish_reason")[:16],
             )
         )  # fmt: skip
+    added_calls = unlisted_calls_add(messages)
     stand_ins = stand_in_calls(messages, where)
     messages.extend(stand_ins)
     keys = {m.key for m in messages}
@@ -88,6 +89,7 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
         current=on_path[-1] if on_path else None,
     )  # fmt: skip
     chat.stand_ins = len(stand_ins)
+    chat.added_calls = added_calls
     if not chat.source_id:
         raise ImportFormatError(f"{where}.conversation_id: missing")
     by_key = {m.key: m for m in messages}
@@ -99,6 +101,42 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
 
 # The function a stand-in calling answer names (:func:`stand_in_calls`): the file does not say.
 STAND_IN_FUNCTION = "unknown"
+
+
+def unlisted_calls_add(messages: list[Message]) -> int:
+    """Add to a calling answer of ``messages`` the calls its ``tool`` results name but it does
+    not list; returns how many were added (``messages`` is edited in place).
+
+    A page and a prompt show a result under the call of its answer that has its
+    ``tool_call_id`` (conversations/toolrounds.py); a result whose id the answer does not list
+    would be stored and never seen. Like :func:`stand_in_calls`, the result is kept where it
+    is read: its answer gets a call with that id, function :data:`STAND_IN_FUNCTION` and no
+    arguments (the file does not say which), after the calls it has, and ``finish_reason``
+    ``tool_calls`` when it had none. A result with no id, or one another result of the answer
+    already answers, gets an id of its own first. Results whose answer is not in the file are
+    :func:`stand_in_calls`' part."""
+    answers = {m.key: m for m in messages if m.role == ASSISTANT}
+    added = 0
+    answered: dict[str, set[str]] = {}
+    for result in sorted((m for m in messages if m.role == TOOL), key=lambda m: (m.created_at, m.key)):
+        answer = answers.get(result.reply_to)
+        if answer is None:
+            continue
+        seen = answered.setdefault(answer.key, set())
+        listed = {call["id"] for call in answer.tool_calls}
+        if result.tool_call_id in listed and result.tool_call_id not in seen:
+            seen.add(result.tool_call_id)
+            continue
+        if not result.tool_call_id or result.tool_call_id in seen:
+            result.tool_call_id = f"{result.tool_call_id or 'call'}_{result.key}"[:200]
+        seen.add(result.tool_call_id)
+        answer.tool_calls = [
+            *answer.tool_calls,
+            {"id": result.tool_call_id, "type": "function", "function": {"name": STAND_IN_FUNCTION, "arguments": ""}},
+        ]
+        answer.finish_reason = "tool_calls"
+        added += 1
+    return added
 
 
 def stand_in_calls(messages: list[Message], where: str) -> list[Message]:

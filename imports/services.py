@@ -57,7 +57,9 @@ class ImportResult:
     ``already`` (how many were there from an earlier import), ``messages`` (messages stored),
     ``blocked`` (of them, stopped by the input check), ``skipped`` (messages the formats leave
     out: answers before any question), ``stand_ins`` (calling answers put in for tool results
-    whose own the file lacks: imports/own_format.py ``stand_in_calls``; counted in ``messages``)."""
+    whose own the file lacks: imports/own_format.py ``stand_in_calls``; counted in ``messages``),
+    ``added_calls`` (calls put in a calling answer for results it did not list:
+    ``unlisted_calls_add``)."""
 
     created: list[UUID] = field(default_factory=list)
     already: int = 0
@@ -65,6 +67,7 @@ class ImportResult:
     blocked: int = 0
     skipped: int = 0
     stand_ins: int = 0
+    added_calls: int = 0
 
 
 def _uuid(*parts: object) -> UUID:
@@ -152,6 +155,7 @@ def chats_import(*, owner: User, chats: list[Chat]) -> ImportResult:
         result.blocked += blocked
         result.skipped += chat.skipped
         result.stand_ins += chat.stand_ins
+        result.added_calls += chat.added_calls
     with transaction.atomic(using=db):
         for conversation, turns in rows:
             conversation.save(using=db, force_insert=True)

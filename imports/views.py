@@ -3,7 +3,7 @@
 - ``POST /settings/import`` (the page's form, multipart field ``file``): imports, then back to
   the page with a message saying what was done, or what is wrong with the file.
 - ``POST /v1/imports`` (API key; multipart field ``file``): 201 ``{"created": [ids],
-  "already", "messages", "blocked", "skipped", "stand_ins"}`` (imports/services.py
+  "already", "messages", "blocked", "skipped", "stand_ins", "added_calls"}`` (imports/services.py
   ``ImportResult``); 400 naming the problem, 413 for a file over the limit, 415 for a body that
   is not multipart.
 
@@ -70,6 +70,12 @@ def _summary(result: ImportResult) -> str:
             f"{result.stand_ins} answer{'s' if many else ''} that called tools {'were' if many else 'was'} missing "
             f"from the file: {'their' if many else 'its'} tool results are kept, under calls named '{STAND_IN_FUNCTION}'."
         )
+    if result.added_calls:
+        many = result.added_calls != 1
+        parts.append(
+            f"{result.added_calls} tool result{'s' if many else ''} named a call {'their answers' if many else 'its answer'} "
+            f"did not list: {'they are' if many else 'it is'} kept, under calls named '{STAND_IN_FUNCTION}'."
+        )
     if result.skipped:
         parts.append(f"{result.skipped} answer{'s' if result.skipped != 1 else ''} without a question before {'them' if result.skipped != 1 else 'it'} could not be placed and {'were' if result.skipped != 1 else 'was'} left out.")
     return " ".join(parts)
@@ -103,7 +109,7 @@ async def import_api(request: HttpRequest) -> HttpResponse:
         {
             "created": [str(c) for c in result.created], "already": result.already,
             "messages": result.messages, "blocked": result.blocked, "skipped": result.skipped,
-            "stand_ins": result.stand_ins,
+            "stand_ins": result.stand_ins, "added_calls": result.added_calls,
         },
         status=201,
     )  # fmt: skip

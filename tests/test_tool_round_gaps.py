@@ -16,6 +16,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import AsyncClient, Client
 from django.utils import timezone
 
+from accounts.services import api_key_create
 from conversations import services, summaries, toolrounds, versions
 from conversations.models import Conversation, Turn
 from imports.formats import ImportFormatError, chats_read
@@ -333,3 +334,66 @@ def test_a_result_before_any_message_is_refused_naming_it():
 
     with pytest.raises(ImportFormatError, match=r"tool result r answers a call whose answer is not in the file"):
         chats_read(data)
+
+
+# --- an imported result whose calling answer does not list its call -------------------------
+
+
+def test_a_result_whose_call_its_answer_does_not_list_gets_that_call_added():
+    """Given an export whose calling answer lists call x1 while its results answer x1, x9 and
+    (twice) x1, when it is read, then the answer lists x1, then x9 and a fresh id for the second
+    x1 result, both under function "unknown" with no arguments, each result answering a call
+    the answer lists; a result answering a plain answer makes it a calling answer."""
+    data = export_file(
+        {"turn_id": "q", "role": "user", "content": "Weather?"},
+        {"turn_id": "c", "role": "assistant", "content": "", "reply_to": "q", "finish_reason": "tool_calls",
+         "tool_calls": [{"id": "x1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+        {"turn_id": "r1", "role": "tool", "content": RESULT, "tool_call_id": "x1", "reply_to": "c"},
+        {"turn_id": "r9", "role": "tool", "content": "14:05", "tool_call_id": "x9", "reply_to": "c"},
+        {"turn_id": "r1b", "role": "tool", "content": "again", "tool_call_id": "x1", "reply_to": "c"},
+        {"turn_id": "p", "role": "assistant", "content": "Plain.", "reply_to": "q"},
+        {"turn_id": "rp", "role": "tool", "content": "7", "tool_call_id": "y", "reply_to": "p"},
+    )  # fmt: skip
+
+    [chat] = chats_read(data)
+
+    by_key = {m.key: m for m in chat.messages}
+    unknown = {"name": "unknown", "arguments": ""}
+    assert [(c["id"], c["function"]) for c in by_key["c"].tool_calls] == [
+        ("x1", {"name": "weather", "arguments": "{}"}), ("x9", unknown), ("x1_r1b", unknown),
+    ]
+    assert [by_key[k].tool_call_id for k in ("r1", "r9", "r1b")] == ["x1", "x9", "x1_r1b"]
+    assert (by_key["p"].content, by_key["p"].finish_reason) == ("Plain.", "tool_calls")
+    assert [(c["id"], c["function"]) for c in by_key["p"].tool_calls] == [("y", unknown)]
+    assert chat.added_calls == 3 and chat.stand_ins == 0
+
+
+def test_an_imported_round_whose_answer_lost_a_call_shows_every_result(make_user):
+    """Given this service's export of a tool round whose calling answer had its second call cut
+    out, when another account imports it through /v1/imports, then the reply counts the added
+    call, the page shows "Used 2 tools" with both results, and the next prompt's history holds
+    both results."""
+    alice, bob = make_user("alice"), make_user("bob")
+    conversation, rnd = conversation_with_round(alice)
+    owner = Client()
+    owner.force_login(alice)
+    exported = json.loads(owner.get(f"/c/{conversation.pk}/export.json").content)
+    [calling] = [t for t in exported["conversation"]["turns"] if t["turn_id"] == str(rnd.calling.turn_id)]
+    calling["tool_calls"] = calling["tool_calls"][:1]
+    upload = SimpleUploadedFile("export.json", json.dumps(exported).encode(), "application/json")
+
+    key = api_key_create(user=bob, name="import").raw
+    reply = Client(headers={"Authorization": f"Bearer {key}"}).post("/v1/imports", {"file": upload})
+
+    assert reply.status_code == 201, reply.content
+    assert (reply.json()["added_calls"], reply.json()["stand_ins"]) == (1, 0)
+    copy = Conversation.objects.get(owner=bob)
+    reader = Client()
+    reader.force_login(bob)
+    page = reader.get(f"/c/{copy.pk}/").content.decode()
+    assert "Used 2 tools" in page and "unknown(" in page
+    assert "{&quot;temp_c&quot;: 21, &quot;sky&quot;: &quot;clear&quot;}" in page and ">14:05</pre>" in page
+    turns = list(Turn.objects.filter(conversation_id=copy.pk))
+    [position] = versions.positions_build(turns, copy.branch_choices, copy.answer_choices)
+    [(_, history)] = versions.prompt_exchanges([position], turns)
+    assert [m["role"] for m in history] == ["assistant", "tool", "tool", "assistant"]
