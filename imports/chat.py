@@ -7,6 +7,7 @@ product's export)."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass, field
 
 USER, ASSISTANT, TOOL = "user", "assistant", "tool"
@@ -74,9 +75,17 @@ class Node:
     model: str = ""
 
 
+# How far after now a time may be (clocks differ); a later one would sort above every chat.
+FUTURE_SLACK = dt.timedelta(days=1)
+# Unpaired UTF-16 surrogates (JSON's "\ud800" escapes): UTF-8, so PostgreSQL, cannot hold them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def read_time(value, where: str) -> dt.datetime | None:
     """A Unix time (seconds, int or float; milliseconds when it is too large to be seconds) or
-    an ISO 8601 text -> an aware UTC datetime; None for None."""
+    an ISO 8601 text -> an aware UTC datetime; None for None. Raises ImportFormatError naming
+    ``where`` for anything else, a time outside years 1-9999 in UTC (PostgreSQL would store it
+    but it could not be read back) or more than :data:`FUTURE_SLACK` after now."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -84,16 +93,20 @@ def read_time(value, where: str) -> dt.datetime | None:
     if isinstance(value, int | float):
         seconds = value / 1000 if value > 10_000_000_000 else value
         try:
-            return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+            moment = dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
         except (OverflowError, OSError, ValueError):
             raise ImportFormatError(f"{where}: not a time: {value!r}") from None
-    if isinstance(value, str):
+    elif isinstance(value, str):
         try:
             moment = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
+            moment = moment.astimezone(dt.UTC) if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+        except (OverflowError, ValueError):
             raise ImportFormatError(f"{where}: not a time: {value!r}") from None
-        return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
-    raise ImportFormatError(f"{where}: not a time: {value!r}")
+    else:
+        raise ImportFormatError(f"{where}: not a time: {value!r}")
+    if moment > dt.datetime.now(dt.UTC) + FUTURE_SLACK:
+        raise ImportFormatError(f"{where}: {value!r} is in the future")
+    return moment
 
 
 def read_object(value, where: str) -> dict:
@@ -104,10 +117,32 @@ def read_object(value, where: str) -> dict:
 
 
 def read_text(value, where: str) -> str:
-    """``value`` as text (None: ""), NUL characters removed; raises ImportFormatError naming
-    ``where`` for anything else."""
+    """``value`` as text (None: ""), NUL characters removed and unpaired surrogates made U+FFFD
+    (PostgreSQL text can hold neither); raises ImportFormatError naming ``where`` for anything
+    else."""
     if value is None:
         return ""
     if not isinstance(value, str):
         raise ImportFormatError(f"{where}: expected text, found {type(value).__name__}")
-    return value.replace("\x00", "")  # PostgreSQL text cannot hold NUL
+    return _SURROGATE.sub("\ufffd", value.replace("\x00", ""))
+
+
+def read_label(value) -> str:
+    """A name the file gives as any JSON value (a model's, a role): its text, or "" for a false
+    value, made storable as :func:`read_text` makes text."""
+    return read_text(str(value or ""), "")
+
+
+def cycle_check(parents: dict[str, str | None], where: str) -> None:
+    """Raise ImportFormatError naming ``where`` when following ``parents`` (key -> the key
+    before it; a parent that is no key ends the walk) from some key comes back round, since
+    every walk up such a tree would never end. Each key is walked past once (linear time)."""
+    done: set[str] = set()
+    for start in parents:
+        path, at = set(), start
+        while at is not None and at in parents and at not in done:
+            if at in path:
+                raise ImportFormatError(f"{where}: the messages' parents form a cycle at {at!r}")
+            path.add(at)
+            at = parents[at]
+        done |= path

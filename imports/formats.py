@@ -42,6 +42,8 @@ from imports.chat import (
     ImportFormatError,
     Message,
     Node,
+    cycle_check,
+    read_label,
     read_object,
     read_text,
     read_time,
@@ -53,7 +55,10 @@ def chats_read(data) -> list[Chat]:
     """The chats of a parsed export file (``json.loads`` of it), whichever of the three formats
     it is. Raises ImportFormatError when it is none of them or is malformed."""
     if isinstance(data, dict) and data.get("format") == "chatsite-export":
-        return chatsite_read(data)
+        chats = chatsite_read(data)
+        if not chats:
+            raise ImportFormatError("The file holds no conversations.")
+        return chats
     items = data if isinstance(data, list) else [data]
     if not items:
         raise ImportFormatError("The file holds no conversations.")
@@ -104,9 +109,9 @@ def chatgpt_read(item, where: str) -> Chat:
                 role = "hidden"
             content = _chatgpt_content(message, f"{node_where}.message")
             when = read_time(message.get("create_time"), f"{node_where}.message.create_time")
-            model = str(metadata.get("model_slug") or "") if isinstance(metadata, dict) else ""
+            model = read_label(metadata.get("model_slug")) if isinstance(metadata, dict) else ""
         parent = raw.get("parent")
-        if parent is not None and parent not in mapping:
+        if parent is not None and (not isinstance(parent, str) or parent not in mapping):
             raise ImportFormatError(f"{node_where}.parent: {parent!r} is not a node of the mapping")
         nodes.append(Node(str(key), parent, role, content, when, model))
     updated = read_time(item.get("update_time"), f"{where}.update_time")
@@ -131,12 +136,12 @@ def openwebui_read(item, where: str) -> Chat:
         node_where = f"{where}.chat.history.messages[{key!r}]"
         raw = read_object(raw, node_where)
         parent = raw.get("parentId")
-        if parent is not None and parent not in messages:
+        if parent is not None and (not isinstance(parent, str) or parent not in messages):
             raise ImportFormatError(f"{node_where}.parentId: {parent!r} is not a message of the chat")
         nodes.append(
             Node(
                 str(key), parent, str(raw.get("role") or ""), read_text(raw.get("content"), f"{node_where}.content"),
-                read_time(raw.get("timestamp"), f"{node_where}.timestamp"), str(raw.get("model") or ""),
+                read_time(raw.get("timestamp"), f"{node_where}.timestamp"), read_label(raw.get("model")),
             )
         )
     models = chat.get("models") if isinstance(chat.get("models"), list) else []
@@ -169,38 +174,58 @@ def links_from_tree(
     if not source_id:
         raise ImportFormatError(f"{where}: the conversation has no id")
     by_key = {n.key: n for n in nodes}
-    for node in nodes:  # a cycle would make every walk up the tree endless
-        seen, at = set(), node
-        while at is not None:
-            if at.key in seen:
-                raise ImportFormatError(f"{where}: the messages' parents form a cycle at {node.key!r}")
-            seen.add(at.key)
-            at = by_key.get(at.parent) if at.parent is not None else None
+    cycle_check({n.key: n.parent for n in nodes}, where)  # else walks up the tree would not end
     fallback = created_at or updated_at or dt.datetime.now(dt.UTC)
 
-    def when(node: Node) -> dt.datetime:
-        at = node
-        while at is not None:
-            if at.created_at is not None:
-                return at.created_at
-            at = by_key.get(at.parent) if at.parent is not None else None
-        return fallback
+    def up(node: Node) -> Node | None:
+        return by_key.get(node.parent) if node.parent is not None else None
+
+    # What each walk up the tree found, kept for the nodes it passed: a chain of n nodes is
+    # walked once, not n times (a long conversation would take hours).
+    times: dict[str, dt.datetime] = {}
+    nearest: dict[str, Node | None] = {}  # node key -> itself if kept, else its nearest kept ancestor
+
+    def when(node: Node | None) -> dt.datetime:
+        path = []
+        while node is not None and node.key not in times and node.created_at is None:
+            path.append(node)
+            node = up(node)
+        moment = fallback if node is None else times.get(node.key, node.created_at)
+        times.update((n.key, moment) for n in path)
+        return moment
+
+    depth: dict[str, int] = {}
+
+    def level(node: Node) -> int:  # nodes above it: of two at one time, the parent comes first
+        path = []
+        while node is not None and node.key not in depth:
+            path.append(node)
+            node = up(node)
+        at = -1 if node is None else depth[node.key]
+        for above in reversed(path):
+            at += 1
+            depth[above.key] = at
+        return at
 
     def kept(node: Node) -> bool:
         return node.role in (USER, ASSISTANT) and bool(node.content.strip())
 
     # Walk from each kept node to its nearest kept ancestor (dropped nodes are stepped over).
     def kept_parent(node: Node) -> Node | None:
-        at = by_key.get(node.parent) if node.parent is not None else None
-        while at is not None and not kept(at):
-            at = by_key.get(at.parent) if at.parent is not None else None
-        return at
+        path, at = [], up(node)
+        while at is not None and at.key not in nearest and not kept(at):
+            path.append(at)
+            at = up(at)
+        found = nearest[at.key] if at is not None and at.key in nearest else at
+        nearest.update((n.key, found) for n in path)
+        return found
 
-    order = sorted((n for n in nodes if kept(n)), key=lambda n: (when(n), n.key))
+    order = sorted((n for n in nodes if kept(n)), key=lambda n: (when(n), level(n), n.key))
     messages: dict[str, Message] = {}
     owner_of: dict[str, str] = {}  # node key -> the message key it was merged into
     question_of: dict[str, str | None] = {}  # node key -> the user message key above it (itself for users)
     last_sibling: dict[tuple[str, str | None], str] = {}
+    parts: dict[str, list[str]] = {}  # answer key -> the texts of its later parts
     skipped = 0
     for node in order:
         above = kept_parent(node)
@@ -214,9 +239,8 @@ def links_from_tree(
                 question_of[node.key] = None
                 continue
             if above.role == ASSISTANT and above.key in owner_of:  # an answer in parts
-                merged = messages[owner_of[above.key]]
-                merged.content = f"{merged.content}\n\n{node.content}"
-                owner_of[node.key] = merged.key
+                owner_of[node.key] = owner_of[above.key]
+                parts.setdefault(owner_of[above.key], []).append(node.content)
                 question_of[node.key] = above_question
                 continue
             message = Message(node.key, ASSISTANT, node.content, when(node), reply_to=above_question,
@@ -227,6 +251,8 @@ def links_from_tree(
         messages[node.key] = message
         owner_of[node.key] = node.key
         question_of[node.key] = node.key if node.role == USER else above_question
+    for key, texts in parts.items():
+        messages[key].content = "\n\n".join([messages[key].content, *texts])
     chat_messages = list(messages.values())
     times = [m.created_at for m in chat_messages]
     chat = Chat(

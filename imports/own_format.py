@@ -14,6 +14,8 @@ from imports.chat import (
     Chat,
     ImportFormatError,
     Message,
+    cycle_check,
+    read_label,
     read_object,
     read_text,
     read_time,
@@ -37,6 +39,7 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
     if not isinstance(turns, list):
         raise ImportFormatError(f"{where}.turns: expected a list")
     messages = []
+    seen: set[str] = set()
     for index, raw in enumerate(turns):
         turn_where = f"{where}.turns[{index}]"
         raw = read_object(raw, turn_where)
@@ -48,6 +51,9 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
         key = str(raw.get("turn_id") or "")
         if not key:
             raise ImportFormatError(f"{turn_where}.turn_id: missing")
+        if key in seen:
+            raise ImportFormatError(f"{turn_where}.turn_id: {key!r} is the id of an earlier turn too")
+        seen.add(key)
         created = read_time(raw.get("created_at"), f"{turn_where}.created_at")
         if created is None:
             raise ImportFormatError(f"{turn_where}.created_at: missing")
@@ -58,7 +64,7 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
             Message(
                 key, role, read_text(raw.get("content"), f"{turn_where}.content"), created,
                 parent=_key(raw.get("parent")), reply_to=_key(raw.get("reply_to")),
-                replaces=_key(raw.get("replaces")), model=str(raw.get("model_version") or ""), status=status,
+                replaces=_key(raw.get("replaces")), model=read_label(raw.get("model_version")), status=status,
                 continues=_key(raw.get("continues")),
                 tool_calls=_tool_calls(raw.get("tool_calls"), f"{turn_where}.tool_calls") if role == ASSISTANT else [],
                 tool_call_id=read_text(raw.get("tool_call_id"), f"{turn_where}.tool_call_id")[:200] if role == TOOL else "",
@@ -76,6 +82,7 @@ def _chatsite_conversation(item: dict, where: str) -> Chat:
                 setattr(message, link, None)  # a turn not in the file (a held one)
         if message.role == ASSISTANT and message.reply_to is None:
             raise ImportFormatError(f"{where}: answer {message.key} replies to no message of the file")
+    cycle_check({m.key: m.parent for m in messages}, where)  # the branch shown is found by walking up
     messages.sort(key=lambda m: (m.created_at, m.key))
     path = item.get("selected_path") if isinstance(item.get("selected_path"), list) else []
     on_path = [str(k) for k in path if str(k) in keys]

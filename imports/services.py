@@ -72,7 +72,8 @@ class ImportResult:
 
 def _uuid(*parts: object) -> UUID:
     """A version-8 UUID from SHA-256 of ``parts`` (the same parts, the same id)."""
-    raw = bytearray(hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()[:16])
+    text = "\x1f".join(map(str, parts)).encode("utf-8", "surrogatepass")  # ids may hold any JSON text
+    raw = bytearray(hashlib.sha256(text).digest()[:16])
     raw[6] = 0x80 | (raw[6] & 0x0F)
     raw[8] = (raw[8] & 0x3F) | 0x80
     return UUID(bytes=bytes(raw))
@@ -101,6 +102,8 @@ def file_read(data: bytes) -> list[Chat]:
         parsed = json.loads(data.decode("utf-8-sig"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ImportRefused(f"The file is not JSON: {exc}") from None
+    except RecursionError:  # json's decoder recurses once per level of nesting
+        raise ImportRefused("The file's JSON is nested too deeply to be a chat export.") from None
     try:
         chats = chats_read(parsed)
     except ImportFormatError as exc:
