@@ -5,6 +5,7 @@ module docstring has the whole story)."""
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 
 from imports.chat import (
@@ -124,26 +125,33 @@ def unlisted_calls_add(messages: list[Message]) -> int:
     :func:`stand_in_calls`' part."""
     answers = {m.key: m for m in messages if m.role == ASSISTANT}
     added = 0
-    answered: dict[str, set[str]] = {}
+    answered: dict[str, set[str]] = {}  # answer key -> the call ids a result answers
+    listed: dict[str, set[str]] = {}  # answer key -> the call ids it lists (kept, not rebuilt per result)
     for result in sorted((m for m in messages if m.role == TOOL), key=lambda m: (m.created_at, m.key)):
         answer = answers.get(result.reply_to)
         if answer is None:
             continue
         seen = answered.setdefault(answer.key, set())
-        listed = {call["id"] for call in answer.tool_calls}
-        if result.tool_call_id in listed and result.tool_call_id not in seen:
+        if answer.key not in listed:
+            listed[answer.key] = {call["id"] for call in answer.tool_calls}
+            answer.tool_calls = list(answer.tool_calls)  # appended to below, in place
+        if result.tool_call_id in listed[answer.key] and result.tool_call_id not in seen:
             seen.add(result.tool_call_id)
             continue
         if not result.tool_call_id or result.tool_call_id in seen:
             result.tool_call_id = f"{result.tool_call_id or 'call'}_{result.key}"[:200]
         seen.add(result.tool_call_id)
-        answer.tool_calls = [
-            *answer.tool_calls,
-            {"id": result.tool_call_id, "type": "function", "function": {"name": STAND_IN_FUNCTION, "arguments": ""}},
-        ]
+        listed[answer.key].add(result.tool_call_id)
+        answer.tool_calls.append(_stand_in_call(result.tool_call_id))
         answer.finish_reason = "tool_calls"
         added += 1
     return added
+
+
+def _stand_in_call(call_id: str) -> dict:
+    """A call the file does not describe, for a result answering ``call_id``: OpenAI's shape,
+    function :data:`STAND_IN_FUNCTION`, no arguments."""
+    return {"id": call_id, "type": "function", "function": {"name": STAND_IN_FUNCTION, "arguments": ""}}
 
 
 def stand_in_calls(messages: list[Message], where: str) -> list[Message]:
@@ -175,19 +183,27 @@ def stand_in_calls(messages: list[Message], where: str) -> list[Message]:
             continue
         missing = result.reply_to is not None and result.reply_to not in by_key
         groups.setdefault(result.reply_to if missing else f"{result.key}:calls", []).append(result)
+    # Each group's question is found without a scan of the file per group (a hand-made file of
+    # many results naming different missing answers would take time in their square): the first
+    # answer continuing each key, and, in time order, the question of the latest message so far.
+    followers: dict[str, Message] = {}
+    for message in messages:
+        if message.role == ASSISTANT and message.continues is not None:
+            followers.setdefault(message.continues, message)
     ordered = sorted((m for m in messages if m.role in (USER, ASSISTANT)), key=lambda m: (m.created_at, m.key))
+    order_keys = [(m.created_at, m.key) for m in ordered]
+    question_so_far: list[str | None] = []  # [i]: the question of the latest of ordered[:i + 1] that has one
+    for m in ordered:
+        latest = m.key if m.role == USER else m.reply_to if m.reply_to in by_key else None
+        question_so_far.append(latest if latest is not None else (question_so_far[-1] if question_so_far else None))
     stand_ins = []
     for key, results in groups.items():
         first = results[0]
-        follower = next((m for m in messages if m.role == ASSISTANT and m.continues == key), None)
+        follower = followers.get(key)
         question = follower.reply_to if follower is not None and follower.reply_to in by_key else None
         if question is None:
-            before = [m for m in ordered if (m.created_at, m.key) < (first.created_at, first.key)]
-            question = next(
-                (m.key if m.role == USER else m.reply_to for m in reversed(before)
-                 if m.role == USER or m.reply_to in by_key),
-                None,
-            )  # fmt: skip
+            before = bisect.bisect_left(order_keys, (first.created_at, first.key))  # messages before it
+            question = question_so_far[before - 1] if before else None
         if question is None:
             raise ImportFormatError(
                 f"{where}: tool result {first.key} answers a call whose answer is not in the file, and no "
@@ -199,9 +215,7 @@ def stand_in_calls(messages: list[Message], where: str) -> list[Message]:
                 result.tool_call_id = f"{result.tool_call_id or 'call'}_{result.key}"[:200]
             seen.add(result.tool_call_id)
             result.reply_to = key
-            calls.append(
-                {"id": result.tool_call_id, "type": "function", "function": {"name": STAND_IN_FUNCTION, "arguments": ""}}
-            )
+            calls.append(_stand_in_call(result.tool_call_id))
         stand_ins.append(
             Message(
                 key, ASSISTANT, "", first.created_at - dt.timedelta(microseconds=1), reply_to=question,

@@ -152,6 +152,31 @@ def test_a_long_chain_of_nodes_reads_in_linear_time():
     assert [(m.role, len(m.content)) for m in chat.messages] == [("user", 2), ("assistant", 3 * count - 2)]
 
 
+def test_many_tool_results_without_their_calls_read_in_linear_time():
+    """Given this service's export with 30,000 tool results each naming a different answer the
+    file lacks, and 30,000 results to one calling answer that lists none of their calls, then
+    it reads in seconds (~1 s here; each stand-in used to scan the whole file for its question,
+    and each added call to rebuild its answer's calls: ~45 s here, and the time grew with the
+    square of the count), every result answering a call."""
+    count = 30_000
+    turns = [
+        {"turn_id": "q", "role": "user", "created_at": T0},
+        {"turn_id": "c", "role": "assistant", "reply_to": "q", "created_at": T0 + 1, "finish_reason": "tool_calls"},
+        *({"turn_id": f"g{i}", "role": "tool", "reply_to": f"gone{i}", "tool_call_id": "x", "created_at": T0 + 2 + i}
+          for i in range(count)),
+        *({"turn_id": f"r{i}", "role": "tool", "reply_to": "c", "tool_call_id": f"y{i}", "created_at": T0 + 2 + i}
+          for i in range(count)),
+    ]  # fmt: skip
+    started = time.monotonic()
+
+    [chat] = chats_read(own_export(*turns))
+
+    assert time.monotonic() - started < 15
+    by_key = {m.key: m for m in chat.messages}
+    assert (chat.stand_ins, chat.added_calls, len(by_key["c"].tool_calls)) == (count, count, count)
+    assert {by_key[f"gone{i}"].reply_to for i in range(count)} == {"q"}
+
+
 def test_a_message_without_a_time_comes_after_the_one_it_follows():
     """Given ChatGPT messages without a time (each takes its parent's), whose answer's id sorts
     before its question's, then the answer is still placed under its question (it was ordered
