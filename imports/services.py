@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -59,7 +60,8 @@ class ImportResult:
     out: answers before any question), ``stand_ins`` (calling answers put in for tool results
     whose own the file lacks: imports/own_format.py ``stand_in_calls``; counted in ``messages``),
     ``added_calls`` (calls put in a calling answer for results it did not list:
-    ``unlisted_calls_add``)."""
+    ``unlisted_calls_add``), ``repeated`` (conversations the file lists again after their
+    first time, imported once)."""
 
     created: list[UUID] = field(default_factory=list)
     already: int = 0
@@ -68,6 +70,7 @@ class ImportResult:
     skipped: int = 0
     stand_ins: int = 0
     added_calls: int = 0
+    repeated: int = 0
 
 
 def _uuid(*parts: object) -> UUID:
@@ -100,7 +103,12 @@ def file_read(data: bytes) -> list[Chat]:
         raise ImportRefused(f"The file is {len(data):,} bytes; at most {limit:,} can be imported at once.", 413)
     try:
         parsed = json.loads(data.decode("utf-8-sig"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's guard against huge int parsing
+            raise ImportRefused(
+                f"The file holds a number of more than {sys.get_int_max_str_digits():,} digits, which no chat "
+                "export has; it may be damaged."
+            ) from None
         raise ImportRefused(f"The file is not JSON: {exc}") from None
     except RecursionError:  # json's decoder recurses once per level of nesting
         raise ImportRefused("The file's JSON is nested too deeply to be a chat export.") from None
@@ -145,12 +153,16 @@ def chats_import(*, owner: User, chats: list[Chat]) -> ImportResult:
     check = moderator()
     eligible = turn_training_eligible(owner_id=owner.pk, org_id=None, owner=owner)
     rows: list[tuple[Conversation, list[Turn]]] = []
+    seen: set[UUID] = set()  # created by this file
     for chat in chats:
         conversation_id = ids[id(chat)]
         if conversation_id in existing:
             result.already += 1
             continue
-        existing.add(conversation_id)  # a file listing one conversation twice
+        if conversation_id in seen:  # a file listing one conversation twice
+            result.repeated += 1
+            continue
+        seen.add(conversation_id)
         conversation, turns, blocked = _rows(owner, chat, conversation_id, region, check, policy, eligible)
         rows.append((conversation, turns))
         result.created.append(conversation_id)

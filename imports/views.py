@@ -3,7 +3,8 @@
 - ``POST /settings/import`` (the page's form, multipart field ``file``): imports, then back to
   the page with a message saying what was done, or what is wrong with the file.
 - ``POST /v1/imports`` (API key; multipart field ``file``): 201 ``{"created": [ids],
-  "already", "messages", "blocked", "skipped", "stand_ins", "added_calls"}`` (imports/services.py
+  "already", "messages", "blocked", "skipped", "stand_ins", "added_calls",
+  "repeated"}`` (imports/services.py
   ``ImportResult``); 400 naming the problem, 413 for a file over the limit, 415 for a body that
   is not multipart.
 
@@ -62,6 +63,8 @@ def _summary(result: ImportResult) -> str:
              f" ({result.messages} message{'s' if result.messages != 1 else ''})."]  # fmt: skip
     if result.already:
         parts.append(f"{result.already} {'was' if result.already == 1 else 'were'} already here from an earlier import and left as they are.")
+    if result.repeated:
+        parts.append(f"{result.repeated} {'was' if result.repeated == 1 else 'were'} in the file more than once and imported once.")
     if result.blocked:
         parts.append(f"{result.blocked} of your messages did not pass the safety check: they are kept, marked as stopped, and never sent to the model.")
     if result.stand_ins:
@@ -110,6 +113,7 @@ async def import_api(request: HttpRequest) -> HttpResponse:
             "created": [str(c) for c in result.created], "already": result.already,
             "messages": result.messages, "blocked": result.blocked, "skipped": result.skipped,
             "stand_ins": result.stand_ins, "added_calls": result.added_calls,
+            "repeated": result.repeated,
         },
         status=201,
     )  # fmt: skip

@@ -76,6 +76,7 @@ REFUSED = {
         json.dumps(own_export({"turn_id": "q", "role": "user"}, {"turn_id": "q", "role": "user"})).encode(),
         "turns[1].turn_id: 'q' is the id of an earlier turn too",
     ),
+    "a number of 5,000 digits": (b'{"mapping": ' + b"1" * 5000 + b"}", "a number of more than 4,300 digits"),
     "an archive of no conversations": (
         json.dumps({"format": "chatsite-export", "conversations": []}).encode(), "The file holds no conversations."
     ),
@@ -203,3 +204,19 @@ def test_an_imported_chatgpt_conversation_exported_and_imported_again_keeps_its_
     assert post(bob, exported).status_code == 201
 
     assert tree_of(Conversation.objects.get(owner=bob)) == tree_of(first)
+
+
+def test_a_conversation_listed_twice_in_one_file_is_imported_once_and_said_so(make_user):
+    """Given an Open WebUI file listing one chat twice, when it is imported, then one
+    conversation is created and the reply counts the second as ``repeated``, not as one
+    already here from an earlier import; the page says it was in the file more than once."""
+    user = make_user("twice")
+    raw = json.dumps([*openwebui_export(), *openwebui_export()]).encode()
+
+    body = post(user, raw).json()
+
+    assert (len(body["created"]), body["already"], body["repeated"]) == (1, 0, 1)
+    page = signed_in(make_user("twice-page"))
+    done = page.get(page.post("/settings/import", {"file": SimpleUploadedFile("c.json", raw)})["Location"])
+    assert "1 was in the file more than once and imported once." in done.content.decode()
+    assert "already here" not in done.content.decode()
