@@ -64,7 +64,8 @@ def _summary(result: ImportResult) -> str:
     if result.already:
         parts.append(f"{result.already} {'was' if result.already == 1 else 'were'} already here from an earlier import and left as they are.")
     if result.repeated:
-        parts.append(f"{result.repeated} {'was' if result.repeated == 1 else 'were'} in the file more than once and imported once.")
+        many = result.repeated != 1
+        parts.append(f"{result.repeated} conversation{'s' if many else ''} {'were' if many else 'was'} in the file more than once and imported once.")
     if result.blocked:
         parts.append(f"{result.blocked} of your messages did not pass the safety check: they are kept, marked as stopped, and never sent to the model.")
     if result.stand_ins:

@@ -218,5 +218,5 @@ def test_a_conversation_listed_twice_in_one_file_is_imported_once_and_said_so(ma
     assert (len(body["created"]), body["already"], body["repeated"]) == (1, 0, 1)
     page = signed_in(make_user("twice-page"))
     done = page.get(page.post("/settings/import", {"file": SimpleUploadedFile("c.json", raw)})["Location"])
-    assert "1 was in the file more than once and imported once." in done.content.decode()
+    assert "1 conversation was in the file more than once and imported once." in done.content.decode()
     assert "already here" not in done.content.decode()
