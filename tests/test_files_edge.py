@@ -123,3 +123,33 @@ def test_a_damaged_docx_fails_as_damaged_not_as_our_error(make_user, engine_doub
     added.refresh_from_db()
     assert added.status == ProjectFile.Status.FAILED
     assert "looks damaged" in added.error and "our side" not in added.error
+
+
+# --- project files: deleting removes the stored bytes ----------------------------------------
+
+
+def test_deleting_a_file_on_the_project_page_removes_its_bytes(make_user, engine_double, media):
+    """Given a project with a stored file, when its owner deletes it on the page, then the row
+    and the bytes under the projects' storage are gone."""
+    project = project_of(make_user)
+    added = project_file_add(project=project, user=project.owner, upload=SimpleUploadedFile("m.md", BODY.encode()))
+    assert len(stored(media / "projects")) == 1
+
+    response = signed_in(project.owner).post(f"/p/{project.pk}/files/{added.pk}/delete")
+
+    assert response.status_code == 302
+    assert not ProjectFile.objects.exists()
+    assert not stored(media / "projects")
+
+
+def test_deleting_a_project_removes_its_files_bytes(make_user, engine_double, media):
+    """Given a project with a stored file, when it is deleted over /v1, then the bytes under
+    the projects' storage are gone with it."""
+    project = project_of(make_user)
+    project_file_add(project=project, user=project.owner, upload=SimpleUploadedFile("m.md", BODY.encode()))
+    assert len(stored(media / "projects")) == 1
+
+    response = api(project.owner).delete(f"/v1/projects/{project.pk}")
+
+    assert response.status_code == 204
+    assert not Project.objects.exists() and not stored(media / "projects")
