@@ -6,15 +6,18 @@ double; files in a temporary folder per test."""
 from __future__ import annotations
 
 import io
+import threading
 import zipfile
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connections
 from django.test import Client
 
 from accounts.services import api_key_create
 from bench.project_docs import docx_from_markdown
-from projects.models import Project, ProjectFile
+from projects import ingest, services
+from projects.models import Project, ProjectFile, ProjectPassage
 from projects.uploads import project_file_add
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,3 +156,40 @@ def test_deleting_a_project_removes_its_files_bytes(make_user, engine_double, me
 
     assert response.status_code == 204
     assert not Project.objects.exists() and not stored(media / "projects")
+
+
+def test_deleting_a_project_while_the_worker_stores_its_file_is_not_an_error(make_user, engine_double, monkeypatch):
+    """Given a worker inside the transaction that stores a file's passages, when the project is
+    deleted meanwhile, then the deletion waits for it and succeeds (no IntegrityError from the
+    passages it could not see), and nothing of the project is left."""
+    project = project_of(make_user)
+    added = project_file_add(project=project, user=project.owner, upload=SimpleUploadedFile("m.md", BODY.encode()))
+    ProjectFile.objects.filter(pk=added.pk).update(status=ProjectFile.Status.PENDING)  # a redelivery
+    storing, go = threading.Event(), threading.Event()
+    now = ingest.timezone.now
+
+    class Paused:  # ingest's clock, read after the passages are written, before the commit
+        @staticmethod
+        def now():
+            storing.set()
+            go.wait(10)
+            return now()
+
+    monkeypatch.setattr(ingest, "timezone", Paused)
+
+    def read():
+        try:
+            ingest.file_ingest(file_id=added.pk)
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=read)
+    worker.start()
+    assert storing.wait(30)
+    threading.Timer(0.5, go.set).start()  # the deletion below is waiting on the worker by then
+    try:
+        services.project_delete(project=project)
+    finally:
+        go.set()
+        worker.join(30)
+    assert not Project.objects.exists() and not ProjectPassage.objects.exists()
