@@ -30,6 +30,7 @@ import io
 import re
 import time
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from xml.parsers import expat
@@ -51,6 +52,10 @@ ZIP_MAGIC = b"PK\x03\x04"
 # way to make a reader spend time on a small file.
 DOCX_MAX_ENTRIES = 2_000
 _W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+# What zipfile raises on a damaged or hostile archive, besides BadZipFile: a version or method it
+# does not support (NotImplementedError), an encrypted entry (RuntimeError), offsets outside the
+# file (ValueError: "negative seek value"), a corrupt deflate stream (zlib.error), a short read.
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError, zlib.error)
 
 
 class FileRefused(AttachmentRejected):
@@ -98,7 +103,7 @@ def _zip_names(stream) -> set[str] | None:
     try:
         with zipfile.ZipFile(stream) as archive:
             return set(archive.namelist()[:DOCX_MAX_ENTRIES + 1])
-    except (zipfile.BadZipFile, OSError, ValueError):
+    except _ZIP_ERRORS:
         return None
     finally:
         stream.seek(0)
@@ -171,7 +176,7 @@ def _docx_text(name: str, data: bytes, check: Callable[[int], None]) -> Extracte
     )  # fmt: skip
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, OSError, ValueError):
+    except _ZIP_ERRORS:
         raise unreadable from None
     with archive:
         infos = archive.infolist()
@@ -193,7 +198,7 @@ def _docx_text(name: str, data: bytes, check: Callable[[int], None]) -> Extracte
                     "processor and add the new copy.",
                 ) from None  # fmt: skip
             raise unreadable from exc
-        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError):
+        except _ZIP_ERRORS:
             raise unreadable from None
     text = reader.text()
     check(len(text))
@@ -257,7 +262,7 @@ def _docx_pages(name: str, archive: zipfile.ZipFile, check) -> int | None:
     chunks: list[bytes] = []
     try:
         _inflate(name, archive, info, chunks.append, check)
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError):
+    except _ZIP_ERRORS:
         return None
     found = re.search(rb"<(?:\w+:)?Pages>\s*(\d{1,7})\s*</", b"".join(chunks)[: 1024 * 1024])
     return int(found.group(1)) if found else None

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Organisation, User
-from attachments.services import attachment_storage
 from conversations.models import Conversation
 from conversations.services import conversations_delete
 from core import regions
+from projects import ingest
 from projects.models import Project, ProjectFile
 from projects.sources import turn_sources_store  # noqa: F401 - re-exported: an answer's sources
 
@@ -110,25 +109,11 @@ def project_instructions_set(*, project: Project, instructions: str) -> Project:
     return _update(project, instructions=instructions_clean(instructions))
 
 
-def _files_forget(names: Iterable[str]) -> None:
-    """Remove project files' bytes from storage (``<project id>/<file id>``-style names, in the
-    storage of the region the id names); a failure is logged (the row is gone, the file is
-    unreachable through the app) and the rest are still removed."""
-    for name in names:
-        try:
-            attachment_storage(conversation_id=name.split("/", 1)[0]).delete(name)
-        except Exception:  # noqa: BLE001 - one file's failure must not keep the others
-            logger.exception("could not delete project file %s", name)
-
-
 def project_file_delete(*, file: ProjectFile) -> None:
-    """Delete one file of a project: its row and passages (CASCADE) now, its bytes once that
-    commits. Answers that cited it keep their copies (projects/sources.py)."""
-    db = regions.db_for_conversation_id(file.project_id)
-    with transaction.atomic(using=db):
-        regions.manager(ProjectFile, db).filter(pk=file.pk).delete()
-        name = file.storage_name
-        transaction.on_commit(lambda: _files_forget([name]), using=db)
+    """Delete one file of a project: its row and passages now, its bytes (from the projects'
+    storage) once that commits (projects/ingest.py ``project_file_delete``, the one path /v1
+    and the admin take too). Answers that cited it keep their copies (projects/sources.py)."""
+    ingest.project_file_delete(file=file)
 
 
 def projects_delete(*, db: str, project_ids: list) -> Counter:
@@ -152,7 +137,7 @@ def projects_delete(*, db: str, project_ids: list) -> Counter:
             ProjectFile.objects.using(db).filter(project_id__in=project_ids).values_list("storage_name", flat=True)
         )
         _, per_model = Project.objects.using(db).filter(pk__in=project_ids).delete()
-        transaction.on_commit(lambda: _files_forget(names), using=db)
+        transaction.on_commit(lambda: ingest.stored_files_delete(names), using=db)
     counts.update({label.rpartition(".")[2].lower(): n for label, n in per_model.items()})
     return counts
 
