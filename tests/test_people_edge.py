@@ -1,0 +1,44 @@
+"""Edge inputs on the people and organisation pages (sign-up, organisations, invitations,
+policies, sharing with the workspace): what a careless client or a person in an unusual spot
+sends gets a 4xx or a form error saying what to do, never a 500 or a lost way back.
+
+People and organisations: the ``acme`` fixture of tests/test_workspaces.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core import mail
+from django.test import Client
+
+from accounts.models import Membership, Organisation
+from tests.test_workspaces import acme, client_for  # noqa: F401 - the fixture
+from workspaces.models import Invitation
+
+pytestmark = pytest.mark.django_db
+
+STRONG = "correct horse battery staple"
+INVITATIONS = "/orgs/acme/invitations/"
+LINK = re.compile(r"http://testserver(/invitations/[A-Za-z0-9_-]+/)")
+
+
+# --- policies ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["rate_limit_rpm", "rate_limit_tpm"])
+def test_a_limit_beyond_what_can_be_stored_is_a_form_error_on_an_unlimited_tier(
+    acme, settings, field
+):
+    # Given a tier whose shared limits are unlimited (no ceiling for owners to stay under)
+    settings.CHAT_ORG_RATE_LIMITS_BY_TIER = {"enterprise": {"rpm": None, "tpm": None}}
+    # When an owner types a number larger than the column holds
+    response = client_for(acme, "owner").post(
+        "/orgs/acme/policies/", {"region": acme["org"].region, field: "99999999999"}
+    )
+    # Then the form says so (was: 500, integer out of range) and nothing is stored
+    assert response.status_code == 400
+    assert "less than or equal to" in response.content.decode()
+    assert getattr(Organisation.objects.get(pk=acme["org"].pk), field) is None
+
