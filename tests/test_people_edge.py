@@ -42,3 +42,17 @@ def test_a_limit_beyond_what_can_be_stored_is_a_form_error_on_an_unlimited_tier(
     assert "less than or equal to" in response.content.decode()
     assert getattr(Organisation.objects.get(pk=acme["org"].pk), field) is None
 
+
+# --- sharing a conversation with the workspace ------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["/\\evil.example/", "/\\/evil.example/", "/\t/evil.example/"])
+def test_the_share_redirect_refuses_paths_a_browser_reads_as_another_site(acme, target):
+    # Given a "next" a browser turns into //evil.example/ (backslash, tab)
+    response = client_for(acme, "member").post(
+        f"/c/{acme['shared'].pk}/workspace", {"shared": "1", "next": target}
+    )
+    # Then the redirect goes to the conversation instead
+    assert response.status_code == 303
+    assert response["Location"] == f"/c/{acme['shared'].pk}/"
+

@@ -19,6 +19,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from conversations import selectors as conversation_selectors
@@ -343,7 +344,11 @@ def conversation_share(request: HttpRequest, conversation_id: UUID) -> HttpRespo
         else "No longer shared with the workspace.",
     )
     target = request.POST.get("next", "")
-    if not (target.startswith("/") and not target.startswith("//")):
+    # A path on this site only: Django's check also refuses what browsers read as another
+    # site ("/\evil.example", a tab or newline inside "//").
+    if not target.startswith("/") or not url_has_allowed_host_and_scheme(
+        target, allowed_hosts=None
+    ):
         target = reverse("conversation", args=[conversation.conversation_id])
     return _see_other(target)
 
