@@ -56,3 +56,43 @@ def test_the_share_redirect_refuses_paths_a_browser_reads_as_another_site(acme, 
     assert response.status_code == 303
     assert response["Location"] == f"/c/{acme['shared'].pk}/"
 
+
+# --- invitations -------------------------------------------------------------------------------
+
+
+def test_inviting_the_address_of_a_member_is_a_form_error_and_sends_nothing(acme):
+    # Given mia (mia@example.com) is a member; when an owner invites her address, in capitals
+    response = client_for(acme, "owner").post(
+        INVITATIONS, {"email": "MIA@example.com", "role": "member"}
+    )
+    # Then the form says she is one already; no invitation, no email
+    assert response.status_code == 400
+    assert "already a member" in response.content.decode()
+    assert not Invitation.objects.filter(email__iexact="mia@example.com").exists()
+    assert mail.outbox == []
+
+
+def test_inviting_an_address_twice_points_to_the_pending_invitation(acme):
+    # Given a pending invitation for newcomer@example.com
+    owner = client_for(acme, "owner")
+    first = owner.post(INVITATIONS, {"email": "newcomer@example.com", "role": "member"})
+    assert first.status_code == 201
+    # When the same address is invited again (another case)
+    again = owner.post(INVITATIONS, {"email": "Newcomer@Example.com", "role": "admin"})
+    # Then the form says one is pending and how to send a new one; still one invitation
+    assert again.status_code == 400
+    assert "withdraw it" in again.content.decode()
+    assert Invitation.objects.filter(email__iexact="newcomer@example.com").count() == 1
+    assert len(mail.outbox) == 1
+
+
+def test_a_withdrawn_invitation_does_not_stop_inviting_the_address_again(acme):
+    owner = client_for(acme, "owner")
+    owner.post(INVITATIONS, {"email": "newcomer@example.com", "role": "member"})
+    invitation = Invitation.objects.get(email="newcomer@example.com")
+    owner.post(f"/orgs/acme/invitations/{invitation.pk}/revoke")
+    response = owner.post(INVITATIONS, {"email": "newcomer@example.com", "role": "member"})
+    assert response.status_code == 201
+    assert Invitation.objects.filter(email="newcomer@example.com").count() == 2
+
+

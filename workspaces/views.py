@@ -214,16 +214,20 @@ def org_invitations(request: HttpRequest, slug: str) -> HttpResponse:
     """``GET``: pending invitations and the form. ``POST`` (``email`` blank for a link,
     ``role``): create one; an email invitation is sent through Django's mail API. The new link
     is shown once on the response (201; never stored, so it is not shown again). 400 with the
-    form's errors for a bad address or role. Owners and admins (admins invite as member only);
-    403 for members, 404 for non-members."""
+    form's errors for a bad address or role, a member's address or one already invited.
+    Owners and admins (admins invite as member only); 403 for members, 404 for non-members."""
     seat = selectors.seat_get_managing_members(slug=slug, user=request.user)
     status, issued, link, emailed = 200, None, "", None
     if request.method == "POST":
         form = InvitationForm(request.POST, seat=seat)
         if form.is_valid():
-            issued = invitations.invitation_create(
-                seat=seat, role=form.cleaned_data["role"], email=form.cleaned_data["email"]
-            )
+            try:
+                issued = invitations.invitation_create(
+                    seat=seat, role=form.cleaned_data["role"], email=form.cleaned_data["email"]
+                )
+            except ValidationError as exc:  # a member's address, or one already invited
+                form.add_error("email", exc)
+        if issued is not None:
             link = _accept_url(request, issued.token)
             if issued.invitation.email:
                 emailed = invitations.invitation_email_send(issued=issued, accept_url=link)
