@@ -96,3 +96,36 @@ def test_a_withdrawn_invitation_does_not_stop_inviting_the_address_again(acme):
     assert Invitation.objects.filter(email="newcomer@example.com").count() == 2
 
 
+def test_someone_without_an_account_signs_up_from_an_invitation_and_comes_back_to_it(acme):
+    # Given a link invitation opened by a visitor with no account
+    path = LINK.search(
+        client_for(acme, "owner").post(INVITATIONS, {"email": "", "role": "member"})
+        .content.decode()
+    ).group(1)
+    visitor = Client()
+    login_url = visitor.get(path)["Location"]
+    # When they follow "Sign up" from the sign-in page and create an account
+    login_page = visitor.get(login_url).content.decode()
+    signup_href = re.search(r'href="(/accounts/signup/[^"]*)"', login_page).group(1)
+    signup_page = visitor.get(signup_href.replace("&amp;", "&"))
+    next_field = re.search(r'name="next" value="([^"]*)"', signup_page.content.decode())
+    response = visitor.post(
+        "/accounts/signup/",
+        {"username": "newbie", "password1": STRONG, "password2": STRONG,
+         "next": next_field.group(1) if next_field else ""},
+    )  # fmt: skip
+    # Then they land on the invitation again, signed in, and can accept it
+    assert response.status_code == 302
+    assert response["Location"] == path
+    assert visitor.post(path).status_code == 303
+    assert Membership.objects.filter(organisation=acme["org"], user__username="newbie").exists()
+
+
+@pytest.mark.parametrize("target", ["https://evil.example/", "//evil.example/", "/\\evil.example/"])
+def test_sign_up_never_sends_anyone_off_the_site(target):
+    response = Client().post(
+        "/accounts/signup/",
+        {"username": "newbie", "password1": STRONG, "password2": STRONG, "next": target},
+    )
+    assert response.status_code == 302
+    assert response["Location"] == "/"
