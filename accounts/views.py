@@ -25,17 +25,31 @@ from audit.models import Action
 from audit.services import audit_record
 
 
+def _next_path(request: HttpRequest) -> str:
+    """The ``next`` a page was opened or posted with (e.g. an invitation that sent its visitor
+    to sign in), when it is on this site; "" otherwise."""
+    target = request.POST.get("next") or request.GET.get("next", "")
+    if url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return ""
+
+
 def signup(request: HttpRequest) -> HttpResponse:
-    """Create an account (free tier, default region) and sign in."""
+    """Create an account (free tier, default region) and sign in, then go to ``next`` (a page
+    on this site that sent the visitor to sign in, e.g. an invitation; the sign-in page's
+    "Sign up" link carries it) or the chat. 400 with the form's errors."""
+    next_path = _next_path(request)
     if request.user.is_authenticated:
-        return redirect("home")
+        return redirect(next_path or "home")
     form = SignUpForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         user = form.save()
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        return redirect("home")
+        return redirect(next_path or "home")
     return render(
-        request, "registration/signup.html", {"form": form},
+        request, "registration/signup.html", {"form": form, "next": next_path},
         status=400 if form.is_bound else 200,
     )  # fmt: skip
 

@@ -18,6 +18,8 @@ from workspaces import invitations, services
 from workspaces.selectors import Seat
 
 MAX_RETENTION_DAYS = 36_500  # 100 years: beyond it, "keep" (blank on a kept tier) says it better
+# The most a rate limit column holds (PostgreSQL ``integer``): the bound when the tier has none.
+MAX_RATE_LIMIT = 2**31 - 1
 
 
 def regions_available() -> list[str]:
@@ -124,8 +126,12 @@ class PolicyForm(forms.Form):
     zero_retention = forms.BooleanField(required=False, label="Zero data retention")
     not_for_training = forms.BooleanField(required=False, label="Not for training")
     share_prefix_cache = forms.BooleanField(required=False, label="Share the model's prompt cache among members")
-    rate_limit_rpm = forms.IntegerField(required=False, min_value=1, label="Requests per minute")
-    rate_limit_tpm = forms.IntegerField(required=False, min_value=1, label="Tokens per minute")
+    rate_limit_rpm = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_RATE_LIMIT, label="Requests per minute"
+    )
+    rate_limit_tpm = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_RATE_LIMIT, label="Tokens per minute"
+    )
 
     FIELDS = (
         "pinned_pool", "retention_days", "region", "zero_retention", "not_for_training",

@@ -85,7 +85,9 @@ def invitation_create(*, seat: Seat, role: str = Role.MEMBER, email: str = "") -
     Owners invite as member or admin, admins as member (selectors.Seat.invitable_roles); an
     owner is made once they have joined (:func:`member_role_set`). Sending the email is
     :func:`invitation_email_send`, after this has committed. Raises PermissionDenied for a
-    seat that may not invite (or not with ``role``), ValidationError for a bad address.
+    seat that may not invite (or not with ``role``), ValidationError for a bad address, an
+    address of a member (code ``already_member``) or one with a pending invitation (code
+    ``already_invited``: a second would stay pending after the first is used).
     """
     if not seat.can_manage_members:
         raise PermissionDenied("Only this organisation's owners and admins invite people.")
@@ -93,6 +95,8 @@ def invitation_create(*, seat: Seat, role: str = Role.MEMBER, email: str = "") -
         allowed = ", ".join(label.lower() for _, label in seat.invitable_roles())
         raise PermissionDenied(f"You can invite people as: {allowed}.")
     email = email_clean(email)
+    if email:
+        _address_check(seat=seat, email=email)
     token = secrets.token_urlsafe(TOKEN_BYTES)
     invitation = Invitation.objects.create(
         organisation=seat.org,
@@ -108,6 +112,26 @@ def invitation_create(*, seat: Seat, role: str = Role.MEMBER, email: str = "") -
         details={"role": role, "by_email": bool(email)},
     )  # fmt: skip
     return IssuedInvitation(invitation=invitation, token=token)
+
+
+def _address_check(*, seat: Seat, email: str) -> None:
+    """Raise ValidationError if ``email`` (any case) is a member's address or has a pending
+    invitation to the seat's organisation, saying what to do instead."""
+    org = seat.org
+    if Membership.objects.filter(organisation=org, user__email__iexact=email).exists():
+        raise ValidationError(
+            f"{email} is already a member of {org.name}.", code="already_member"
+        )
+    pending = Invitation.objects.filter(
+        organisation=org, email__iexact=email, accepted_at__isnull=True, revoked_at__isnull=True,
+        expires_at__gt=timezone.now(),
+    )  # fmt: skip
+    if pending.exists():
+        raise ValidationError(
+            f"{email} already has a pending invitation (listed below); withdraw it to send a "
+            "new one.",
+            code="already_invited",
+        )
 
 
 def invitation_email_send(*, issued: IssuedInvitation, accept_url: str) -> bool:

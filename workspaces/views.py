@@ -19,6 +19,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from conversations import selectors as conversation_selectors
@@ -213,16 +214,20 @@ def org_invitations(request: HttpRequest, slug: str) -> HttpResponse:
     """``GET``: pending invitations and the form. ``POST`` (``email`` blank for a link,
     ``role``): create one; an email invitation is sent through Django's mail API. The new link
     is shown once on the response (201; never stored, so it is not shown again). 400 with the
-    form's errors for a bad address or role. Owners and admins (admins invite as member only);
-    403 for members, 404 for non-members."""
+    form's errors for a bad address or role, a member's address or one already invited.
+    Owners and admins (admins invite as member only); 403 for members, 404 for non-members."""
     seat = selectors.seat_get_managing_members(slug=slug, user=request.user)
     status, issued, link, emailed = 200, None, "", None
     if request.method == "POST":
         form = InvitationForm(request.POST, seat=seat)
         if form.is_valid():
-            issued = invitations.invitation_create(
-                seat=seat, role=form.cleaned_data["role"], email=form.cleaned_data["email"]
-            )
+            try:
+                issued = invitations.invitation_create(
+                    seat=seat, role=form.cleaned_data["role"], email=form.cleaned_data["email"]
+                )
+            except ValidationError as exc:  # a member's address, or one already invited
+                form.add_error("email", exc)
+        if issued is not None:
             link = _accept_url(request, issued.token)
             if issued.invitation.email:
                 emailed = invitations.invitation_email_send(issued=issued, accept_url=link)
@@ -343,7 +348,11 @@ def conversation_share(request: HttpRequest, conversation_id: UUID) -> HttpRespo
         else "No longer shared with the workspace.",
     )
     target = request.POST.get("next", "")
-    if not (target.startswith("/") and not target.startswith("//")):
+    # A path on this site only: Django's check also refuses what browsers read as another
+    # site ("/\evil.example", a tab or newline inside "//").
+    if not target.startswith("/") or not url_has_allowed_host_and_scheme(
+        target, allowed_hosts=None
+    ):
         target = reverse("conversation", args=[conversation.conversation_id])
     return _see_other(target)
 
