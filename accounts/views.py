@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts import selectors, services, throttle
 from accounts.forms import SignUpForm, ThrottledAuthenticationForm
@@ -150,9 +150,11 @@ def _keep_this_session(request: HttpRequest) -> None:
     services.user_session_rekey(old_key=old_key, new_key=request.session.session_key)
 
 
+@require_GET
 @login_required
 def sessions(request: HttpRequest) -> HttpResponse:
-    """The user's signed-in sessions: device, address, first and last seen; this one marked."""
+    """The user's signed-in sessions: device, address, first and last seen; this one marked.
+    405 for a method other than GET (ending sessions has routes of its own)."""
     services.user_sessions_prune(user=request.user)
     listing = selectors.user_session_list(
         user=request.user, current_session_key=request.session.session_key
@@ -280,9 +282,11 @@ def theme_set(request: HttpRequest) -> HttpResponse:
     return redirect(back)
 
 
+@require_http_methods(["GET", "POST"])
 @login_required
 def api_keys(request: HttpRequest) -> HttpResponse:
-    """List the user's API keys; POST creates one and shows its secret once."""
+    """List the user's API keys; POST creates one and shows its secret once. 405 for another
+    method."""
     new_key = error = None
     if request.method == "POST":
         try:

@@ -151,7 +151,7 @@ ROUTES: list[Route] = [
     Route("conversation-search", ("GET",), SELF, query="q=axolotl"),
     Route("conversation-workspace", ("POST",), OWN, conv, bodies={"POST": form(shared="0")}),
     # --- accounts ---
-    Route("api-keys", ANY, SELF, bodies={"POST": form(name="mine")}),
+    Route("api-keys", ("GET", "POST"), SELF, bodies={"POST": form(name="mine")}),
     Route("api-key-revoke", ("POST",), OWN, lambda w: {"key_id": w.alice_key.pk}),
     Route(
         "login",
@@ -202,7 +202,7 @@ ROUTES: list[Route] = [
         why="the emailed reset link is the credential; a wrong token changes nothing",
     ),
     Route("password_reset_complete", ("GET",), PUBLIC, why="the 'password set' page holds no data"),
-    Route("sessions", ANY, SELF),
+    Route("sessions", ("GET",), SELF),
     Route("session-end", ("POST",), OWN, lambda w: {"session_id": w.alice_session.pk}),
     Route("sessions-end-others", ("POST",), SELF),
     Route("sessions-end-all", ("POST",), SELF),

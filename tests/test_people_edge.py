@@ -129,3 +129,37 @@ def test_sign_up_never_sends_anyone_off_the_site(target):
     )
     assert response.status_code == 302
     assert response["Location"] == "/"
+
+
+# --- URL names and settings pages ------------------------------------------------------------
+
+
+def test_a_url_name_has_hyphens_where_a_name_or_slug_has_underscores(make_user):
+    """Given a name with an underscore, then its URL name has a hyphen there; given a URL name
+    with one, then the form says what to use instead, naming the hyphenated one (the help text
+    promises letters, digits and hyphens; slugify kept ``_``)."""
+    client = Client()
+    client.force_login(make_user("pat"))
+
+    made = client.post("/orgs/", {"name": "Data_Team", "slug": "", "region": "eu-west"})
+    refused = client.post("/orgs/", {"name": "Ok", "slug": "my_team", "region": "eu-west"})
+
+    assert made.status_code == 303, made.content
+    assert Organisation.objects.filter(slug="data-team").exists()
+    assert refused.status_code == 400
+    assert "(e.g. &#x27;my-team&#x27;)" in refused.content.decode()
+    assert not Organisation.objects.filter(slug__contains="_").exists()
+
+
+@pytest.mark.parametrize("path", ["/settings/api-keys/", "/settings/sessions/"])
+def test_a_settings_page_answers_other_methods_with_405(make_user, path):
+    """Given a signed-in person, when a settings page is sent PUT or DELETE, then 405 naming the
+    methods it takes (was: the page rendered as for GET)."""
+    client = Client()
+    client.force_login(make_user("pat"))
+
+    for method in (client.put, client.delete):
+        response = method(path)
+        assert response.status_code == 405, (method, response.status_code)
+        assert "GET" in response["Allow"]
+    assert client.get(path).status_code == 200

@@ -45,21 +45,27 @@ def name_clean(name: str) -> str:
     return text
 
 
+def _slugify(text: str) -> str:
+    """Django's ``slugify`` with underscores made hyphens: a URL name is lower-case letters,
+    digits and hyphens (slugify keeps ``_``)."""
+    return slugify(text).replace("_", "-")
+
+
 def slug_clean(slug: str, *, name: str) -> str:
     """The organisation's URL name: ``slug`` if given, else derived from ``name``; lower-case
     letters, digits and hyphens, at most 50 characters. Raises ValidationError if nothing usable
     is left (e.g. a name in a script slugify drops) or ``slug`` has other characters."""
     raw = (slug or "").strip()
     if raw:
-        cleaned = slugify(raw)
+        cleaned = _slugify(raw)
         if cleaned != raw.lower() or not cleaned:
             raise ValidationError(
                 "A URL name may only have lower-case letters, digits and hyphens "
-                f"(e.g. {slugify(raw) or 'my-team'!r}).",
+                f"(e.g. {cleaned or 'my-team'!r}).",
                 code="bad_slug",
             )
     else:
-        cleaned = slugify(name)
+        cleaned = _slugify(name)
         if not cleaned:
             raise ValidationError(
                 "Choose a URL name for the organisation: letters, digits and hyphens.",
