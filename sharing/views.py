@@ -225,12 +225,6 @@ def _confirm_page(
         snapshot = selectors.snapshot_get(token=token)
     except Http404:
         return _not_found(request)
-    # A project chat's answers show their sources (projects/sources.py; one query, none outside
-    # a project): the copies kept with each answer, as the owner's page shows them.
-    sources = sources_by_answer(
-        conversation=snapshot.link.conversation,
-        answer_ids=[x.answer.turn_id for x in snapshot.exchanges if x.answer is not None],
-    )
     context = {
         "token": token,
         "title": snapshot.title or "Shared conversation",
