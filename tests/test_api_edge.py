@@ -1,0 +1,53 @@
+"""What careless or hostile OpenAI-client code sends to /v1, with the scripted engine double:
+bodies the parser must survive (deep nesting, a byte order mark) and sampling values the engine
+(vLLM) would refuse with an exception, which must be a 400 naming the field, before any engine
+request, instead of a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conversations.models import Conversation
+from tests.api_support import api_client, assert_error, post_json
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MODEL = "SmolLM2-135M-Instruct"
+ASK = [{"role": "user", "content": "hi"}]
+INT64_MAX = 2**63 - 1
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL, "messages": ASK, **fields}
+
+
+# --- bodies -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["/v1/chat/completions", "/v1/conversations", "/v1/projects"])
+async def test_a_deeply_nested_body_gets_400_not_500(make_user, engine_double, url):
+    """Given a JSON body nested 100,000 arrays deep (a parser-recursion attack), then a 400
+    saying so, not a RecursionError's 500."""
+    client, _ = await api_client(make_user)
+    nested = '{"model": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+    response = await client.post(url, nested, content_type="application/json")
+
+    assert_error(response, 400, "invalid_request")
+    assert "deep" in response.json()["error"]["message"]
+    assert engine_double.requests == []
+
+
+async def test_a_body_with_a_utf8_byte_order_mark_is_read_as_json(make_user):
+    """Given a JSON body that starts with a UTF-8 BOM (what some Windows tools write), then it
+    is read as the JSON after it (RFC 8259 section 8.1 lets a parser ignore the mark)."""
+    client, _ = await api_client(make_user)
+    body = b"\xef\xbb\xbf" + json.dumps({"system_prompt": "Answer in French."}).encode()
+
+    response = await client.post("/v1/conversations", body, content_type="application/json")
+
+    assert response.status_code == 201, response.content
+    conversation = await Conversation.objects.aget(pk=response.json()["conversation_id"])
+    assert conversation.system_prompt == "Answer in French."
