@@ -61,7 +61,8 @@ logger = logging.getLogger(__name__)
 def _options(body) -> GenerationOptions:
     """Generation options from an OpenAI-style request ``body``, checked before admission (the
     completion budget and the priority are set once admitted: :func:`_respond`).
-    Raises ApiError 400 for an invalid response_format or more than 4 stop sequences."""
+    Raises ApiError 400 for an invalid response_format, more than 4 stop sequences, or an empty
+    one (vLLM's SamplingParams raises on it)."""
     schema = None
     if getattr(body, "response_format", None) is not None:
         if body.response_format.type == "json_schema":
@@ -73,6 +74,8 @@ def _options(body) -> GenerationOptions:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if len(stop) > 4:
         raise ApiError(400, "invalid_request", "At most 4 stop sequences are allowed.")
+    if not all(stop):
+        raise ApiError(400, "invalid_request", "stop: a stop sequence cannot be empty; leave stop out for none.")
     temperature = settings.CHAT_TEMPERATURE if body.temperature is None else body.temperature
     return GenerationOptions(
         temperature=temperature,

@@ -51,3 +51,26 @@ async def test_a_body_with_a_utf8_byte_order_mark_is_read_as_json(make_user):
     assert response.status_code == 201, response.content
     conversation = await Conversation.objects.aget(pk=response.json()["conversation_id"])
     assert conversation.system_prompt == "Answer in French."
+
+
+# --- sampling values the engine refuses --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/v1/chat/completions", chat(stop="")),
+        ("/v1/chat/completions", chat(stop=["END", ""])),
+        ("/v1/completions", {"model": MODEL, "prompt": "Once", "stop": ""}),
+    ],
+)
+async def test_an_empty_stop_sequence_gets_400_before_the_engine(make_user, engine_double, url, body):
+    """Given ``stop`` with an empty string (vLLM's SamplingParams raises "stop cannot contain
+    an empty string"), then a 400 naming ``stop``, and the engine is never asked."""
+    client, _ = await api_client(make_user)
+
+    response = await post_json(client, url, body)
+
+    assert_error(response, 400, "invalid_request")
+    assert "stop" in response.json()["error"]["message"]
+    assert engine_double.requests == []
