@@ -180,6 +180,14 @@ class ForwardedAdmission(Strict):
 CacheSalt = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")]
 
 
+# A sampling seed fits a signed 64-bit integer, as vLLM's own OpenAI server bounds it
+# (vllm/entrypoints/openai/chat_completion/protocol.py): the engine's generator takes no more.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# Sampling numbers are finite: NaN passes every bound check, and JSON parsers here accept it.
+Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
 class ChatCompletionCreate(BaseModel):
     """OpenAI's chat completion request (the subset served). Unknown OpenAI fields that change
     nothing here (``user``, ``n`` = 1, ...) are accepted and ignored, as OpenAI clients send them."""
@@ -192,10 +200,10 @@ class ChatCompletionCreate(BaseModel):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: Literal[1] = 1
     response_format: ResponseFormat | None = None
     # Function calling (api/tools.py): the functions the model may call, whether and which it
@@ -236,10 +244,10 @@ class CompletionCreate(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: Literal[1] = 1
     # Service credential only: a gateway's turn (ForwardedAdmission).
     admission: ForwardedAdmission | None = None

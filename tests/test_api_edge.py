@@ -74,3 +74,43 @@ async def test_an_empty_stop_sequence_gets_400_before_the_engine(make_user, engi
     assert_error(response, 400, "invalid_request")
     assert "stop" in response.json()["error"]["message"]
     assert engine_double.requests == []
+
+
+@pytest.mark.parametrize("seed", [INT64_MAX + 1, -INT64_MAX - 2, 10**30])
+@pytest.mark.parametrize("url", ["/v1/chat/completions", "/v1/completions"])
+async def test_a_seed_outside_64_bits_gets_400_before_the_engine(make_user, engine_double, url, seed):
+    """Given a ``seed`` that does not fit a signed 64-bit integer (vLLM's own OpenAI server
+    bounds it so; the engine's generator cannot take it), then a 400 naming ``seed``."""
+    client, _ = await api_client(make_user)
+    body = chat(seed=seed) if url.endswith("chat/completions") else {"model": MODEL, "prompt": "Once", "seed": seed}
+
+    response = await post_json(client, url, body)
+
+    assert_error(response, 400, "invalid_request")
+    assert "seed" in response.json()["error"]["message"]
+    assert engine_double.requests == []
+
+
+async def test_the_largest_64_bit_seed_reaches_the_engine(make_user, engine_double):
+    client, _ = await api_client(make_user)
+
+    response = await post_json(client, "/v1/chat/completions", chat(seed=INT64_MAX))
+
+    assert response.status_code == 200, response.content
+    assert engine_double.requests[0][1].seed == INT64_MAX
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+async def test_a_non_finite_sampling_number_is_named_as_such(make_user, engine_double, field, value):
+    """Given ``temperature`` or ``top_p`` as NaN or Infinity (Python's JSON spellings), then a
+    400 saying the number must be finite (not "less than or equal to 2", which NaN is)."""
+    client, _ = await api_client(make_user)
+    raw = json.dumps(chat())[:-1] + f', "{field}": {value}}}'
+
+    response = await client.post("/v1/chat/completions", raw, content_type="application/json")
+
+    assert_error(response, 400, "invalid_request")
+    message = response.json()["error"]["message"]
+    assert field in message and "finite" in message
+    assert engine_double.requests == []
