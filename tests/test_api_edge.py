@@ -114,3 +114,19 @@ async def test_a_non_finite_sampling_number_is_named_as_such(make_user, engine_d
     message = response.json()["error"]["message"]
     assert field in message and "finite" in message
     assert engine_double.requests == []
+
+
+@pytest.mark.parametrize(
+    "schema", [{"type": "nope"}, {"type": "object", "properties": {"a": {"minLength": "three"}}}]
+)
+async def test_a_response_format_schema_that_is_not_json_schema_gets_400(make_user, engine_double, schema):
+    """Given ``response_format`` ``json_schema`` whose schema is not a JSON Schema (vLLM's
+    structured output raises on it), then a 400 naming the field, as for a tool's parameters."""
+    client, _ = await api_client(make_user)
+    body = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+    response = await post_json(client, "/v1/chat/completions", body)
+
+    assert_error(response, 400, "invalid_request")
+    assert "response_format.json_schema.schema" in response.json()["error"]["message"]
+    assert engine_double.requests == []
