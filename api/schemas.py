@@ -65,7 +65,8 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
+    # OpenAI refuses an empty list of parts ("empty array"), so does this.
+    content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: str | None = Field(default=None, max_length=64)
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = Field(default=None, max_length=200)

@@ -130,3 +130,15 @@ async def test_a_response_format_schema_that_is_not_json_schema_gets_400(make_us
     assert_error(response, 400, "invalid_request")
     assert "response_format.json_schema.schema" in response.json()["error"]["message"]
     assert engine_double.requests == []
+
+
+async def test_content_as_an_empty_list_of_parts_gets_400(make_user, engine_double):
+    """Given a message whose ``content`` is ``[]`` (no parts), then a 400 naming the message,
+    as OpenAI answers ("empty array"), not a completion of an empty message."""
+    client, _ = await api_client(make_user)
+
+    response = await post_json(client, "/v1/chat/completions", chat(messages=[{"role": "user", "content": []}]))
+
+    assert_error(response, 400, "invalid_request")
+    assert "messages.0.content" in response.json()["error"]["message"]
+    assert engine_double.requests == []
