@@ -193,10 +193,11 @@ def hermes_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 def call_block(name: str, arguments: str) -> str:
     """One call as the model writes it: ``<tool_call>`` JSON ``{"name", "arguments"}``
-    ``</tool_call>`` (arguments as an object; the text itself when it is not JSON)."""
+    ``</tool_call>`` (arguments as an object; the text itself when it is not JSON, or nests too
+    deeply for Python's parser)."""
     try:
         value = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         value = arguments
     return f"{CALL_OPEN}\n{json.dumps({'name': name, 'arguments': value}, ensure_ascii=False)}\n{CALL_CLOSE}"
 

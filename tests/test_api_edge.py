@@ -142,3 +142,18 @@ async def test_content_as_an_empty_list_of_parts_gets_400(make_user, engine_doub
     assert_error(response, 400, "invalid_request")
     assert "messages.0.content" in response.json()["error"]["message"]
     assert engine_double.requests == []
+
+
+async def test_a_past_calls_deeply_nested_arguments_are_read_as_text(make_user, engine_double):
+    """Given an assistant message in the history whose call ``arguments`` nest 5,000 arrays
+    deep, then the call is written into the prompt as its text (as arguments that are not JSON
+    are), not a RecursionError's 500."""
+    client, _ = await api_client(make_user)
+    arguments = "[" * 5000 + "]" * 5000
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+
+    response = await post_json(client, "/v1/chat/completions", chat(messages=history))
+
+    assert response.status_code == 200, response.content
+    assert len(engine_double.requests) == 1
