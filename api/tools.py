@@ -84,12 +84,15 @@ def json_schema_check(schema: dict, where: str) -> None:
     """Raise ApiError 400 naming ``where`` (the request field, e.g.
     ``response_format.json_schema.schema``) and the spot inside unless ``schema`` is a JSON
     Schema: valid against its own draft's meta-schema, Draft 2020-12 when it names none. The
-    engine's structured output raises on one that is not, so it is checked before admission."""
+    engine's structured output raises on one that is not, so it is checked before admission.
+    Also 400 for one nested too deeply for the check to recurse through (Python's limit)."""
     try:
         validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
     except schema_errors.SchemaError as exc:
         path = "".join(f"[{p!r}]" for p in exc.path)
         raise _bad(f"{where}{path} is not a valid JSON Schema: {exc.message}") from None
+    except RecursionError:
+        raise _bad(f"{where} is nested too deeply to check; flatten it (for example with $defs).") from None
 
 
 def _schema_check(parameters: dict, where: str) -> None:

@@ -157,3 +157,31 @@ async def test_a_past_calls_deeply_nested_arguments_are_read_as_text(make_user, 
 
     assert response.status_code == 200, response.content
     assert len(engine_double.requests) == 1
+
+
+def _nested_arrays_schema(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return {"type": "object", "properties": {"a": schema}}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": _nested_arrays_schema(150)}}]},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested_arrays_schema(150)}}},
+    ],
+    ids=["tool parameters", "response_format"],
+)
+async def test_a_schema_nested_too_deeply_to_check_gets_400(make_user, engine_double, fields):
+    """Given a JSON Schema of 150 nested arrays (within the body parser's depth, beyond what the
+    meta-schema check can recurse through), then a 400 saying it nests too deeply, not a
+    RecursionError's 500."""
+    client, _ = await api_client(make_user)
+
+    response = await post_json(client, "/v1/chat/completions", chat(**fields))
+
+    assert_error(response, 400, "invalid_request")
+    assert "deep" in response.json()["error"]["message"]
+    assert engine_double.requests == []
