@@ -197,7 +197,8 @@ class ChatCompletionCreate(BaseModel):
 
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    # Null means the default for ``stream`` and ``n``, as in OpenAI's API (both are nullable).
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -205,7 +206,7 @@ class ChatCompletionCreate(BaseModel):
     top_p: TopP | None = None
     stop: str | list[str] | None = None
     seed: Seed | None = None
-    n: Literal[1] = 1
+    n: Literal[1] | None = 1
     response_format: ResponseFormat | None = None
     # Function calling (api/tools.py): the functions the model may call, whether and which it
     # must call, and whether it may call several at once.
@@ -242,14 +243,15 @@ class CompletionCreate(BaseModel):
 
     model: str = Field(min_length=1)
     prompt: Text | list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    stream: bool = False
+    # Null means the default for ``stream`` and ``n``, as in OpenAI's API (both are nullable).
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stop: str | list[str] | None = None
     seed: Seed | None = None
-    n: Literal[1] = 1
+    n: Literal[1] | None = 1
     # Service credential only: a gateway's turn (ForwardedAdmission).
     admission: ForwardedAdmission | None = None
     # Service credential only: the tenant's prefix-cache salt its gateway derived

@@ -185,3 +185,24 @@ async def test_a_schema_nested_too_deeply_to_check_gets_400(make_user, engine_do
     assert_error(response, 400, "invalid_request")
     assert "deep" in response.json()["error"]["message"]
     assert engine_double.requests == []
+
+
+# --- nulls OpenAI's API takes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/v1/chat/completions", chat(stream=None, n=None)),
+        ("/v1/completions", {"model": MODEL, "prompt": "Once", "stream": None, "n": None}),
+    ],
+)
+async def test_stream_and_n_may_be_null_as_openai_takes_them(make_user, engine_double, url, body):
+    """Given ``"stream": null`` and ``"n": null`` (nullable in OpenAI's API; clients that write
+    every field send them), then the defaults: one answer, not streamed."""
+    client, _ = await api_client(make_user)
+
+    response = await post_json(client, url, body)
+
+    assert response.status_code == 200, response.content
+    assert len(response.json()["choices"]) == 1
