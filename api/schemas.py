@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from core.schemas import Strict, Text
 
@@ -70,6 +70,22 @@ class ChatMessage(BaseModel):
     name: str | None = Field(default=None, max_length=64)
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = Field(default=None, max_length=200)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts_only(cls, data: Any) -> Any:
+        """Refuse a content part that is not text (OpenAI's ``image_url``, ``input_audio``,
+        ``file``) with one error saying so, before the content union's per-branch errors.
+        Raises ValueError (a 400 through core/http.py ``parse_json``)."""
+        content = data.get("content") if isinstance(data, dict) else None
+        for index, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise ValueError(
+                    f"content[{index}] is a '{kind}' part; this model reads text only: send the "
+                    'content as a string or as {"type": "text", "text": ...} parts'
+                )
+        return data
 
     def text(self) -> str:
         """The content as one text ("" for none; text parts joined with newlines)."""

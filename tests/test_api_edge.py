@@ -206,3 +206,22 @@ async def test_stream_and_n_may_be_null_as_openai_takes_them(make_user, engine_d
 
     assert response.status_code == 200, response.content
     assert len(response.json()["choices"]) == 1
+
+
+# --- content parts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}])
+async def test_a_part_that_is_not_text_gets_one_clear_400(make_user, engine_double, part):
+    """Given OpenAI's image or audio content part, then a 400 that names the part and says the
+    model reads text only (one message, not the per-branch errors of the content union)."""
+    client, _ = await api_client(make_user)
+    content = [{"type": "text", "text": "What is this?"}, part]
+
+    response = await post_json(client, "/v1/chat/completions", chat(messages=[{"role": "user", "content": content}]))
+
+    assert_error(response, 400, "invalid_request")
+    message = response.json()["error"]["message"]
+    assert f"content[1] is a '{part['type']}' part" in message and "text only" in message
+    assert "Input should be a valid string" not in message
+    assert engine_double.requests == []
