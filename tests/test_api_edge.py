@@ -10,6 +10,7 @@ import json
 import pytest
 
 from conversations.models import Conversation
+from inference.tool_format import ToolCalling
 from tests.api_support import api_client, assert_error, post_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -225,3 +226,31 @@ async def test_a_part_that_is_not_text_gets_one_clear_400(make_user, engine_doub
     assert f"content[1] is a '{part['type']}' part" in message and "text only" in message
     assert "Input should be a valid string" not in message
     assert engine_double.requests == []
+
+
+# --- what the model writes --------------------------------------------------------------------
+
+WEATHER = {"weather": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"name": "weather", "arguments": {}}', '[{"arguments": {}}]', '[{"name": "weather", "arguments": "x"}]',
+     "[]", '["weather"]', "[" * 100_000 + "]" * 100_000],
+    ids=["an object", "no name", "arguments not an object", "no calls", "a name only", "nested too deeply"],
+)  # fmt: skip
+def test_a_required_answer_that_is_not_a_list_of_calls_is_content_not_a_500(text):
+    """Given tool_choice required and an answer that is JSON but not ``[{"name", "arguments":
+    {...}}, ...]`` (guided decoding prevents it on the real engine; a cut-off or unconstrained
+    answer does not), then the answer is the content with no calls (was: TypeError or KeyError,
+    a 500)."""
+    assert ToolCalling("required", WEATHER).parse(text) == (text, [])
+
+
+def test_an_auto_answer_nested_too_deeply_holds_no_call():
+    """Given tool_choice auto and a ``<tool_call>`` block (or its arguments) nested deeper than
+    Python's parser recurses, then it is no call (was: RecursionError, a 500)."""
+    deep = "[" * 100_000 + "]" * 100_000
+    for block in (deep, json.dumps({"name": "weather", "arguments": deep})):
+        text = f"<tool_call>\n{block}\n</tool_call>"
+        assert ToolCalling("auto", WEATHER).parse(text) == (text, [])
