@@ -44,7 +44,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from accounts.callers import acaller_for
 from api import schemas
-from api.tools import ToolCalling, ToolStream, prompt_messages, tool_calling
+from api.tools import ToolCalling, ToolStream, json_schema_check, prompt_messages, tool_calling
 from core.db import release_db_connection
 from core.errors import ApiError
 from core.http import api_view, parse_json
@@ -61,18 +61,22 @@ logger = logging.getLogger(__name__)
 def _options(body) -> GenerationOptions:
     """Generation options from an OpenAI-style request ``body``, checked before admission (the
     completion budget and the priority are set once admitted: :func:`_respond`).
-    Raises ApiError 400 for an invalid response_format or more than 4 stop sequences."""
+    Raises ApiError 400 for an invalid response_format (a json_schema that is not a JSON Schema
+    included), more than 4 stop sequences, or an empty one (vLLM's SamplingParams raises on it)."""
     schema = None
     if getattr(body, "response_format", None) is not None:
         if body.response_format.type == "json_schema":
             if body.response_format.json_schema is None:
                 raise ApiError(400, "invalid_request", "response_format.json_schema is required.")
             schema = body.response_format.json_schema.schema_
+            json_schema_check(schema, "response_format.json_schema.schema")
         elif body.response_format.type == "json_object":
             schema = {"type": "object"}
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if len(stop) > 4:
         raise ApiError(400, "invalid_request", "At most 4 stop sequences are allowed.")
+    if not all(stop):
+        raise ApiError(400, "invalid_request", "stop: a stop sequence cannot be empty; leave stop out for none.")
     temperature = settings.CHAT_TEMPERATURE if body.temperature is None else body.temperature
     return GenerationOptions(
         temperature=temperature,

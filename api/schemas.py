@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from core.schemas import Strict, Text
 
@@ -65,10 +65,27 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
+    # OpenAI refuses an empty list of parts ("empty array"), so does this.
+    content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: str | None = Field(default=None, max_length=64)
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = Field(default=None, max_length=200)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts_only(cls, data: Any) -> Any:
+        """Refuse a content part that is not text (OpenAI's ``image_url``, ``input_audio``,
+        ``file``) with one error saying so, before the content union's per-branch errors.
+        Raises ValueError (a 400 through core/http.py ``parse_json``)."""
+        content = data.get("content") if isinstance(data, dict) else None
+        for index, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise ValueError(
+                    f"content[{index}] is a '{kind}' part; this model reads text only: send the "
+                    'content as a string or as {"type": "text", "text": ...} parts'
+                )
+        return data
 
     def text(self) -> str:
         """The content as one text ("" for none; text parts joined with newlines)."""
@@ -180,6 +197,14 @@ class ForwardedAdmission(Strict):
 CacheSalt = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")]
 
 
+# A sampling seed fits a signed 64-bit integer, as vLLM's own OpenAI server bounds it
+# (vllm/entrypoints/openai/chat_completion/protocol.py): the engine's generator takes no more.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# Sampling numbers are finite: NaN passes every bound check, and JSON parsers here accept it.
+Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
 class ChatCompletionCreate(BaseModel):
     """OpenAI's chat completion request (the subset served). Unknown OpenAI fields that change
     nothing here (``user``, ``n`` = 1, ...) are accepted and ignored, as OpenAI clients send them."""
@@ -188,15 +213,16 @@ class ChatCompletionCreate(BaseModel):
 
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    # Null means the default for ``stream`` and ``n``, as in OpenAI's API (both are nullable).
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: Literal[1] = 1
+    seed: Seed | None = None
+    n: Literal[1] | None = 1
     response_format: ResponseFormat | None = None
     # Function calling (api/tools.py): the functions the model may call, whether and which it
     # must call, and whether it may call several at once.
@@ -233,14 +259,15 @@ class CompletionCreate(BaseModel):
 
     model: str = Field(min_length=1)
     prompt: Text | list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    stream: bool = False
+    # Null means the default for ``stream`` and ``n``, as in OpenAI's API (both are nullable).
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: Literal[1] = 1
+    seed: Seed | None = None
+    n: Literal[1] | None = 1
     # Service credential only: a gateway's turn (ForwardedAdmission).
     admission: ForwardedAdmission | None = None
     # Service credential only: the tenant's prefix-cache salt its gateway derived

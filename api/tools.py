@@ -29,7 +29,10 @@ from api import schemas
 from core.errors import ApiError
 from inference.tool_format import TOOLS_HEADER, ToolCalling, ToolStream, hermes_messages
 
-__all__ = ["TOOLS_HEADER", "ToolCalling", "ToolStream", "calling_from", "messages_check", "prompt_messages", "tool_calling"]
+__all__ = [
+    "TOOLS_HEADER", "ToolCalling", "ToolStream", "calling_from", "json_schema_check", "messages_check",
+    "prompt_messages", "tool_calling",
+]  # fmt: skip
 
 
 def _bad(message: str) -> ApiError:
@@ -77,14 +80,25 @@ def calling_from(
     return ToolCalling(mode, functions, parallel=parallel_tool_calls)
 
 
-def _schema_check(parameters: dict, where: str) -> None:
-    """Raise ApiError 400 unless ``parameters`` is a JSON Schema (its own draft's meta-schema,
-    Draft 2020-12 when it names none) of an object."""
+def json_schema_check(schema: dict, where: str) -> None:
+    """Raise ApiError 400 naming ``where`` (the request field, e.g.
+    ``response_format.json_schema.schema``) and the spot inside unless ``schema`` is a JSON
+    Schema: valid against its own draft's meta-schema, Draft 2020-12 when it names none. The
+    engine's structured output raises on one that is not, so it is checked before admission.
+    Also 400 for one nested too deeply for the check to recurse through (Python's limit)."""
     try:
-        validators.validator_for(parameters, default=validators.Draft202012Validator).check_schema(parameters)
+        validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
     except schema_errors.SchemaError as exc:
         path = "".join(f"[{p!r}]" for p in exc.path)
         raise _bad(f"{where}{path} is not a valid JSON Schema: {exc.message}") from None
+    except RecursionError:
+        raise _bad(f"{where} is nested too deeply to check; flatten it (for example with $defs).") from None
+
+
+def _schema_check(parameters: dict, where: str) -> None:
+    """Raise ApiError 400 unless ``parameters`` is a JSON Schema (:func:`json_schema_check`)
+    of an object."""
+    json_schema_check(parameters, where)
     if parameters.get("type", "object") != "object":
         raise _bad(f"{where}: the arguments must be an object (\"type\": \"object\").")
 

@@ -6,6 +6,7 @@ feature app."""
 
 from __future__ import annotations
 
+import codecs
 import functools
 import json
 from collections.abc import Callable
@@ -76,21 +77,27 @@ def api_view(*methods: str) -> Callable:
 def parse_json(request: HttpRequest, schema: type[BaseModel]) -> BaseModel:
     """Validate the request's JSON body against ``schema``.
 
+    A leading UTF-8 byte order mark is ignored (RFC 8259 section 8.1 allows it; some Windows
+    tools write one).
+
     Raises ApiError: 415 unless the Content-Type is ``application/json``; 413 for a body over
-    ``DATA_UPLOAD_MAX_MEMORY_SIZE``; 400 for malformed JSON or a body that does not match,
-    including a value of the wrong JSON type (the message names each offending field).
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE``; 400 for malformed JSON, JSON nested deeper than Python's
+    recursion limit, or a body that does not match, including a value of the wrong JSON type
+    (the message names each offending field).
     """
     content_type = request.content_type or ""
     if content_type != "application/json":
         raise ApiError(415, "unsupported_media_type", "Send the body as JSON (Content-Type: application/json).")
     try:
-        raw = request.body
+        raw = request.body.removeprefix(codecs.BOM_UTF8)
     except RequestDataTooBig:
         raise ApiError(413, "payload_too_large", "The request body is too large.") from None
     try:
         data = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "invalid_request", f"The body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid_request", "The body's JSON is nested too deeply.") from None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_request", "The body must be a JSON object.")
     try:

@@ -111,16 +111,13 @@ class ToolCalling:
         answer that does not parse (cut off at the token budget) is returned as content with no
         calls."""
         if self.mode == "named":
-            try:
-                json.loads(text)
-            except ValueError:
+            if _json(text) is _NOT_JSON:
                 return text, []
             return None, [_call(self.named, text.strip())]
         if self.mode == "required":
-            try:
-                calls = json.loads(text)
-            except ValueError:
-                return text, []
+            calls = _json(text)
+            if not isinstance(calls, list) or not calls or not all(_is_call(c) for c in calls):
+                return text, []  # cut off, or (unconstrained) not the list of calls asked for
             return None, [_call(c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in calls]
         if self.mode != "auto":
             return text, []
@@ -139,21 +136,33 @@ class ToolCalling:
     def _known_call(self, block: str) -> dict | None:
         """The call a ``<tool_call>`` block holds when it is ``{"name": <a function of the
         request>, "arguments": {...}}``, else None."""
-        try:
-            data = json.loads(block)
-        except ValueError:
-            return None
+        data = _json(block)
         if not isinstance(data, dict) or data.get("name") not in self.functions:
             return None
         arguments = data.get("arguments", {})
         if isinstance(arguments, str):  # some models write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                return None
+            arguments = _json(arguments)
         if not isinstance(arguments, dict):
             return None
         return _call(data["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+_NOT_JSON = object()
+
+
+def _json(text: str) -> Any:
+    """``text`` parsed as JSON, or :data:`_NOT_JSON` when it is not JSON or nests deeper than
+    Python's parser recurses (model output is read, never trusted)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+def _is_call(value: Any) -> bool:
+    """Whether ``value`` is one item of the required mode's list: ``{"name": str, "arguments":
+    object}``."""
+    return isinstance(value, dict) and isinstance(value.get("name"), str) and isinstance(value.get("arguments"), dict)
 
 
 def _call(name: str, arguments: str) -> dict:
@@ -193,10 +202,11 @@ def hermes_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
 
 def call_block(name: str, arguments: str) -> str:
     """One call as the model writes it: ``<tool_call>`` JSON ``{"name", "arguments"}``
-    ``</tool_call>`` (arguments as an object; the text itself when it is not JSON)."""
+    ``</tool_call>`` (arguments as an object; the text itself when it is not JSON, or nests too
+    deeply for Python's parser)."""
     try:
         value = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         value = arguments
     return f"{CALL_OPEN}\n{json.dumps({'name': name, 'arguments': value}, ensure_ascii=False)}\n{CALL_CLOSE}"
 
