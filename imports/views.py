@@ -9,12 +9,12 @@
   is not multipart.
 
 The file is read and written on a worker thread of its own (not the thread Django runs
-synchronous views and ORM calls of async views on), so a large import holds no one else's page.
+synchronous views and ORM calls of async views on), so a large import holds no one else's page;
+its database connections go back to the pool when it ends (core/db.py ``run_in_db_thread``).
 """
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
 from django.contrib import messages
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
@@ -22,6 +22,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.shortcuts import redirect
 from django.urls import reverse
 
+from core.db import run_in_db_thread
 from core.errors import ApiError
 from core.http import api_view
 from imports.own_format import STAND_IN_FUNCTION
@@ -93,7 +94,7 @@ async def import_page(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     try:
-        result = await sync_to_async(_import, thread_sensitive=False)(request, user)
+        result = await run_in_db_thread(_import, request=request, user=user)
     except ImportRefused as exc:
         messages.error(request, f"Nothing was imported: {exc}")
     else:
@@ -105,7 +106,7 @@ async def import_page(request: HttpRequest) -> HttpResponse:
 async def import_api(request: HttpRequest) -> HttpResponse:
     """``POST /v1/imports`` (module docstring)."""
     try:
-        result = await sync_to_async(_import, thread_sensitive=False)(request, request.api_user)
+        result = await run_in_db_thread(_import, request=request, user=request.api_user)
     except ImportRefused as exc:
         code = {413: "payload_too_large", 415: "unsupported_media_type"}.get(exc.status, "invalid_request")
         raise ApiError(exc.status, code, str(exc)) from None

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from pgvector.django import CosineDistance
 
 from core import dbrouter
+from core.db import run_in_db_thread
 from projects.ingest import project_db
 from projects.models import Project, ProjectFile, ProjectPassage
 
@@ -93,5 +93,6 @@ def passages_retrieve(
 
 async def apassages_retrieve(**kwargs) -> list[Retrieved]:
     """:func:`passages_retrieve` from async code (the embedding and the query on a worker
-    thread, off the event loop)."""
-    return await sync_to_async(passages_retrieve, thread_sensitive=False)(**kwargs)
+    thread, off the event loop, whose connections go back to the pool after: core/db.py
+    ``run_in_db_thread``)."""
+    return await run_in_db_thread(passages_retrieve, **kwargs)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection
 from django.test import Client
 
 from accounts.services import api_key_create
@@ -220,3 +221,25 @@ def test_a_conversation_listed_twice_in_one_file_is_imported_once_and_said_so(ma
     done = page.get(page.post("/settings/import", {"file": SimpleUploadedFile("c.json", raw)})["Location"])
     assert "1 conversation was in the file more than once and imported once." in done.content.decode()
     assert "already here" not in done.content.decode()
+
+
+def test_imports_give_their_database_connections_back_to_the_pool(make_user):
+    """Given three imports through /v1 and the page (each read and written on a worker thread
+    of its own), then afterwards the process's pool has as many connections in use as before
+    (each import's worker thread held one until the pool ran dry and every later query
+    waited 30 s: a whole test run failed that way)."""
+    user = make_user("pooled")
+    pool = connection.pool
+    connection.ensure_connection()
+
+    def in_use() -> int:
+        stats = pool.get_stats()
+        return stats["pool_size"] - stats["pool_available"]
+
+    before = in_use()
+    for _ in range(2):
+        assert post(user, json.dumps(openwebui_export()).encode()).status_code == 201
+    page = signed_in(user)
+    assert page.post("/settings/import", {"file": SimpleUploadedFile("c.json", json.dumps(openwebui_export()).encode())}).status_code == 302
+
+    assert in_use() == before
