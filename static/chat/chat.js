@@ -217,7 +217,9 @@
     var details = e.target;
     if (!details.matches || !details.matches("details[data-edit]") || !details.open) return;
     var box = details.querySelector("textarea");
-    if (!box) return;
+    // Already focused: the person (or a script) is in the box before this event came; leave
+    // their caret and selection as they are (collapsing a select-all made typing append).
+    if (!box || document.activeElement === box) return;
     box.focus();
     box.setSelectionRange(box.value.length, box.value.length);
   }, true);
