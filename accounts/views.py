@@ -14,7 +14,6 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts import selectors, services, throttle
@@ -23,17 +22,13 @@ from accounts.models import ApiKey
 from accounts.request_info import client_ip
 from audit.models import Action
 from audit.services import audit_record
+from core.redirects import next_on_site
 
 
 def _next_path(request: HttpRequest) -> str:
     """The ``next`` a page was opened or posted with (e.g. an invitation that sent its visitor
-    to sign in), when it is on this site; "" otherwise."""
-    target = request.POST.get("next") or request.GET.get("next", "")
-    if url_has_allowed_host_and_scheme(
-        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-    ):
-        return target
-    return ""
+    to sign in), when it is on this site (core/redirects.py); "" otherwise."""
+    return next_on_site(request, request.POST.get("next") or request.GET.get("next", ""))
 
 
 def signup(request: HttpRequest) -> HttpResponse:
@@ -274,12 +269,7 @@ def theme_set(request: HttpRequest) -> HttpResponse:
         response = HttpResponse(status=204)
         response["HX-Trigger"] = json.dumps({"theme-changed": {"theme": theme}})
         return response
-    back = request.POST.get("next", "")
-    if not url_has_allowed_host_and_scheme(
-        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-    ):
-        back = reverse("home")
-    return redirect(back)
+    return redirect(next_on_site(request, request.POST.get("next", "")) or reverse("home"))
 
 
 @require_http_methods(["GET", "POST"])

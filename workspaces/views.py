@@ -19,11 +19,11 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from conversations import selectors as conversation_selectors
 from conversations.models import Conversation, Turn
+from core.redirects import next_on_site
 from core.rendering import markdown_to_safe_html
 from workspaces import invitations, selectors, services
 from workspaces.forms import InvitationForm, OrganisationCreateForm, PolicyForm, org_tier_limits
@@ -347,14 +347,8 @@ def conversation_share(request: HttpRequest, conversation_id: UUID) -> HttpRespo
         if shared
         else "No longer shared with the workspace.",
     )
-    target = request.POST.get("next", "")
-    # A path on this site only: Django's check also refuses what browsers read as another
-    # site ("/\evil.example", a tab or newline inside "//").
-    if not target.startswith("/") or not url_has_allowed_host_and_scheme(
-        target, allowed_hosts=None
-    ):
-        target = reverse("conversation", args=[conversation.conversation_id])
-    return _see_other(target)
+    target = next_on_site(request, request.POST.get("next", ""))
+    return _see_other(target or reverse("conversation", args=[conversation.conversation_id]))
 
 
 def shared_conversation_page(request: HttpRequest, conversation: Conversation) -> HttpResponse:
